@@ -1,0 +1,149 @@
+"""Job resources: create, get, list, cancel, wait (a server-side long poll) and attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from typing import Any
+
+from aiohttp import web
+
+from noduslocal import errors
+from noduslocal.api.app import SERVICES, Services
+from noduslocal.api.identity import Caller
+from noduslocal.models import JobRecord, parse_create, validate_name
+from noduslocal.states import TERMINAL, Phase
+
+routes = web.RouteTableDef()
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def job_response(services: Services, job: JobRecord, status: int = 200) -> web.Response:
+    return web.json_response(job.to_wire(services.supervisor.hold(job.id)), status=status)
+
+
+def project_of(request: web.Request) -> str:
+    caller: Caller = request["caller"]
+    project = request.query.get("project")
+    return caller.name if project is None else validate_name(project, "project")
+
+
+async def lookup(request: web.Request) -> JobRecord:
+    services = request.app[SERVICES]
+    name = request.match_info["name"]
+    project = project_of(request)
+    job = await services.store.job(project, name)
+    if job is None:
+        raise errors.NotFound(f"job {name!r} not found in project {project!r}")
+    return job
+
+
+def require_control(request: web.Request, job: JobRecord, action: str) -> None:
+    caller: Caller = request["caller"]
+    if not caller.may_control(job.owner_uid):
+        raise errors.PermissionDenied(
+            f"{caller.name} may not {action} job {job.name!r}: it belongs to {job.owner}")
+
+
+@routes.post("/v1/jobs")
+async def create_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    raw = await request.read()
+    body: Any = json.loads(raw or b"null")
+    req = parse_create(body, regions=(services.settings.region,))
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not (0 < len(key) <= 200):
+        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
+                                     field=IDEMPOTENCY_HEADER)
+    digest = hashlib.sha256(raw).hexdigest() if key is not None else None
+    job, created = await services.supervisor.create(req, caller.owner, key, digest)
+    return job_response(services, job, 201 if created else 200)
+
+
+@routes.get("/v1/jobs")
+async def list_jobs(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    query = request.query
+    phases = [p for value in query.getall("phase", []) for p in value.split(",") if p]
+    valid = {p.value for p in Phase}
+    for phase in phases:
+        if phase not in valid:
+            raise errors.InvalidArgument(
+                f"phase: {phase!r} is not a phase; use one of {', '.join(sorted(valid))}",
+                field="phase")
+    labels: dict[str, str] = {}
+    for item in query.getall("label", []):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise errors.InvalidArgument(f"label: {item!r} is not KEY=VALUE", field="label")
+        labels[key] = value
+    try:
+        limit = int(query.get("limit", "1000"))
+    except ValueError:
+        raise errors.InvalidArgument("limit: expected an integer", field="limit") from None
+    project = query.get("project")
+    jobs = await services.store.jobs(
+        phases=phases or None,
+        owner=query.get("owner"),
+        project=None if project is None else validate_name(project, "project"),
+        labels=labels,
+        active_only=not phases and query.get("all") not in ("1", "true"),
+        limit=max(1, min(limit, 100_000)),
+    )
+    hold = services.supervisor.hold
+    return web.json_response({"jobs": [job.to_wire(hold(job.id)) for job in jobs]})
+
+
+@routes.get("/v1/jobs/{name}")
+async def get_job(request: web.Request) -> web.Response:
+    return job_response(request.app[SERVICES], await lookup(request))
+
+
+@routes.post("/v1/jobs/{name}/cancel")
+async def cancel_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, "cancel")
+    await services.supervisor.cancel(job)
+    fresh = await services.store.job_by_id(job.id)
+    assert fresh is not None
+    return job_response(services, fresh)
+
+
+@routes.get("/v1/jobs/{name}/wait")
+async def wait_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    try:
+        timeout = float(request.query.get("timeout", services.settings.max_wait_poll))
+    except ValueError:
+        raise errors.InvalidArgument("timeout: expected seconds", field="timeout") from None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, min(timeout, services.settings.max_wait_poll))
+    job: JobRecord | None = await lookup(request)
+    while job is not None and job.phase not in TERMINAL:
+        change = services.hub.next_change(job.id)
+        # Read again after registering: a commit between the two reads is not missed.
+        job = await services.store.job_by_id(job.id)
+        remaining = deadline - loop.time()
+        if job is None or job.phase in TERMINAL or remaining <= 0:
+            services.hub.forget(job.id if job else 0, change)
+            break
+        try:
+            await asyncio.wait_for(change, remaining)
+        except TimeoutError:
+            services.hub.forget(job.id, change)
+            job = await services.store.job_by_id(job.id)
+            break
+        job = await services.store.job_by_id(job.id)
+    assert job is not None
+    return job_response(services, job)
+
+
+@routes.get("/v1/jobs/{name}/attempts")
+async def job_attempts(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    attempts = await services.store.attempts(job.id)
+    return web.json_response({"attempts": [a.to_wire() for a in attempts]})

@@ -1,0 +1,167 @@
+"""Chunked streams: a job's log (optionally followed across attempts until the job ends)
+and the NDJSON event log (history since a sequence number, then live).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from aiohttp import web
+
+from noduslocal import errors
+from noduslocal.api.app import SERVICES, Services
+from noduslocal.api.jobs import lookup, project_of, require_control
+from noduslocal.runtime.shim import OUTPUT_LOG, STDERR_LOG
+from noduslocal.states import TERMINAL
+
+routes = web.RouteTableDef()
+CHUNK = 64 * 1024
+FOLLOW_POLL = 0.1  # seconds between looks at a growing log file
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "0").lower()
+    if value not in ("0", "1", "true", "false"):
+        raise errors.InvalidArgument(f"{name}: expected true or false", field=name)
+    return value in ("1", "true")
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise errors.InvalidArgument(f"{name}: expected an integer", field=name) from None
+    if number < 0:
+        raise errors.InvalidArgument(f"{name}: must not be negative", field=name)
+    return number
+
+
+def tail_offset(path: Path, lines: int) -> int:
+    """The offset where the last `lines` lines of the file begin."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if lines == 0:
+        return size
+    with path.open("rb") as file:
+        pos, seen = size, 0
+        if size and (file.seek(size - 1), file.read(1))[1] == b"\n":
+            seen = -1  # the final newline ends the last line; it does not start one
+        while pos > 0:
+            step = min(CHUNK, pos)
+            pos -= step
+            file.seek(pos)
+            block = file.read(step)
+            for index in range(len(block) - 1, -1, -1):
+                if block[index] == 10:
+                    seen += 1
+                    if seen == lines:
+                        return pos + index + 1
+    return 0
+
+
+async def _send_from(resp: web.StreamResponse, path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            while chunk := file.read(CHUNK):
+                await resp.write(chunk)
+                offset += len(chunk)
+    except FileNotFoundError:
+        pass
+    return offset
+
+
+@routes.get("/v1/jobs/{name}/logs")
+async def job_logs(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, "read the logs of")
+    follow = _flag(request, "follow")
+    stream = request.query.get("stream", "all")
+    if stream not in ("all", "stderr"):
+        raise errors.InvalidArgument("stream: use all or stderr", field="stream")
+    filename = OUTPUT_LOG if stream == "all" else STDERR_LOG
+    number = _int_param(request, "attempt") or job.attempts
+    if number > job.attempts:
+        raise errors.NotFound(f"job {job.name!r} has no attempt {number}")
+    tail = _int_param(request, "tail")
+    resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    supervisor = services.supervisor
+    path = supervisor.attempt_dir(job.id, number) if number else None
+    offset = tail_offset(path / filename, tail) if path and tail is not None else 0
+    while True:
+        if path is not None:
+            offset = await _send_from(resp, path / filename, offset)
+        if not follow:
+            break
+        active = supervisor.active.get(job.id)
+        if active is not None and number and active.number == number:
+            await asyncio.sleep(FOLLOW_POLL)  # the attempt is still writing
+            continue
+        fresh = await services.store.job_by_id(job.id)
+        assert fresh is not None
+        if path is not None:
+            offset = await _send_from(resp, path / filename, offset)
+        if fresh.attempts > number:  # started, retried or requeued: follow the next attempt
+            number, offset = number + 1, 0
+            path = supervisor.attempt_dir(job.id, number)
+            continue
+        if fresh.phase in TERMINAL:
+            break
+        await _next_change(services, job.id, timeout=1.0)
+    await resp.write_eof()
+    return resp
+
+
+async def _next_change(services: Services, job_id: int, timeout: float) -> None:
+    change = services.hub.next_change(job_id)
+    try:
+        await asyncio.wait_for(change, timeout)
+    except TimeoutError:
+        services.hub.forget(job_id, change)
+
+
+@routes.get("/v1/events")
+async def events(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    since = _int_param(request, "since") or 0
+    follow = _flag(request, "follow")
+    job_id = None
+    project = None
+    if "job" in request.query:
+        request.match_info["name"] = request.query["job"]
+        job_id = (await lookup(request)).id
+    elif "project" in request.query:
+        project = project_of(request)
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    with services.hub.stream() as live:
+        last = since
+        while True:  # history first, in pages
+            page = await services.store.events(since=last, job_id=job_id, project=project,
+                                               limit=1000)
+            for event in page:
+                await resp.write(json.dumps(event.to_wire()).encode() + b"\n")
+                last = event.seq
+            if len(page) < 1000:
+                break
+        while follow:
+            event = await live.get()
+            if event.seq <= last or (job_id is not None and event.job_id != job_id) or (
+                    project is not None and event.project != project):
+                continue
+            await resp.write(json.dumps(event.to_wire()).encode() + b"\n")
+            last = event.seq
+    await resp.write_eof()
+    return resp
+

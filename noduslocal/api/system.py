@@ -1,0 +1,45 @@
+"""Daemon-level resources: health and what this daemon is (version, capacity, who you are)."""
+
+from __future__ import annotations
+
+import os
+
+from aiohttp import web
+
+from noduslocal import __version__
+from noduslocal.api.app import SERVICES
+from noduslocal.api.identity import Caller
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/health")
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+@routes.get("/v1/info")
+async def info(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    settings = services.settings
+    capacity = services.supervisor.queue.capacity
+    caller: Caller = request["caller"]
+    return web.json_response({
+        "version": __version__,
+        "pid": os.getpid(),
+        "socket": str(settings.socket),
+        "data_dir": str(settings.data_dir),
+        "region": settings.region,
+        "user_mode": settings.user_mode,
+        "started_at": services.started_at,
+        "capacity": {
+            "cpus": capacity.cpu_m / 1000,
+            "memory": capacity.memory,
+            "cpus_used": capacity.used_cpu_m / 1000,
+            "memory_used": capacity.used_memory,
+        },
+        "queue": {"pending": len(services.supervisor.queue),
+                  "active": len(services.supervisor.active)},
+        "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
+                   "admin": caller.admin},
+    })

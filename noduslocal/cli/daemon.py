@@ -1,0 +1,28 @@
+"""`noduslocal daemon`: noduslocald in the foreground."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--config", type=click.Path(path_type=Path), help="TOML settings file.")
+@click.option("--socket", type=click.Path(path_type=Path), help="Unix socket to serve on.")
+@click.option("--data-dir", type=click.Path(path_type=Path), help="Jobs and database.")
+@click.option("--cpus", help="CPUs of job requests that may run at once.")
+@click.option("--memory", help="Memory of job requests that may run at once, e.g. 64GiB.")
+@click.option("--log-level", default="INFO", show_default=True)
+def daemon(config: Path | None, socket: Path | None, data_dir: Path | None, cpus: str | None,
+           memory: str | None, log_level: str) -> None:
+    """Run noduslocald in the foreground."""
+    from noduslocal.daemon import main as daemon_main
+
+    argv = ["--log-level", log_level]
+    for flag, value in (("--config", config), ("--socket", socket), ("--data-dir", data_dir),
+                        ("--cpus", cpus), ("--memory", memory)):
+        if value is not None:
+            argv += [flag, str(value)]
+    sys.exit(daemon_main(argv))

@@ -1,0 +1,237 @@
+"""`noduslocal job ...`: run, list, status, logs, wait, kill and attempts."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from noduslocal import errors
+from noduslocal.cli import output
+from noduslocal.client.api import Client
+from noduslocal.models import parse_duration
+from noduslocal.states import TERMINAL, Phase
+
+project_option = click.option("--project", "-p", help="Project (default: your user name).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
+        pairs[key] = value
+    return pairs
+
+
+def _exit_code(job: dict[str, Any]) -> int:
+    if job["phase"] == Phase.SUCCEEDED:
+        return 0
+    code = job.get("exit_code")
+    return code if isinstance(code, int) and code != 0 else 125
+
+
+@click.group()
+def job() -> None:
+    """Run-to-completion jobs."""
+
+
+@job.command("run", context_settings={"allow_interspersed_args": False})
+@click.option("--name", help="Job name (default: job-<8 hex>).")
+@project_option
+@click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
+@click.option("--cpu", help="CPUs to reserve (default 1), e.g. 2 or 500m.")
+@click.option("--memory", help="Memory to reserve, e.g. 512M or 4GiB.")
+@click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="Re-runs after a lost attempt (a non-zero exit is final).")
+@click.option("--timeout", help="Stop the job after this long: 90, 90s, 15m, 2h.")
+@click.option("--workdir", help="Working directory (default: the job's workspace).")
+@click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
+@click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
+@json_option
+@click.argument("command", nargs=-1, required=True)
+def run(name: str | None, project: str | None, envs: tuple[str, ...], cpu: str | None,
+        memory: str | None, retries: int, timeout: str | None, workdir: str | None,
+        labels: tuple[str, ...], detach: bool, as_json: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
+    if timeout is not None:
+        try:
+            parse_duration(timeout, "timeout")
+        except errors.InvalidArgument as exc:
+            raise click.BadParameter(exc.message, param_hint="--timeout") from None
+    body: dict[str, Any] = {"command": list(command)}
+    for key, value in (("name", name), ("project", project), ("cpu", cpu),
+                       ("memory", memory), ("timeout", timeout), ("workdir", workdir)):
+        if value is not None:
+            body[key] = value
+    if envs:
+        body["env"] = _pairs(envs, "--env")
+    if labels:
+        body["labels"] = _pairs(labels, "--label")
+    if retries:
+        body["retries"] = retries
+    client = Client()
+    created = client.create_job(body)
+    if detach:
+        if as_json:
+            output.print_json(created)
+        else:
+            click.echo(created["name"])
+        return
+    try:
+        for chunk in client.logs(created["name"], created["project"], follow=True):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+        final = client.wait_job(created["name"], created["project"])
+    except KeyboardInterrupt:
+        click.echo(f"\ndetached from {created['name']}; it keeps running. "
+                   f"Follow: noduslocal job logs -f {created['name']}  "
+                   f"Stop: noduslocal job kill {created['name']}", err=True)
+        sys.exit(130)
+    if as_json:
+        output.print_json(final)
+    elif final["phase"] != Phase.SUCCEEDED:
+        click.echo(f"noduslocal: {output.summary(final)}", err=True)
+    sys.exit(_exit_code(final))
+
+
+@job.command("list")
+@click.option("--all", "-a", "show_all", is_flag=True, help="Include ended jobs.")
+@click.option("--phase", "phases", multiple=True,
+              type=click.Choice([p.value for p in Phase], case_sensitive=False))
+@click.option("--owner", help="Only this user's jobs.")
+@click.option("--label", "labels", multiple=True, metavar="K=V")
+@click.option("--project", "-p", help="Only this project.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+@json_option
+def list_(show_all: bool, phases: tuple[str, ...], owner: str | None, labels: tuple[str, ...],
+          project: str | None, limit: int, as_json: bool) -> None:
+    """List jobs (everyone's; pending and running unless --all)."""
+    wanted = [next(p.value for p in Phase if p.value.lower() == x.lower()) for x in phases]
+    jobs = Client().list_jobs(phases=wanted or None, owner=owner, project=project,
+                              labels=_pairs(labels, "--label"), all=show_all, limit=limit)
+    if as_json:
+        output.print_json(jobs)
+        return
+    rows = [
+        (j["name"], j["project"], j["owner"], j["phase"],
+         j.get("hold") or j.get("message") or j.get("reason") or "",
+         output.age(j["created_at"]), output.duration(j.get("duration_s")),
+         "" if j.get("exit_code") is None else j["exit_code"])
+        for j in jobs
+    ]
+    output.print_table(("NAME", "PROJECT", "OWNER", "PHASE", "WHY", "AGE", "RAN", "EXIT"), rows)
+
+
+@job.command("status")
+@click.argument("name")
+@project_option
+@json_option
+def status(name: str, project: str | None, as_json: bool) -> None:
+    """Show one job."""
+    doc = Client().get_job(name, project)
+    if as_json:
+        output.print_json(doc)
+        return
+    spec = doc["spec"]
+    lines = [
+        ("name", doc["name"]), ("project", doc["project"]), ("owner", doc["owner"]),
+        ("phase", doc["phase"]), ("reason", doc.get("reason")), ("message", doc.get("message")),
+        ("hold", doc.get("hold")), ("exit code", doc.get("exit_code")),
+        ("signal", doc.get("signal")), ("created", doc["created_at"]),
+        ("started", doc.get("started_at")), ("ended", doc.get("ended_at")),
+        ("ran for", output.duration(doc.get("duration_s"))),
+        ("attempts", f"{doc['attempts']} (retries used {doc['retries_used']}/{doc['retries']})"),
+        ("command", " ".join([*spec["command"], *spec["args"]])),
+        ("cpu", spec["cpu"]), ("memory", spec.get("memory")), ("timeout", spec.get("timeout")),
+        ("labels", ", ".join(f"{k}={v}" for k, v in doc["labels"].items())),
+    ]
+    for key, value in lines:
+        if value not in (None, ""):
+            click.echo(f"{key + ':':<11} {value}")
+
+
+@job.command("logs")
+@click.argument("name")
+@project_option
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming until the job ends.")
+@click.option("--tail", type=click.IntRange(0), help="Only the last N lines.")
+@click.option("--attempt", type=click.IntRange(1), help="An earlier attempt's log.")
+@click.option("--stderr", "stderr_only", is_flag=True, help="Only what went to stderr.")
+def logs(name: str, project: str | None, follow: bool, tail: int | None, attempt: int | None,
+         stderr_only: bool) -> None:
+    """Print a job's output (stdout and stderr, in order)."""
+    stream = Client().logs(name, project, follow=follow, tail=tail, attempt=attempt,
+                           stream="stderr" if stderr_only else None)
+    try:
+        for chunk in stream:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+@job.command("wait")
+@click.argument("name")
+@project_option
+@click.option("--timeout", help="Give up after this long (exit 124).")
+@json_option
+def wait(name: str, project: str | None, timeout: str | None, as_json: bool) -> None:
+    """Block until a job ends; exit with its exit code."""
+    seconds = None
+    if timeout is not None:
+        try:
+            seconds = parse_duration(timeout, "timeout")
+        except errors.InvalidArgument as exc:
+            raise click.BadParameter(exc.message, param_hint="--timeout") from None
+    client = Client()
+    try:
+        if sys.stderr.isatty() and not as_json:
+            from rich.console import Console
+
+            with Console(stderr=True).status(f"waiting for {name}"):
+                final = client.wait_job(name, project, seconds)
+        else:
+            final = client.wait_job(name, project, seconds)
+    except errors.WaitTimeout as exc:
+        click.echo(f"noduslocal: {exc.message}", err=True)
+        sys.exit(124)
+    if as_json:
+        output.print_json(final)
+    else:
+        click.echo(output.summary(final))
+    sys.exit(_exit_code(final))
+
+
+@job.command("kill")
+@click.argument("name")
+@project_option
+@json_option
+def kill(name: str, project: str | None, as_json: bool) -> None:
+    """Cancel a job: SIGTERM to its process group, SIGKILL after the grace period."""
+    doc = Client().cancel_job(name, project)
+    if as_json:
+        output.print_json(doc)
+    elif doc["phase"] in TERMINAL:
+        click.echo(output.summary(doc))
+    else:
+        click.echo(f"{doc['name']}: stopping (SIGTERM sent; SIGKILL after the grace period)")
+
+
+@job.command("attempts")
+@click.argument("name")
+@project_option
+@json_option
+def attempts(name: str, project: str | None, as_json: bool) -> None:
+    """List a job's attempts with their start, end, exit code and reason."""
+    rows = Client().attempts(name, project)
+    if as_json:
+        output.print_json(rows)
+        return
+    output.print_table(
+        ("#", "PHASE", "STARTED", "ENDED", "EXIT", "SIGNAL", "REASON", "MESSAGE"),
+        [(a["number"], a["phase"], a.get("started_at"), a.get("ended_at"), a.get("exit_code"),
+          a.get("signal"), a.get("reason"), a.get("message")) for a in rows])

@@ -1,0 +1,40 @@
+"""The `noduslocal` command: the click group, and one place that turns API errors into a
+one-line message and the exit code errors.py gives them."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from noduslocal import errors
+from noduslocal.cli.daemon import daemon
+from noduslocal.cli.job import job
+
+
+class Root(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except errors.NodusError as exc:
+            click.echo(f"noduslocal: {exc.message}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="noduslocal")
+def cli() -> None:
+    """noduslocal: one shared multi-GPU workstation as a durable job runner."""
+
+
+cli.add_command(daemon)
+cli.add_command(job)
+
+
+def main() -> None:
+    cli(prog_name="noduslocal")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,98 @@
+"""The synchronous API client: one method per route of /v1, used by the SDK and the CLI."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.client.transport import Transport
+from noduslocal.states import TERMINAL
+
+# Long enough to ride out a daemon restart (kill -9, then systemd starting it again).
+RESTART_GRACE = 30.0
+
+
+def _quote(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
+class Client:
+    def __init__(self, socket_path: str | Path | None = None) -> None:
+        self.transport = Transport(socket_path)
+
+    def info(self) -> dict[str, Any]:
+        return self.transport.request("GET", "/v1/info")
+
+    def create_job(self, body: Mapping[str, Any], *, idempotency_key: str | None = None,
+                   retry: bool = True) -> dict[str, Any]:
+        """Create a job. With `retry`, a connection lost mid-request is retried with the same
+        idempotency key, so the job is created exactly once."""
+        key = idempotency_key or (uuid.uuid4().hex if retry else None)
+        headers = {"Idempotency-Key": key} if key else None
+        return self.transport.request("POST", "/v1/jobs", body=dict(body), headers=headers,
+                                      retry_for=RESTART_GRACE if retry else 0.0)
+
+    def get_job(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("GET", f"/v1/jobs/{_quote(name)}",
+                                      query={"project": project})
+
+    def list_jobs(self, *, phases: list[str] | None = None, owner: str | None = None,
+                  project: str | None = None, labels: Mapping[str, str] | None = None,
+                  all: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
+        query: dict[str, Any] = {
+            "phase": ",".join(phases) if phases else None,
+            "owner": owner,
+            "project": project,
+            "label": [f"{k}={v}" for k, v in (labels or {}).items()] or None,
+            "all": "1" if all else None,
+            "limit": limit,
+        }
+        return self.transport.request("GET", "/v1/jobs", query=query)["jobs"]
+
+    def cancel_job(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/jobs/{_quote(name)}/cancel",
+                                      query={"project": project})
+
+    def wait_job(self, name: str, project: str | None = None,
+                 timeout: float | None = None) -> dict[str, Any]:
+        """Block until the job is terminal, in server-side long polls; riding out a daemon
+        restart. Raises WaitTimeout after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            poll = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            job = self.transport.request(
+                "GET", f"/v1/jobs/{_quote(name)}/wait",
+                query={"project": project, "timeout": f"{min(poll, 60.0):.3f}"},
+                timeout=min(poll, 60.0) + 30.0, retry_for=RESTART_GRACE)
+            if job["phase"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.WaitTimeout(
+                    f"job {name!r} is still {job['phase']} after {timeout:g}s")
+
+    def attempts(self, name: str, project: str | None = None) -> list[dict[str, Any]]:
+        return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/attempts",
+                                      query={"project": project})["attempts"]
+
+    def logs(self, name: str, project: str | None = None, *, follow: bool = False,
+             tail: int | None = None, attempt: int | None = None,
+             stream: str | None = None) -> Iterator[bytes]:
+        return self.transport.stream(
+            f"/v1/jobs/{_quote(name)}/logs",
+            query={"project": project, "follow": "1" if follow else None, "tail": tail,
+                   "attempt": attempt, "stream": stream},
+            timeout=None if follow else 120.0)
+
+    def events(self, *, since: int = 0, job: str | None = None, project: str | None = None,
+               follow: bool = False) -> Iterator[bytes]:
+        return self.transport.stream(
+            "/v1/events",
+            query={"since": since, "job": job, "project": project,
+                   "follow": "1" if follow else None},
+            timeout=None if follow else 120.0)

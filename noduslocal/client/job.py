@@ -1,0 +1,208 @@
+"""The SDK's Job: the reference `nodus.Job` API (create, run, from_name, status, wait,
+logs, cancel, attempts) over the daemon. Methods of the reference that this version does
+not implement yet raise `errors.Unsupported` naming themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.client.api import Client
+from noduslocal.client.view import View
+from noduslocal.config import SOCKET_ENV
+from noduslocal.states import Phase
+
+_clients: dict[str | None, Client] = {}
+LOG_PARAMS = frozenset({"tail", "attempt", "stream"})
+
+
+def default_client() -> Client:
+    """One client per socket override, so `noduslocal.testing` can point the SDK at a
+    daemon of its own by setting NODUSLOCAL_SOCKET."""
+    key = os.environ.get(SOCKET_ENV)
+    if key not in _clients:
+        _clients[key] = Client(key)
+    return _clients[key]
+
+
+class Distributed:
+    """A gang: `nodes` or `total_gpus`, with a launcher. Accepted by `Job.create` only to
+    name it in `errors.Unsupported` until gangs land."""
+
+    def __init__(self, nodes: int | None = None, total_gpus: int | None = None,
+                 gpus_per_node: int | None = None, launcher: str | None = None,
+                 network: str | None = None, transport: str | None = None,
+                 startup_timeout: Any = None) -> None:
+        self.nodes = nodes
+        self.total_gpus = total_gpus
+        self.gpus_per_node = gpus_per_node
+        self.launcher = launcher
+        self.network = network
+        self.transport = transport
+        self.startup_timeout = startup_timeout
+
+    def spec(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def _wire(value: Any) -> Any:
+    if isinstance(value, Distributed):
+        return value.spec()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(k): _wire(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_wire(v) for v in value]
+    return value
+
+
+class Job:
+    def __init__(self, obj: Mapping[str, Any]) -> None:
+        self._obj = View(obj)
+        self._client = default_client()
+
+    def __repr__(self) -> str:
+        return f"Job({self.name!r}, project={self._obj.get('project')!r})"
+
+    @property
+    def name(self) -> str:
+        return str(self._obj["name"])
+
+    @property
+    def project(self) -> str:
+        return str(self._obj["project"])
+
+    @classmethod
+    def create(cls, *, name: str | None = None, image: Any = None,
+               command: list[str] | None = None, args: list[str] | None = None,
+               source: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+               gpu: Any = None, cpu: Any = None, memory: Any = None, disk: Any = None,
+               env: dict[str, str] | None = None, secrets: list[Any] | None = None,
+               volumes: Mapping[str, Any] | None = None, workdir: str | None = None,
+               network: Any = None, checkpoint: Any = None, timeout: Any = None,
+               expected_duration: Any = None, interruptible: Any = None, region: Any = None,
+               profile: Any = None, max_cost: Any = None, completions: int | None = None,
+               parallelism: int | None = None, distributed: Distributed | None = None,
+               outputs: Mapping[str, str] | None = None, labels: dict[str, str] | None = None,
+               allow_large_source: bool = False, project: str | None = None) -> Job:
+        given = dict(locals())
+        del given["cls"]
+        body = {key: _wire(value) for key, value in given.items()
+                if value is not None and not (key == "allow_large_source" and value is False)}
+        return cls(default_client().create_job(body))
+
+    @classmethod
+    def run(cls, **kwargs: Any) -> Job:
+        """Create the Job and return its handle; `.wait()` blocks until it finishes."""
+        return cls.create(**kwargs)
+
+    @classmethod
+    def from_name(cls, name: str, project: str | None = None) -> Job:
+        return cls(default_client().get_job(name, project))
+
+    def status(self) -> View:
+        self._obj = View(self._client.get_job(self.name, self.project))
+        return self._obj
+
+    def wait(self, timeout: float | None = None) -> View:
+        """Block until the Job finishes; raises JobFailed with the exit code and log tail
+        when it fails, JobCancelled when it was cancelled, WaitTimeout on `timeout`."""
+        doc = self._client.wait_job(self.name, self.project, timeout)
+        self._obj = View(doc)
+        if doc["phase"] == Phase.SUCCEEDED:
+            return self._obj
+        tail = self._log_tail()
+        cls = errors.JobCancelled if doc["phase"] == Phase.CANCELLED else errors.JobFailed
+        detail = doc.get("message") or doc.get("reason") or doc["phase"]
+        raise cls(f"job {self.name!r} {doc['phase'].lower()}: {detail}", name=self.name,
+                  phase=doc["phase"], reason=doc.get("reason"), exit_code=doc.get("exit_code"),
+                  log_tail=tail)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return b"".join(self._client.logs(self.name, self.project, tail=lines)).decode(
+                "utf-8", "replace")
+        except errors.NodusError:
+            return ""
+
+    def iter_logs(self, follow: bool = False, **params: Any) -> Iterator[str]:
+        """The log as lines (without their newline), synchronously."""
+        _check_log_params(params)
+        pending = b""
+        for chunk in self._client.logs(self.name, self.project, follow=follow, **params):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+        if pending:
+            yield pending.decode("utf-8", "replace")
+
+    async def logs(self, follow: bool = False, rank: int | str | None = None,
+                   **params: Any) -> AsyncIterator[str]:
+        """The log as lines (without their newline)."""
+        if rank is not None:
+            raise errors.Unsupported("rank", "gangs (Distributed) are not supported yet")
+        _check_log_params(params)
+        import aiohttp  # only async users pay for it
+
+        socket_path = str(self._client.transport.socket_path)
+        query = {k: str(v) for k, v in params.items() if v is not None}
+        query["project"] = self.project
+        if follow:
+            query["follow"] = "1"
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path),
+                                         timeout=timeout) as session, \
+                session.get(f"http://localhost/v1/jobs/{self.name}/logs",
+                            params=query) as resp:
+            if resp.status >= 400:
+                raise errors.from_wire(resp.status, await resp.json())
+            pending = b""
+            async for chunk in resp.content.iter_any():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", "replace")
+            if pending:
+                yield pending.decode("utf-8", "replace")
+
+    def cancel(self) -> None:
+        self._obj = View(self._client.cancel_job(self.name, self.project))
+
+    def attempts(self) -> list[View]:
+        return [View(a) for a in self._client.attempts(self.name, self.project)]
+
+    # --- the rest of the reference, not built yet ----------------------------------------
+
+    def estimate(self) -> View:
+        raise errors.Unsupported("Job.estimate", "start and cost estimates come with GPUs")
+
+    def exec(self, *command: str, pty: bool = False, rank: int | None = None,
+             index: int | None = None) -> Any:
+        raise errors.Unsupported("Job.exec")
+
+    def suspend(self) -> None:
+        raise errors.Unsupported("Job.suspend")
+
+    def resume(self) -> None:
+        raise errors.Unsupported("Job.resume")
+
+    @property
+    def files(self) -> Any:
+        raise errors.Unsupported("Job.files", "workspaces are served from the next release")
+
+    @property
+    def outputs(self) -> Any:
+        raise errors.Unsupported("Job.outputs")
+
+
+def _check_log_params(params: Mapping[str, Any]) -> None:
+    unknown = sorted(set(params) - LOG_PARAMS)
+    if unknown:
+        raise errors.InvalidArgument(
+            f"{unknown[0]}: unknown log parameter; allowed: {', '.join(sorted(LOG_PARAMS))}",
+            field=unknown[0])

@@ -1,0 +1,157 @@
+"""HTTP/1.1 over the daemon's Unix socket with the standard library only, so the CLI and
+the SDK start fast. Finds the socket, maps error bodies to exceptions, streams chunked
+responses, and retries while a daemon restarts when the caller allows it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.config import client_socket_candidates
+
+DEFAULT_TIMEOUT = 120.0
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def unavailable(paths: list[Path]) -> errors.DaemonUnavailable:
+    where = " or ".join(str(p) for p in paths)
+    return errors.DaemonUnavailable(
+        f"no noduslocald answers at {where}; start one with `noduslocal daemon` "
+        "(or `systemctl start noduslocald`), or set NODUSLOCAL_SOCKET"
+    )
+
+
+class Transport:
+    """One keep-alive connection per thread to one daemon."""
+
+    def __init__(self, socket_path: str | Path | None = None) -> None:
+        self._explicit = Path(socket_path) if socket_path is not None else None
+        self._local = threading.local()
+
+    @property
+    def socket_path(self) -> Path:
+        if self._explicit is not None:
+            return self._explicit
+        candidates = client_socket_candidates()
+        for path in candidates:
+            if path.exists():
+                return path
+        raise unavailable(candidates)
+
+    def _conn(self, timeout: float) -> _UnixConnection:
+        conn: _UnixConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _UnixConnection(str(self.socket_path), timeout)
+            self._local.conn = conn
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local.conn = None
+
+    def _send(self, method: str, path: str, query: Mapping[str, Any] | None,
+              body: Any, headers: Mapping[str, str] | None,
+              timeout: float) -> http.client.HTTPResponse:
+        url = path
+        if query:
+            items = [(k, v) for k, v in query.items() if v is not None]
+            url += "?" + urllib.parse.urlencode(items, doseq=True)
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        # A kept-alive connection may have been closed by the daemon meanwhile: one fresh try.
+        for fresh in (False, True):
+            conn = self._conn(timeout)
+            reused = conn.sock is not None
+            try:
+                conn.request(method, url, body=data, headers=hdrs)
+                return conn.getresponse()
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                self._drop()
+                raise unavailable([self.socket_path]) from exc
+            except (ConnectionError, http.client.RemoteDisconnected, BrokenPipeError) as exc:
+                self._drop()
+                if not reused or fresh:
+                    raise unavailable([self.socket_path]) from exc
+        raise AssertionError("unreachable")
+
+    def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+                body: Any = None, headers: Mapping[str, str] | None = None,
+                timeout: float = DEFAULT_TIMEOUT, retry_for: float = 0.0) -> Any:
+        """Send one request and return the decoded JSON. With `retry_for`, a daemon that is
+        down or restarting is tried again until that many seconds have passed."""
+        deadline = time.monotonic() + retry_for
+        delay = 0.05
+        while True:
+            try:
+                resp = self._send(method, path, query, body, headers, timeout)
+                payload = resp.read()
+                break
+            except errors.DaemonUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except TimeoutError:
+                self._drop()
+                raise errors.WaitTimeout(f"the daemon did not answer within {timeout:g}s")\
+                    from None
+        decoded = json.loads(payload) if payload else None
+        if resp.status >= 400:
+            raise errors.from_wire(resp.status, decoded)
+        return decoded
+
+    def stream(self, path: str, *, query: Mapping[str, Any] | None = None,
+               timeout: float | None = None) -> Iterator[bytes]:
+        """Chunks of a streamed response, on a connection of its own."""
+        conn = _UnixConnection(str(self.socket_path), timeout or DEFAULT_TIMEOUT)
+        if timeout is None:
+            conn.timeout = None
+        url = path
+        if query:
+            items = [(k, v) for k, v in query.items() if v is not None]
+            url += "?" + urllib.parse.urlencode(items, doseq=True)
+        try:
+            try:
+                conn.request("GET", url)
+                resp = conn.getresponse()
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                raise unavailable([self.socket_path]) from exc
+            if resp.status >= 400:
+                payload = resp.read()
+                raise errors.from_wire(resp.status, json.loads(payload) if payload else None)
+            while chunk := resp.read1(65536):
+                yield chunk
+        except http.client.IncompleteRead as exc:
+            raise unavailable([self.socket_path]) from exc
+        finally:
+            conn.close()

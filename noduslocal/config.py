@@ -1,0 +1,134 @@
+"""Typed daemon settings, loaded from a TOML file and command-line overrides, and the rules
+for where the socket and the data directory live (shared with every client).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from noduslocal.errors import InvalidArgument
+from noduslocal.models import parse_cpu, parse_duration, parse_size
+
+SYSTEM_SOCKET = Path("/run/noduslocal/api.sock")
+SYSTEM_DATA_DIR = Path("/var/lib/noduslocal")
+SYSTEM_CONFIG = Path("/etc/noduslocal/config.toml")
+SOCKET_ENV = "NODUSLOCAL_SOCKET"
+
+
+def user_socket_path(uid: int | None = None) -> Path:
+    uid = os.getuid() if uid is None else uid
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "noduslocal" / "api.sock"
+    return Path(f"/tmp/noduslocal-{uid}") / "api.sock"
+
+
+def default_socket_path() -> Path:
+    """Where a daemon started by this user listens."""
+    if env := os.environ.get(SOCKET_ENV):
+        return Path(env)
+    return SYSTEM_SOCKET if os.getuid() == 0 else user_socket_path()
+
+
+def client_socket_candidates() -> list[Path]:
+    """Where a client looks, in order: the override, the user's own daemon, the system one."""
+    if env := os.environ.get(SOCKET_ENV):
+        return [Path(env)]
+    if os.getuid() == 0:
+        return [SYSTEM_SOCKET]
+    return [user_socket_path(), SYSTEM_SOCKET]
+
+
+def default_data_dir() -> Path:
+    if os.getuid() == 0:
+        return SYSTEM_DATA_DIR
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "noduslocal"
+
+
+def _host_memory() -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class Settings:
+    socket: Path
+    data_dir: Path
+    region: str = "local"
+    cpus_m: int = 0  # millicores of job requests that may run at once
+    memory: int = 0  # bytes of job requests that may run at once
+    kill_grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    admin_group: str = "noduslocal-admin"
+    socket_group: str = "noduslocal"
+    max_body: int = 1024 * 1024
+    max_wait_poll: float = 60.0  # longest a single wait long-poll is held
+    commit_batch: int = 256  # most operations grouped into one commit
+
+    @property
+    def user_mode(self) -> bool:
+        return os.getuid() != 0
+
+
+_TOML_KEYS = {
+    "socket": ("socket", Path),
+    "data_dir": ("data_dir", Path),
+    "region": ("region", str),
+    "cpus": ("cpus_m", lambda v: parse_cpu(v, "cpus")),
+    "memory": ("memory", lambda v: parse_size(v, "memory")),
+    "kill_grace": ("kill_grace", lambda v: parse_duration(v, "kill_grace")),
+    "admin_group": ("admin_group", str),
+    "socket_group": ("socket_group", str),
+    "max_wait_poll": ("max_wait_poll", lambda v: parse_duration(v, "max_wait_poll")),
+}
+
+
+def load_settings(
+    config: Path | None = None,
+    *,
+    socket: Path | None = None,
+    data_dir: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Settings:
+    """Defaults, then the TOML file, then explicit arguments (the command line)."""
+    values: dict[str, Any] = {}
+    path = config if config is not None else (SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None)
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise InvalidArgument(f"config: {path} does not exist", field="config") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgument(f"config: {path}: {exc}", field="config") from None
+        for key, value in raw.items():
+            if key not in _TOML_KEYS:
+                allowed = ", ".join(sorted(_TOML_KEYS))
+                raise InvalidArgument(f"config: unknown key {key!r}; allowed: {allowed}",
+                                      field=key)
+            attr, convert = _TOML_KEYS[key]
+            values[attr] = convert(value)
+    for key, value in (overrides or {}).items():
+        attr, convert = _TOML_KEYS[key]
+        values[attr] = convert(value)
+    if socket is not None:
+        values["socket"] = socket
+    if data_dir is not None:
+        values["data_dir"] = data_dir
+    settings = Settings(
+        socket=Path(values.pop("socket", default_socket_path())),
+        data_dir=Path(values.pop("data_dir", default_data_dir())),
+    )
+    known = {f.name for f in fields(Settings)}
+    settings = replace(settings, **{k: v for k, v in values.items() if k in known})
+    if not settings.cpus_m:
+        settings = replace(settings, cpus_m=(os.cpu_count() or 1) * 1000)
+    if not settings.memory:
+        settings = replace(settings, memory=_host_memory())
+    return settings

@@ -1,0 +1,181 @@
+"""noduslocald: open the store, start the runtime, reconcile, serve the API on the Unix
+socket, tell systemd we are ready, and on SIGTERM/SIGINT stop taking work and exit cleanly
+while the jobs run on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import grp
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from noduslocal import errors
+from noduslocal.config import Settings, load_settings
+
+log = logging.getLogger("noduslocald")
+SHUTDOWN_TIMEOUT = 1.5  # seconds open streams get before the socket closes under them
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def sd_notify(message: str) -> None:
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.connect(address)
+        sock.sendall(message.encode())
+
+
+def claim_socket(path: Path, user_mode: bool) -> None:
+    """Refuse to start when a live daemon answers; remove a stale socket file."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700 if user_mode else 0o755)
+    if not path.exists() and not path.is_symlink():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        return
+    except TimeoutError:
+        pass
+    finally:
+        probe.close()
+    raise StartupError(f"another noduslocald is already serving on {path}")
+
+
+def lock_data_dir(data_dir: Path, user_mode: bool) -> int:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700 if user_mode else 0o711)
+    fd = os.open(data_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartupError(f"another noduslocald is using the data directory {data_dir}")\
+            from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def secure_socket(settings: Settings) -> None:
+    path = settings.socket
+    if settings.user_mode:
+        os.chmod(path, 0o600)
+        return
+    os.chmod(path, 0o660)
+    try:
+        os.chown(path, 0, grp.getgrnam(settings.socket_group).gr_gid)
+    except KeyError:
+        log.warning("group %r does not exist, so only root can reach %s; create it with "
+                    "`groupadd %s` and add users to it", settings.socket_group, path,
+                    settings.socket_group)
+
+
+async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
+    # Imported here so `noduslocald --help` and the CLI stay fast.
+    from noduslocal.api.app import Services, build_app
+    from noduslocal.events import EventHub
+    from noduslocal.runtime.process import ProcessRuntime
+    from noduslocal.store import Store
+    from noduslocal.supervisor import Supervisor
+
+    claim_socket(settings.socket, settings.user_mode)
+    lock_fd = lock_data_dir(settings.data_dir, settings.user_mode)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    hub = EventHub()
+    store = Store(settings.data_dir / "noduslocal.db")
+    await store.open(hub.publish, settings.commit_batch)
+    os.chmod(store.path, 0o600)
+    runtime = ProcessRuntime()
+    await runtime.start()
+    supervisor = Supervisor(settings, store, runtime)
+    runner: web.AppRunner | None = None
+    try:
+        await supervisor.start()
+        app = build_app(Services(settings, store, supervisor, hub, time.time()))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.UnixSite(runner, str(settings.socket), shutdown_timeout=SHUTDOWN_TIMEOUT)
+        await site.start()
+        secure_socket(settings)
+        log.info("noduslocald %d serving on %s (data %s, %g CPUs, %d MiB)", os.getpid(),
+                 settings.socket, settings.data_dir, settings.cpus_m / 1000,
+                 settings.memory // 2**20)
+        sd_notify("READY=1")
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("stopping: jobs keep running and will be adopted on the next start")
+        sd_notify("STOPPING=1")
+    finally:
+        await supervisor.stop()
+        if runner is not None:
+            await runner.cleanup()
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket.unlink()
+        await runtime.close()
+        await store.close()
+        os.close(lock_fd)
+
+
+def run(settings: Settings) -> int:
+    try:
+        asyncio.run(serve(settings))
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="noduslocald",
+                                     description="The noduslocal daemon.")
+    parser.add_argument("--config", type=Path, help="TOML settings file")
+    parser.add_argument("--socket", type=Path, help="Unix socket to serve on")
+    parser.add_argument("--data-dir", type=Path, help="where jobs and the database live")
+    parser.add_argument("--cpus", help="CPUs of job requests that may run at once")
+    parser.add_argument("--memory", help="memory of job requests that may run at once")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {key: value for key, value in (("cpus", args.cpus), ("memory", args.memory))
+                 if value is not None}
+    try:
+        settings = load_settings(args.config, socket=args.socket, data_dir=args.data_dir,
+                                 overrides=overrides)
+    except errors.NodusError as exc:
+        print(f"noduslocald: {exc.message}", file=sys.stderr)
+        return 2
+    return run(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Queue order and admission against the host's CPU and memory: pure logic, no I/O.
+
+Jobs start in submission order. When the job at the head does not fit, nothing behind it
+starts (no backfill without an expected duration), so a large request is never starved by
+a stream of small ones; each waiting job gets a hold that says why in words.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Request:
+    job_id: int  # also the submission order
+    cpu_m: int
+    memory: int
+
+
+@dataclass
+class Capacity:
+    cpu_m: int
+    memory: int
+    used_cpu_m: int = 0
+    used_memory: int = 0
+
+    def fits(self, req: Request) -> bool:
+        return (self.used_cpu_m + req.cpu_m <= self.cpu_m
+                and self.used_memory + req.memory <= self.memory)
+
+    def take(self, req: Request) -> None:
+        self.used_cpu_m += req.cpu_m
+        self.used_memory += req.memory
+
+    def give(self, req: Request) -> None:
+        self.used_cpu_m -= req.cpu_m
+        self.used_memory -= req.memory
+
+    def refusal(self, req: Request) -> str | None:
+        """Why a request can never run on this host, or None."""
+        if req.cpu_m > self.cpu_m:
+            return (f"cpu: {fmt_cpu(req.cpu_m)} CPUs requested, this host runs at most "
+                    f"{fmt_cpu(self.cpu_m)}")
+        if req.memory > self.memory:
+            return (f"memory: {fmt_bytes(req.memory)} requested, this host has "
+                    f"{fmt_bytes(self.memory)}")
+        return None
+
+
+@dataclass
+class Queue:
+    """Pending requests in submission order, and the holds of the last pass."""
+
+    capacity: Capacity
+    _order: list[int] = field(default_factory=list)
+    _requests: dict[int, Request] = field(default_factory=dict)
+    holds: dict[int, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._requests
+
+    def push(self, req: Request) -> None:
+        if req.job_id in self._requests:
+            return
+        self._requests[req.job_id] = req
+        if not self._order or self._order[-1] < req.job_id:
+            self._order.append(req.job_id)
+        else:  # a requeued job keeps its place
+            bisect.insort(self._order, req.job_id)
+
+    def remove(self, job_id: int) -> Request | None:
+        req = self._requests.pop(job_id, None)
+        if req is not None:
+            index = bisect.bisect_left(self._order, job_id)
+            del self._order[index]
+            self.holds.pop(job_id, None)
+        return req
+
+    def schedule(self) -> list[Request]:
+        """Take every request that may start now, in order; set holds for the rest."""
+        started: list[Request] = []
+        cap = self.capacity
+        count = 0
+        for job_id in self._order:
+            req = self._requests[job_id]
+            if cap.fits(req):
+                cap.take(req)
+                started.append(req)
+                count += 1
+                continue
+            break
+        del self._order[:count]
+        for req in started:
+            del self._requests[req.job_id]
+            self.holds.pop(req.job_id, None)
+        if self._order:
+            head = self._requests[self._order[0]]
+            self.holds = {head.job_id: self._head_hold(head)}
+            # Only the head's hold is computed each pass; the rest are derived on read.
+        else:
+            self.holds = {}
+        return started
+
+    def hold(self, job_id: int) -> str | None:
+        if job_id not in self._requests:
+            return None
+        if job_id in self.holds:
+            return self.holds[job_id]
+        ahead = bisect.bisect_left(self._order, job_id)
+        return f"queued behind {ahead} job{'s' if ahead != 1 else ''}"
+
+    def _head_hold(self, req: Request) -> str:
+        cap = self.capacity
+        free_cpu = cap.cpu_m - cap.used_cpu_m
+        free_mem = cap.memory - cap.used_memory
+        if req.cpu_m > free_cpu:
+            return f"needs {fmt_cpu(req.cpu_m)} CPUs, {fmt_cpu(max(free_cpu, 0))} free"
+        return f"needs {fmt_bytes(req.memory)} memory, {fmt_bytes(max(free_mem, 0))} free"
+
+
+def fmt_cpu(millis: int) -> str:
+    return f"{millis // 1000}" if millis % 1000 == 0 else f"{millis / 1000:g}"
+
+
+def fmt_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"

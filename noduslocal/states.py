@@ -1,0 +1,94 @@
+"""Job and attempt phases, the legal transitions between them, and the reasons we record.
+
+Stdlib only: the daemon's store enforces this table inside each transaction, and the client
+and CLI read the terminal sets from here. Nothing else may spell a phase or reason by hand.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+TERMINAL: frozenset[Phase] = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
+ACTIVE: frozenset[Phase] = frozenset({Phase.STARTING, Phase.RUNNING})
+
+# Starting -> Pending: the daemon stopped before the process ran (no retry is spent), or a
+# lost attempt with retries left. Running -> Pending: lost box or preemption.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.PENDING: frozenset({Phase.STARTING, Phase.CANCELLED, Phase.FAILED}),
+    Phase.STARTING: frozenset(
+        {Phase.RUNNING, Phase.PENDING, Phase.FAILED, Phase.CANCELLED, Phase.SUCCEEDED}
+    ),
+    Phase.RUNNING: frozenset(
+        {Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED, Phase.PENDING, Phase.SUSPENDED}
+    ),
+    Phase.SUSPENDED: frozenset({Phase.PENDING, Phase.CANCELLED}),
+    Phase.SUCCEEDED: frozenset(),
+    Phase.FAILED: frozenset(),
+    Phase.CANCELLED: frozenset(),
+}
+
+
+class AttemptPhase(StrEnum):
+    STARTING = "Starting"
+    RUNNING = "Running"
+    EXITED = "Exited"
+    LOST = "Lost"
+    NOT_STARTED = "NotStarted"
+
+
+ATTEMPT_TRANSITIONS: dict[AttemptPhase, frozenset[AttemptPhase]] = {
+    AttemptPhase.STARTING: frozenset(
+        {AttemptPhase.RUNNING, AttemptPhase.EXITED, AttemptPhase.LOST, AttemptPhase.NOT_STARTED}
+    ),
+    AttemptPhase.RUNNING: frozenset({AttemptPhase.EXITED, AttemptPhase.LOST}),
+    AttemptPhase.EXITED: frozenset(),
+    AttemptPhase.LOST: frozenset(),
+    AttemptPhase.NOT_STARTED: frozenset(),
+}
+
+
+class Reason(StrEnum):
+    CREATED = "Created"
+    SCHEDULED = "Scheduled"
+    STARTED = "Started"
+    COMPLETED = "Completed"
+    ERROR = "Error"  # non-zero exit status
+    SIGNALED = "Signaled"  # killed by a signal nobody here sent
+    TIMEOUT = "Timeout"
+    CANCELLED = "Cancelled"
+    LOST = "Lost"
+    REQUEUED = "Requeued"  # the daemon stopped before the process ran; no retry spent
+    START_FAILED = "StartFailed"
+    OOM_KILLED = "OOMKilled"
+    MAX_COST_EXCEEDED = "MaxCostExceeded"
+    PREEMPTED = "Preempted"
+    CELLS_FAILED = "CellsFailed"
+
+
+class IllegalTransition(RuntimeError):
+    """A bug: code asked the store for a transition the table forbids."""
+
+
+def check_transition(current: str, target: str) -> None:
+    if Phase(target) not in TRANSITIONS[Phase(current)]:
+        raise IllegalTransition(f"job phase {current} -> {target} is not a legal transition")
+
+
+def check_attempt_transition(current: str, target: str) -> None:
+    if AttemptPhase(target) not in ATTEMPT_TRANSITIONS[AttemptPhase(current)]:
+        raise IllegalTransition(f"attempt phase {current} -> {target} is not a legal transition")
+
+
+def is_terminal(phase: str) -> bool:
+    return phase in TERMINAL

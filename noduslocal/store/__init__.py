@@ -1,0 +1,142 @@
+"""The SQLite store: one writer connection (group commits, see writer.py) and one reader
+connection, both through aiosqlite, over a WAL database with synchronous=FULL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from noduslocal.models import AttemptRecord, Event, JobRecord
+from noduslocal.states import TERMINAL
+from noduslocal.store import jobs as ops
+from noduslocal.store.migrate import migrate
+from noduslocal.store.writer import OnCommit, Operation, Writer
+
+__all__ = ["Store", "ops"]
+
+_PRAGMAS = (
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = FULL",
+    "PRAGMA busy_timeout = 5000",
+    "PRAGMA foreign_keys = ON",
+)
+_TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer_conn: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._writer: Writer | None = None
+
+    async def open(self, on_commit: OnCommit, batch_max: int = 256) -> None:
+        await asyncio.to_thread(self._migrate)
+        self._writer_conn = await self._connect()
+        self._reader = await self._connect()
+        await self._reader.execute("PRAGMA query_only = ON")
+        self._writer = Writer(self._writer_conn, on_commit, batch_max)
+        self._writer.start()
+
+    def _migrate(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            for pragma in _PRAGMAS:
+                conn.execute(pragma)
+            migrate(conn)
+        finally:
+            conn.close()
+
+    async def _connect(self) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self.path, isolation_level=None)
+        for pragma in _PRAGMAS:
+            await conn.execute(pragma)
+        return conn
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            await self._writer.close()
+        for conn in (self._writer_conn, self._reader):
+            if conn is not None:
+                await conn.close()
+        self._writer = self._writer_conn = self._reader = None
+
+    def write(self, op: Operation) -> asyncio.Future[Any]:
+        """Queue an operation for the next group commit; the future resolves after COMMIT."""
+        assert self._writer is not None, "store is not open"
+        return self._writer.submit(op)
+
+    # --- reads: one statement each on the reader connection -------------------------------
+
+    async def _fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        assert self._reader is not None, "store is not open"
+        return list(await self._reader.execute_fetchall(sql, params))
+
+    async def job(self, project: str, name: str) -> JobRecord | None:
+        rows = await self._fetchall(
+            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE project = ? AND name = ?",
+            (project, name))
+        return ops.job_from_row(rows[0]) if rows else None
+
+    async def job_by_id(self, job_id: int) -> JobRecord | None:
+        rows = await self._fetchall(f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE id = ?",
+                                    (job_id,))
+        return ops.job_from_row(rows[0]) if rows else None
+
+    async def jobs(self, *, phases: list[str] | None = None, owner: str | None = None,
+                   project: str | None = None, labels: dict[str, str] | None = None,
+                   active_only: bool = False, limit: int = 1000) -> list[JobRecord]:
+        where, params = [], []
+        if phases:
+            where.append(f"phase IN ({','.join('?' * len(phases))})")
+            params.extend(phases)
+        if active_only:
+            where.append(f"phase NOT IN ({_TERMINAL_SQL})")
+        if owner is not None:
+            where.append("owner = ?")
+            params.append(owner)
+        if project is not None:
+            where.append("project = ?")
+            params.append(project)
+        for key, value in (labels or {}).items():
+            where.append("json_extract(labels, ?) = ?")
+            params.extend([f'$."{key}"', value])
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._fetchall(
+            f"SELECT {ops.JOB_COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ?",
+            (*params, limit))
+        return [ops.job_from_row(row) for row in reversed(rows)]
+
+    async def active_jobs(self) -> list[JobRecord]:
+        return await self.jobs(active_only=True, limit=-1)
+
+    async def attempts(self, job_id: int) -> list[AttemptRecord]:
+        rows = await self._fetchall(
+            f"SELECT {ops.ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY number",
+            (job_id,))
+        return [ops.attempt_from_row(row) for row in rows]
+
+    async def events(self, *, since: int = 0, job_id: int | None = None,
+                     project: str | None = None, limit: int = 10000) -> list[Event]:
+        where, params = ["e.seq > ?"], [since]
+        if job_id is not None:
+            where.append("e.job_id = ?")
+            params.append(job_id)
+        if project is not None:
+            where.append("j.project = ?")
+            params.append(project)
+        rows = await self._fetchall(
+            "SELECT e.seq, e.job_id, j.project, j.name, e.at, e.phase, e.reason, e.message, "
+            f"e.attempt FROM events e JOIN jobs j ON j.id = e.job_id WHERE {' AND '.join(where)} "
+            "ORDER BY e.seq LIMIT ?",
+            (*params, limit))
+        return [Event(*row) for row in rows]
+
+    async def last_event_seq(self) -> int:
+        rows = await self._fetchall("SELECT COALESCE(MAX(seq), 0) FROM events")
+        return int(rows[0][0])

@@ -1,0 +1,199 @@
+"""Write operations on jobs and attempts. Each runs inside the writer's open transaction on
+the raw sqlite3 connection, checks the transition table first, and appends its event rows.
+
+An operation either completes or raises before its first write, so a batch that holds a
+failing operation can be replayed without it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.models import AttemptRecord, CreateRequest, Event, JobRecord, JobSpec
+from noduslocal.states import (
+    AttemptPhase,
+    Phase,
+    Reason,
+    check_attempt_transition,
+    check_transition,
+)
+
+JOB_COLUMNS = (
+    "id, project, name, owner_uid, owner_gid, owner, phase, reason, message, spec, labels, "
+    "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used"
+)
+ATTEMPT_COLUMNS = (
+    "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
+    "message, stop_reason"
+)
+
+
+def job_from_row(row: tuple[Any, ...]) -> JobRecord:
+    return JobRecord(
+        id=row[0], project=row[1], name=row[2], owner_uid=row[3], owner_gid=row[4],
+        owner=row[5], phase=row[6], reason=row[7], message=row[8],
+        spec=JobSpec.from_stored(json.loads(row[9])), labels=json.loads(row[10]),
+        created_at=row[11], started_at=row[12], ended_at=row[13], exit_code=row[14],
+        signal=row[15], attempts=row[16], retries_used=row[17],
+    )
+
+
+def attempt_from_row(row: tuple[Any, ...]) -> AttemptRecord:
+    return AttemptRecord(*row)
+
+
+@dataclass(frozen=True)
+class Owner:
+    uid: int
+    gid: int
+    name: str
+
+
+@dataclass
+class Created:
+    job: JobRecord
+    created: bool  # False: the idempotency key named an existing job
+
+
+def _event(conn: sqlite3.Connection, job: tuple[int, str, str], at: float, phase: str,
+           reason: str | None, message: str | None, attempt: int | None) -> Event:
+    cur = conn.execute(
+        "INSERT INTO events (job_id, at, phase, reason, message, attempt) VALUES (?,?,?,?,?,?)",
+        (job[0], at, phase, reason, message, attempt),
+    )
+    return Event(cur.lastrowid or 0, job[0], job[1], job[2], at, phase, reason, message, attempt)
+
+
+def _transition(conn: sqlite3.Connection, job_id: int, target: Phase, at: float,
+                reason: str | None, message: str | None = None, attempt: int | None = None,
+                **columns: Any) -> Event:
+    row = conn.execute("SELECT phase, project, name FROM jobs WHERE id = ?",
+                       (job_id,)).fetchone()
+    if row is None:
+        raise errors.NotFound(f"job {job_id} does not exist")
+    check_transition(row[0], target)
+    sets = ", ".join(f"{col} = ?" for col in columns)
+    conn.execute(
+        f"UPDATE jobs SET phase = ?, reason = ?, message = ?{', ' if sets else ''}{sets} "
+        "WHERE id = ?",
+        (target.value, reason, message, *columns.values(), job_id),
+    )
+    return _event(conn, (job_id, row[1], row[2]), at, target.value, reason, message, attempt)
+
+
+def _attempt_to(conn: sqlite3.Connection, job_id: int, number: int, target: AttemptPhase,
+                **columns: Any) -> None:
+    row = conn.execute("SELECT phase FROM attempts WHERE job_id = ? AND number = ?",
+                       (job_id, number)).fetchone()
+    if row is None:
+        raise errors.NotFound(f"attempt {number} of job {job_id} does not exist")
+    check_attempt_transition(row[0], target)
+    sets = "".join(f", {col} = ?" for col in columns)
+    conn.execute(f"UPDATE attempts SET phase = ?{sets} WHERE job_id = ? AND number = ?",
+                 (target.value, *columns.values(), job_id, number))
+
+
+def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name: str,
+               project: str, now: float, idempotency_key: str | None,
+               request_hash: str | None) -> tuple[Created, list[Event]]:
+    if idempotency_key is not None:
+        row = conn.execute(
+            f"SELECT {JOB_COLUMNS}, request_hash FROM jobs "
+            "WHERE owner_uid = ? AND idempotency_key = ?",
+            (owner.uid, idempotency_key),
+        ).fetchone()
+        if row is not None:
+            if row[-1] != request_hash:
+                raise errors.Conflict(
+                    f"idempotency key {idempotency_key!r} was used for a different request "
+                    f"(job {row[2]!r})"
+                )
+            return Created(job_from_row(row[:-1]), created=False), []
+    if conn.execute("SELECT 1 FROM jobs WHERE project = ? AND name = ?",
+                    (project, name)).fetchone():
+        raise errors.AlreadyExists(f"name: job {name!r} already exists in project {project!r}",
+                                   field="name")
+    cur = conn.execute(
+        "INSERT INTO jobs (project, name, owner_uid, owner_gid, owner, phase, reason, spec, "
+        "labels, idempotency_key, request_hash, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (project, name, owner.uid, owner.gid, owner.name, Phase.PENDING.value,
+         Reason.CREATED.value, json.dumps(req.spec.to_wire()), json.dumps(req.labels),
+         idempotency_key, request_hash, now),
+    )
+    job_id = cur.lastrowid or 0
+    event = _event(conn, (job_id, project, name), now, Phase.PENDING.value,
+                   Reason.CREATED.value, None, None)
+    job = JobRecord(id=job_id, project=project, name=name, owner_uid=owner.uid,
+                    owner_gid=owner.gid, owner=owner.name, phase=Phase.PENDING.value,
+                    spec=req.spec, labels=req.labels, created_at=now,
+                    reason=Reason.CREATED.value)
+    return Created(job, created=True), [event]
+
+
+def start_attempt(conn: sqlite3.Connection, job_id: int, now: float) -> tuple[int, list[Event]]:
+    """Pending -> Starting with a new attempt row; returns the attempt number."""
+    number = conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0] + 1
+    event = _transition(conn, job_id, Phase.STARTING, now, Reason.SCHEDULED.value,
+                        attempt=number, attempts=number)
+    conn.execute("INSERT INTO attempts (job_id, number, phase, created_at) VALUES (?,?,?,?)",
+                 (job_id, number, AttemptPhase.STARTING.value, now))
+    return number, [event]
+
+
+def attempt_running(conn: sqlite3.Connection, job_id: int, number: int,
+                    now: float) -> tuple[None, list[Event]]:
+    _attempt_to(conn, job_id, number, AttemptPhase.RUNNING, started_at=now)
+    started = conn.execute("SELECT started_at FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+    return None, [_transition(conn, job_id, Phase.RUNNING, now, Reason.STARTED.value,
+                              attempt=number, started_at=started or now)]
+
+
+def request_stop(conn: sqlite3.Connection, job_id: int, number: int,
+                 reason: str) -> tuple[None, list[Event]]:
+    """Remember why we are stopping a running attempt, so its exit is read correctly even
+    after a daemon restart. The first reason wins (a timeout is not turned into a cancel)."""
+    conn.execute(
+        "UPDATE attempts SET stop_reason = COALESCE(stop_reason, ?) "
+        "WHERE job_id = ? AND number = ?",
+        (reason, job_id, number),
+    )
+    return None, []
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, as the runtime observed it."""
+
+    attempt_phase: AttemptPhase
+    job_phase: Phase
+    reason: str
+    message: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    spend_retry: bool = False
+
+
+def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
+                   now: float) -> tuple[None, list[Event]]:
+    _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
+                exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
+                message=outcome.message)
+    columns: dict[str, Any] = {"exit_code": outcome.exit_code, "signal": outcome.signal}
+    if outcome.job_phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED):
+        columns["ended_at"] = now
+    if outcome.spend_retry:
+        used = conn.execute("SELECT retries_used FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        columns["retries_used"] = used[0] + 1
+    return None, [_transition(conn, job_id, outcome.job_phase, now, outcome.reason,
+                              outcome.message, attempt=number, **columns)]
+
+
+def cancel_pending(conn: sqlite3.Connection, job_id: int, now: float,
+                   message: str) -> tuple[None, list[Event]]:
+    return None, [_transition(conn, job_id, Phase.CANCELLED, now, Reason.CANCELLED.value,
+                              message, ended_at=now)]
+

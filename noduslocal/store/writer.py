@@ -1,0 +1,121 @@
+"""The single writer: operations queue up while a commit is in flight and the next commit
+takes all of them at once (group commit), so synchronous=FULL costs one fsync per batch,
+not one per transition.
+
+A batch runs as one call on aiosqlite's worker thread: per-statement calls cost about
+100 us each here (docs/benchmarks.md), more than the whole operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import aiosqlite
+
+from noduslocal.models import Event
+
+log = logging.getLogger(__name__)
+
+# An operation: runs on the raw connection inside the open transaction and returns
+# (result, events). It must not touch anything but the database.
+Operation = Callable[[sqlite3.Connection], tuple[Any, list[Event]]]
+OnCommit = Callable[[list[Event]], None]
+
+
+class Writer:
+    def __init__(self, conn: aiosqlite.Connection, on_commit: OnCommit, batch_max: int) -> None:
+        self._conn = conn
+        self._on_commit = on_commit
+        self._batch_max = batch_max
+        self._queue: list[tuple[Operation, asyncio.Future[Any]]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="store-writer")
+
+    def submit(self, op: Operation) -> asyncio.Future[Any]:
+        if self._closing:
+            raise RuntimeError("the store is closing")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, future))
+        self._wake.set()
+        return future
+
+    async def close(self) -> None:
+        """Commit what is queued, then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch = self._queue[: self._batch_max]
+                del self._queue[: self._batch_max]
+                await self._commit(batch)
+            if self._closing:
+                return
+
+    async def _commit(self, batch: list[tuple[Operation, asyncio.Future[Any]]]) -> None:
+        ops = [op for op, _ in batch]
+        try:
+            # aiosqlite's private call-on-thread: the one place we rely on it (see module doc).
+            outcomes = await self._conn._execute(_apply, self._conn._conn, ops)
+        except Exception as exc:  # the connection itself failed: nobody's work is committed
+            log.exception("commit failed")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        events: list[Event] = []
+        for (_, future), (ok, value, evs) in zip(batch, outcomes, strict=True):
+            if ok:
+                events.extend(evs)
+            if future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        if events:
+            self._on_commit(events)
+
+
+def _apply(conn: sqlite3.Connection,
+           ops: list[Operation]) -> list[tuple[bool, Any, list[Event]]]:
+    """Run every operation in one transaction; if one raises, roll back and run each in a
+    transaction of its own so only the faulty one fails."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        results = []
+        for op in ops:
+            value, events = op(conn)
+            results.append((True, value, events))
+        conn.execute("COMMIT")
+        return results
+    except Exception as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if len(ops) == 1:
+            return [(False, exc, [])]
+    return [_apply_one(conn, op) for op in ops]
+
+
+def _apply_one(conn: sqlite3.Connection, op: Operation) -> tuple[bool, Any, list[Event]]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        value, events = op(conn)
+        conn.execute("COMMIT")
+        return True, value, events
+    except Exception as exc:
+        conn.execute("ROLLBACK")
+        return False, exc, []

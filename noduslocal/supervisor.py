@@ -1,0 +1,357 @@
+"""The daemon's job lifecycle: admission at create, the queue pass, one task per attempt
+(launch, watch, timeout, stop, record the end), retries of lost attempts, and the
+reconcile after a restart that adopts what still runs and records what ended meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.config import Settings
+from noduslocal.models import CreateRequest, JobRecord
+from noduslocal.runtime.process import (
+    Alive,
+    AttemptState,
+    Exited,
+    NeverStarted,
+    ProcessRuntime,
+    SpawnError,
+    inspect,
+    read_pid,
+)
+from noduslocal.scheduler.queue import Capacity, Queue, Request
+from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
+from noduslocal.store import Store, ops
+
+log = logging.getLogger(__name__)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class Attempt:
+    """A job that holds resources: being launched, running, or being stopped."""
+
+    job: JobRecord
+    request: Request
+    number: int = 0
+    directory: Path | None = None
+    stop_reason: str | None = None
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+
+def outcome_of(state: AttemptState, attempt: Attempt) -> ops.Outcome:
+    job, stop = attempt.job, attempt.stop_reason
+    if isinstance(state, Exited):
+        code, sig = state.exit_code, state.signal
+        if stop == Reason.CANCELLED:
+            return ops.Outcome(AttemptPhase.EXITED, Phase.CANCELLED, Reason.CANCELLED,
+                               "cancelled on request", code, sig)
+        if stop == Reason.TIMEOUT:
+            return ops.Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.TIMEOUT,
+                               f"stopped after its timeout of {job.spec.timeout:g}s", code, sig)
+        if code == 0:
+            return ops.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED, None, 0)
+        if sig is not None:
+            return ops.Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.SIGNALED,
+                               f"killed by signal {sig} ({signal.Signals(sig).name})", code, sig)
+        return ops.Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.ERROR,
+                           f"exited with code {code}", code)
+    if isinstance(state, NeverStarted):
+        if stop is not None:
+            return ops.Outcome(AttemptPhase.NOT_STARTED, Phase.CANCELLED, Reason.CANCELLED,
+                               "cancelled before it started")
+        return ops.Outcome(AttemptPhase.NOT_STARTED, Phase.PENDING, Reason.REQUEUED,
+                           "the daemon stopped before the process ran; queued again")
+    if stop is not None:  # vanished while we were stopping it: that is what we asked for
+        phase = Phase.CANCELLED if stop == Reason.CANCELLED else Phase.FAILED
+        return ops.Outcome(AttemptPhase.LOST, phase, stop, "stopped; no exit status recorded")
+    if job.retries_used < job.spec.retries:
+        left = job.spec.retries - job.retries_used - 1
+        return ops.Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST,
+                           f"attempt {attempt.number} lost (no exit status); retrying, "
+                           f"{left} retr{'y' if left == 1 else 'ies'} left", spend_retry=True)
+    return ops.Outcome(AttemptPhase.LOST, Phase.FAILED, Reason.LOST,
+                       f"attempt {attempt.number} lost (no exit status) and no retries left")
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime) -> None:
+        self.settings = settings
+        self.store = store
+        self.runtime = runtime
+        self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
+        self.active: dict[int, Attempt] = {}
+        self._pending_jobs: dict[int, JobRecord] = {}
+        self._pass_scheduled = False
+        self._stopping = False
+        self.jobs_dir = settings.data_dir / "jobs"
+
+    # --- paths --------------------------------------------------------------------------
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(job_id)
+
+    def attempt_dir(self, job_id: int, number: int) -> Path:
+        return self.job_dir(job_id) / "attempts" / str(number)
+
+    def workspace(self, job_id: int) -> Path:
+        return self.job_dir(job_id) / "workspace"
+
+    # --- API-facing ---------------------------------------------------------------------
+
+    def hold(self, job_id: int) -> str | None:
+        return self.queue.hold(job_id)
+
+    async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
+                     request_hash: str | None) -> tuple[JobRecord, bool]:
+        if self._stopping:
+            raise errors.Conflict("the daemon is shutting down; submit again once it is back")
+        request = Request(0, req.spec.cpu_m, req.spec.memory or 0)
+        if (why := self.queue.capacity.refusal(request)) is not None:
+            raise errors.InvalidArgument(why, field=why.split(":")[0])
+        project = req.project or owner.name
+        for _ in range(5):
+            name = req.name or f"job-{secrets.token_hex(4)}"
+            now = time.time()
+            try:
+                created: ops.Created = await self.store.write(
+                    lambda c, n=name, t=now: ops.insert_job(
+                        c, req, owner, n, project, t, idempotency_key, request_hash))
+                break
+            except errors.AlreadyExists:
+                if req.name:
+                    raise
+        else:
+            raise errors.Internal("could not generate a free job name")
+        if created.created:
+            self._enqueue(created.job)
+        return created.job, created.created
+
+    async def cancel(self, job: JobRecord) -> None:
+        if job.phase == Phase.CANCELLED:
+            return
+        if job.phase in TERMINAL:
+            raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
+        if self.queue.remove(job.id) is not None:
+            self._pending_jobs.pop(job.id, None)
+            await self.store.write(lambda c: ops.cancel_pending(
+                c, job.id, time.time(), "cancelled before it started"))
+            self._kick()
+            return
+        attempt = self.active.get(job.id)
+        if attempt is not None:
+            await self._request_stop(attempt, Reason.CANCELLED)
+            return
+        raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be cancelled now")
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.jobs_dir, 0o711)
+        for job in await self.store.active_jobs():
+            if job.phase == Phase.PENDING:
+                self._enqueue(job)
+            elif job.phase in (Phase.STARTING, Phase.RUNNING):
+                await self._reconcile(job)
+        self._kick()
+
+    async def stop(self) -> None:
+        """Stop supervising; jobs keep running and are adopted by the next daemon."""
+        self._stopping = True
+        tasks = [a.task for a in self.active.values() if a.task is not None]
+        for attempt in self.active.values():
+            for timer in attempt.timers:
+                timer.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _enqueue(self, job: JobRecord) -> None:
+        self._pending_jobs[job.id] = job
+        self.queue.push(Request(job.id, job.spec.cpu_m, job.spec.memory or 0))
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self._pass_scheduled and not self._stopping:
+            self._pass_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pass)
+
+    def _pass(self) -> None:
+        self._pass_scheduled = False
+        if self._stopping:
+            return
+        for request in self.queue.schedule():
+            job = self._pending_jobs.pop(request.job_id)
+            attempt = Attempt(job, request)
+            self.active[job.id] = attempt
+            attempt.task = asyncio.create_task(self._run_attempt(attempt))
+
+    def _release(self, attempt: Attempt) -> None:
+        for timer in attempt.timers:
+            timer.cancel()
+        if self.active.pop(attempt.job.id, None) is not None:
+            self.queue.capacity.give(attempt.request)
+        self._kick()
+
+    async def _run_attempt(self, attempt: Attempt) -> None:
+        job = attempt.job
+        try:
+            attempt.number = await self.store.write(
+                lambda c: ops.start_attempt(c, job.id, time.time()))
+            attempt.directory = self.attempt_dir(job.id, attempt.number)
+            if attempt.stop_reason is not None:
+                await self._finish(attempt, NeverStarted())
+                return
+            self._prepare_dirs(attempt)
+            try:
+                shim_pid = await self.runtime.launch(self._launch_request(attempt))
+            except SpawnError:
+                log.exception("spawning job %s failed", job.name)
+                state = inspect(attempt.directory)
+                if not isinstance(state, Alive):
+                    await self._finish(attempt, state)
+                    return
+                shim_pid = state.shim_pid
+            now = time.time()
+            await self.store.write(lambda c: ops.attempt_running(c, job.id, attempt.number, now))
+            await self._watch(attempt, shim_pid, now)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("supervising job %s failed", job.name)
+            self._release(attempt)
+
+    async def _watch(self, attempt: Attempt, shim_pid: int, started_at: float) -> None:
+        assert attempt.directory is not None
+        exited = self.runtime.watch(attempt.directory, shim_pid)
+        timeout = attempt.job.spec.timeout
+        if attempt.stop_reason is not None:
+            await self._send_stop(attempt)
+        elif timeout is not None:
+            delay = max(0.0, started_at + timeout - time.time())
+            attempt.timers.append(asyncio.get_running_loop().call_later(
+                delay, lambda: asyncio.ensure_future(
+                    self._request_stop(attempt, Reason.TIMEOUT))))
+        await self._finish(attempt, await exited)
+
+    async def _finish(self, attempt: Attempt, state: AttemptState) -> None:
+        job = attempt.job
+        outcome = outcome_of(state, attempt)
+        await self.store.write(lambda c: ops.finish_attempt(
+            c, job.id, attempt.number, outcome, time.time()))
+        self._release(attempt)
+        if outcome.job_phase == Phase.PENDING:
+            fresh = await self.store.job_by_id(job.id)
+            if fresh is not None and fresh.phase == Phase.PENDING:
+                self._enqueue(fresh)
+
+    async def _request_stop(self, attempt: Attempt, reason: str) -> None:
+        if attempt.stop_reason is not None:
+            return
+        attempt.stop_reason = reason
+        if attempt.number:  # persisted so a restarted daemon reads the exit the same way
+            await self.store.write(lambda c: ops.request_stop(
+                c, attempt.job.id, attempt.number, reason))
+        if attempt.directory is not None and attempt.directory.exists():
+            await self._send_stop(attempt)
+
+    async def _send_stop(self, attempt: Attempt) -> None:
+        assert attempt.directory is not None
+        directory = attempt.directory
+        if await self.runtime.signal_group(directory, signal.SIGTERM):
+            attempt.timers.append(asyncio.get_running_loop().call_later(
+                self.settings.kill_grace, lambda: asyncio.ensure_future(
+                    self.runtime.signal_group(directory, signal.SIGKILL))))
+
+    async def _reconcile(self, job: JobRecord) -> None:
+        attempts = await self.store.attempts(job.id)
+        last = attempts[-1]
+        attempt = Attempt(job, Request(job.id, job.spec.cpu_m, job.spec.memory or 0),
+                          number=last.number, directory=self.attempt_dir(job.id, last.number),
+                          stop_reason=last.stop_reason)
+        self.active[job.id] = attempt
+        self.queue.capacity.take(attempt.request)
+        state = inspect(attempt.directory)
+        for _ in range(200):  # a shim that holds its lock but has not written pid.json yet
+            if not (isinstance(state, Alive) and state.shim_pid == 0):
+                break
+            await asyncio.sleep(0.01)
+            state = inspect(attempt.directory)
+        if isinstance(state, Alive):
+            log.info("adopting job %s attempt %d (shim %d)", job.name, last.number,
+                     state.shim_pid)
+            attempt.task = asyncio.create_task(self._adopt(attempt, state.shim_pid, last))
+        else:
+            attempt.task = asyncio.create_task(self._finish(attempt, state))
+
+    async def _adopt(self, attempt: Attempt, shim_pid: int, last: Any) -> None:
+        job = attempt.job
+        started = last.started_at
+        if started is None:
+            pid = read_pid(attempt.directory) if attempt.directory else None
+            started = pid["started_at"] if pid else time.time()
+            await self.store.write(lambda c: ops.attempt_running(
+                c, job.id, attempt.number, started))
+        await self._watch(attempt, shim_pid, started)
+
+    # --- launching ----------------------------------------------------------------------
+
+    def _prepare_dirs(self, attempt: Attempt) -> None:
+        assert attempt.directory is not None
+        job = attempt.job
+        job_dir = self.job_dir(job.id)
+        job_dir.mkdir(mode=0o711, exist_ok=True)
+        workspace = self.workspace(job.id)
+        if not workspace.exists():
+            workspace.mkdir(mode=0o700)
+            if os.getuid() == 0:
+                os.chown(workspace, job.owner_uid, job.owner_gid)
+        attempt.directory.mkdir(mode=0o700, parents=True)
+
+    def _launch_request(self, attempt: Attempt) -> dict[str, Any]:
+        job = attempt.job
+        workspace = self.workspace(job.id)
+        try:
+            entry = pwd.getpwuid(job.owner_uid)
+            home, shell = entry.pw_dir, entry.pw_shell
+        except KeyError:
+            home, shell = "/", "/bin/sh"
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": home,
+            "USER": job.owner,
+            "LOGNAME": job.owner,
+            "SHELL": shell,
+            "LANG": "C.UTF-8",
+            "NODUS_JOB": job.name,
+            "NODUS_PROJECT": job.project,
+            "NODUS_ATTEMPT": str(attempt.number),
+            "NODUS_WORKSPACE": str(workspace),
+            **job.spec.env,
+        }
+        request: dict[str, Any] = {
+            "dir": str(attempt.directory),
+            "argv": job.spec.argv,
+            "env": env,
+            "cwd": job.spec.workdir or str(workspace),
+            "uid": None,
+        }
+        if os.getuid() == 0:
+            try:
+                groups = os.getgrouplist(job.owner, job.owner_gid)
+            except OSError:
+                groups = [job.owner_gid]
+            request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)
+        return request
