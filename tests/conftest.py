@@ -1,0 +1,46 @@
+"""Shared fixtures: a real daemon per test (noduslocal.testing) and the CLI as a real
+process pointed at it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from noduslocal import testing
+from noduslocal.config import SOCKET_ENV
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def daemon() -> Iterator[testing.Daemon]:
+    """A started noduslocald with 2 CPUs that the SDK uses for the test."""
+    d = testing.Daemon(cpus=2, memory="8GiB")
+    try:
+        d.start()
+        with d.as_default():
+            yield d
+    finally:
+        d.close()
+
+
+def run_cli(d: testing.Daemon, *args: str, input: str | None = None,
+            timeout: float = 60, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    """`noduslocal ARGS...` as a separate process against daemon `d`."""
+    full_env = {**os.environ, SOCKET_ENV: str(d.socket), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "noduslocal.cli", *args], input=input,
+                          capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def cli(daemon: testing.Daemon):  # noqa: ANN201
+    def call(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return run_cli(daemon, *args, **kwargs)  # type: ignore[arg-type]
+
+    return call
