@@ -117,7 +117,9 @@ class Transport:
                 payload = resp.read()
                 break
             except errors.DaemonUnavailable:
-                if time.monotonic() + delay > deadline:
+                # No socket file: no daemon, fail now. A socket that refuses is a daemon
+                # restarting (kill -9 leaves the file), worth waiting for.
+                if time.monotonic() + delay > deadline or not self.socket_path.exists():
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)

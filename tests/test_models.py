@@ -1,0 +1,153 @@
+"""Parsing and validation of what crosses the socket: durations, sizes, CPUs, names, and
+the create body, which must be refused completely before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from noduslocal import errors
+from noduslocal.models import (
+    JOB_CREATE_FIELDS,
+    NOT_YET_FIELDS,
+    parse_cpu,
+    parse_create,
+    parse_duration,
+    parse_size,
+    validate_name,
+)
+
+REGIONS = ("local",)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    (90, 90.0), ("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("2h", 7200.0),
+    ("1h30m", 5400.0), ("1d", 86400.0), (0.5, 0.5), ("250ms", 0.25),
+])
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text, "timeout") == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "5x", "-3", 0, -1, True, None, "m", "1h3x", "h1"])
+def test_bad_durations_name_the_field(bad: object) -> None:
+    with pytest.raises(errors.InvalidArgument) as info:
+        parse_duration(bad, "timeout")
+    assert info.value.field == "timeout"
+    assert "timeout" in info.value.message
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    (1048576, 1048576), ("512M", 512 * 2**20), ("512MiB", 512 * 2**20), ("4G", 4 * 2**30),
+    ("4GiB", 4 * 2**30), ("4gb", 4 * 2**30), ("100", 100), ("1.5K", 1536),
+])
+def test_sizes(text: object, size: int) -> None:
+    assert parse_size(text, "memory") == size
+
+
+@pytest.mark.parametrize("bad", ["", "lots", "4X", "-1G", 0, True, "iB", 1.5])
+def test_bad_sizes(bad: object) -> None:
+    with pytest.raises(errors.InvalidArgument, match="memory"):
+        parse_size(bad, "memory")
+
+
+@pytest.mark.parametrize(("text", "millis"), [(1, 1000), (2, 2000), (0.5, 500), ("2", 2000),
+                                              ("500m", 500), ("1.25", 1250)])
+def test_cpus(text: object, millis: int) -> None:
+    assert parse_cpu(text) == millis
+
+
+@pytest.mark.parametrize("bad", [0, -1, "0m", "two", True, "1.5m"])
+def test_bad_cpus(bad: object) -> None:
+    with pytest.raises(errors.InvalidArgument, match="cpu"):
+        parse_cpu(bad)
+
+
+@pytest.mark.parametrize("good", ["a", "job-1", "x" * 63, "0abc"])
+def test_good_names(good: str) -> None:
+    assert validate_name(good, "name") == good
+
+
+@pytest.mark.parametrize("bad", ["", "A", "-a", "a-", "a_b", "a.b", "x" * 64, "é", 5, None])
+def test_bad_names(bad: object) -> None:
+    with pytest.raises(errors.InvalidArgument, match="name"):
+        validate_name(bad, "name")
+
+
+def test_create_minimal_defaults() -> None:
+    req = parse_create({"command": ["true"]}, regions=REGIONS)
+    assert req.spec.argv == ["true"]
+    assert req.spec.cpu_m == 1000
+    assert req.spec.memory is None
+    assert req.spec.retries == 0
+    assert req.name is None and req.project is None and req.labels == {}
+
+
+def test_create_full() -> None:
+    req = parse_create({
+        "name": "train", "project": "lab", "command": ["python"], "args": ["x.py", "--lr", "3"],
+        "env": {"A_1": "x"}, "cpu": "500m", "memory": "1GiB", "workdir": "/tmp",
+        "timeout": "15m", "retries": 2, "labels": {"team": "nlp"}, "region": "local",
+    }, regions=REGIONS)
+    assert req.spec.argv == ["python", "x.py", "--lr", "3"]
+    assert (req.spec.cpu_m, req.spec.memory, req.spec.timeout) == (500, 2**30, 900.0)
+    assert req.labels == {"team": "nlp"} and req.name == "train" and req.project == "lab"
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"command": ["true"], "bogus": 1}, "bogus"),
+    ({"command": []}, "command"),
+    ({}, "command"),
+    ({"command": [""]}, "command"),
+    ({"command": "true"}, "command"),
+    ({"command": ["true", 3]}, "command"),
+    ({"command": ["true"], "env": {"1BAD": "x"}}, "env"),
+    ({"command": ["true"], "env": {"A-B": "x"}}, "env"),
+    ({"command": ["true"], "env": {"A": 1}}, "env"),
+    ({"command": ["true"], "env": ["A=1"]}, "env"),
+    ({"command": ["true"], "name": "Bad_Name"}, "name"),
+    ({"command": ["true"], "region": "us-east1"}, "region"),
+    ({"command": ["true"], "workdir": "relative"}, "workdir"),
+    ({"command": ["true"], "retries": -1}, "retries"),
+    ({"command": ["true"], "retries": "2"}, "retries"),
+    ({"command": ["true"], "labels": {"k": "v" * 64}}, "labels"),
+    ({"command": ["true"], "timeout": "soon"}, "timeout"),
+])
+def test_create_refusals_name_the_field(body: dict[str, object], field: str) -> None:
+    with pytest.raises(errors.InvalidArgument) as info:
+        parse_create(body, regions=REGIONS)
+    assert info.value.field == field
+    assert "\n" not in info.value.message
+
+
+def test_region_error_lists_valid_regions() -> None:
+    with pytest.raises(errors.InvalidArgument, match="valid: local"):
+        parse_create({"command": ["true"], "region": "eu"}, regions=REGIONS)
+
+
+@pytest.mark.parametrize("field", sorted(NOT_YET_FIELDS))
+def test_not_yet_fields_raise_unsupported_naming_them(field: str) -> None:
+    with pytest.raises(errors.Unsupported) as info:
+        parse_create({"command": ["true"], field: "something"}, regions=REGIONS)
+    assert info.value.field == field
+    assert field in info.value.message
+
+
+@pytest.mark.parametrize(("field", "value"), [("interruptible", False), ("completions", 1),
+                                              ("gpu", None), ("outputs", {})])
+def test_not_yet_fields_accept_their_neutral_value(field: str, value: object) -> None:
+    parse_create({"command": ["true"], field: value}, regions=REGIONS)
+
+
+def test_neutral_values_are_type_exact() -> None:
+    # True == 1 in Python; a gang of True completions must not slip through as "1".
+    with pytest.raises(errors.Unsupported):
+        parse_create({"command": ["true"], "completions": True}, regions=REGIONS)
+
+
+def test_create_fields_cover_the_reference_signature() -> None:
+    import inspect
+
+    from noduslocal.client.job import Job
+
+    sdk = set(inspect.signature(Job.create).parameters)
+    assert sdk <= JOB_CREATE_FIELDS
+    assert JOB_CREATE_FIELDS - sdk == {"retries"}

@@ -1,0 +1,129 @@
+"""The SDK as a user writes it: `import noduslocal as nodus`, the reference signature,
+Views, wait() and its exceptions, sync and async logs, cancel, attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+import noduslocal as nodus
+from noduslocal import testing
+
+REFERENCE_CREATE = [
+    "name", "image", "command", "args", "source", "gpu", "cpu", "memory", "disk", "env",
+    "secrets", "volumes", "workdir", "network", "checkpoint", "timeout", "expected_duration",
+    "interruptible", "region", "profile", "max_cost", "completions", "parallelism",
+    "distributed", "outputs", "labels", "allow_large_source", "project",
+]
+
+
+def test_public_surface_is_pinned() -> None:
+    assert sorted(nodus.__all__) == ["Distributed", "Job", "View", "__version__", "errors"]
+
+
+def test_create_has_exactly_the_reference_keywords() -> None:
+    params = inspect.signature(nodus.Job.create).parameters
+    assert list(params) == REFERENCE_CREATE
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    with pytest.raises(TypeError):
+        nodus.Job.create(command=["true"], retries=2)  # type: ignore[call-arg]
+
+
+def test_run_wait_and_view(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(name="hello", command=["sh", "-c"], args=["echo $GREETING"],
+                        env={"GREETING": "hi"}, labels={"kind": "demo"})
+    done = job.wait(timeout=20)
+    assert done.phase == done["phase"] == "Succeeded"
+    assert done.exit_code == 0 and done.labels.kind == "demo"
+    assert list(job.iter_logs()) == ["hi"]
+    again = nodus.Job.from_name("hello")
+    assert again.status().spec.command == ["sh", "-c"]
+    with pytest.raises(AttributeError):
+        _ = done.no_such_field
+
+
+def test_wait_raises_jobfailed_with_exit_code_and_tail(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(command=["sh", "-c", "echo working; echo broken >&2; exit 3"])
+    with pytest.raises(nodus.errors.JobFailed) as info:
+        job.wait(timeout=20)
+    assert info.value.exit_code == 3
+    assert info.value.reason == "Error"
+    assert "broken" in info.value.log_tail and "working" in info.value.log_tail
+    assert "exit" in str(info.value) and "broken" in str(info.value)
+
+
+def test_cancel_and_jobcancelled(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(command=["sleep", "60"])
+    job.cancel()
+    with pytest.raises(nodus.errors.JobCancelled) as info:
+        job.wait(timeout=20)
+    assert isinstance(info.value, nodus.errors.JobFailed)
+    assert info.value.phase == "Cancelled"
+    assert [a.reason for a in job.attempts()] == ["Cancelled"]
+
+
+def test_wait_timeout(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(command=["sleep", "30"])
+    with pytest.raises(nodus.errors.WaitTimeout):
+        job.wait(timeout=0.3)
+    with pytest.raises(TimeoutError):  # WaitTimeout is a TimeoutError too
+        job.wait(timeout=0.1)
+    job.cancel()
+
+
+def test_timeout_argument_stops_the_job(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(command=["sleep", "30"], timeout="1s")
+    with pytest.raises(nodus.errors.JobFailed) as info:
+        job.wait(timeout=20)
+    assert info.value.reason == "Timeout"
+
+
+def test_async_logs_follow(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(command=["sh", "-c", "echo a; sleep 0.3; echo b; printf c"])
+
+    async def collect() -> list[str]:
+        return [line async for line in job.logs(follow=True)]
+
+    assert asyncio.run(collect()) == ["a", "b", "c"]
+
+
+def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(command=["sh", "-c", 'pwd; echo "$NODUS_WORKSPACE"; touch made'])
+    job.wait(timeout=20)
+    cwd, workspace = list(job.iter_logs())
+    assert cwd == workspace
+    assert (daemon.data_dir / "jobs").exists()
+    assert any(p.name == "made" for p in (daemon.data_dir / "jobs").glob("*/workspace/*"))
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"image": "busybox"}, "image"), ({"gpu": "H100"}, "gpu"),
+    ({"outputs": {"m": "/workspace/m"}}, "outputs"), ({"checkpoint": "/ckpt"}, "checkpoint"),
+    ({"distributed": nodus.Distributed(nodes=2)}, "distributed"),
+    ({"source": "."}, "source"), ({"allow_large_source": True}, "allow_large_source"),
+])
+def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dict[str, object],
+                                             field: str) -> None:
+    with pytest.raises(nodus.errors.Unsupported) as info:
+        nodus.Job.create(command=["true"], **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert daemon.client().list_jobs(all=True) == []
+
+
+@pytest.mark.parametrize("method", ["estimate", "suspend", "resume"])
+def test_unbuilt_methods_raise_unsupported(daemon: testing.Daemon, method: str) -> None:
+    job = nodus.Job.run(command=["true"])
+    with pytest.raises(nodus.errors.Unsupported, match=method):
+        getattr(job, method)()
+    with pytest.raises(nodus.errors.Unsupported, match="exec"):
+        job.exec("ls")
+    with pytest.raises(nodus.errors.Unsupported, match="files"):
+        _ = job.files
+
+
+def test_no_daemon_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODUSLOCAL_SOCKET", "/tmp/nl-none/api.sock")
+    with pytest.raises(nodus.errors.DaemonUnavailable, match=r"/tmp/nl-none/api\.sock"):
+        nodus.Job.create(command=["true"])
