@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# From a fresh Debian machine to a few finished jobs: install what is missing, start
+# noduslocald (unless one already answers), run a small batch through the CLI and the SDK,
+# and print the result. The daemon is left running for the rest of the tour.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+
+log() { printf '\033[1m== %s\033[0m\n' "$*"; }
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null \
+        || ! "$PYTHON" -m venv --help >/dev/null 2>&1; then
+    log "installing python3 and python3-venv"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
+    PYTHON=/usr/bin/python3
+fi
+if [ ! -x .venv/bin/noduslocal ]; then
+    log "installing noduslocal into $REPO/.venv"
+    "$PYTHON" -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+fi
+export PATH="$REPO/.venv/bin:$PATH"
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    log "NVIDIA GPUs on this machine:"
+    nvidia-smi -L
+    echo "This version schedules CPUs and memory; GPU pinning arrives with the GPU release."
+else
+    log "No NVIDIA GPU here. This version schedules CPUs and memory only; GPU pinning and"
+    echo "   simulated GPUs (--simulate-gpus) arrive with the GPU release."
+fi
+
+if noduslocal job list --json >/dev/null 2>&1; then
+    log "a noduslocald already answers; using it"
+    STARTED=""
+else
+    mkdir -p /tmp/noduslocal-quickstart
+    LOG=/tmp/noduslocal-quickstart/daemon.log
+    log "starting noduslocald in the background (log: $LOG)"
+    setsid noduslocald >"$LOG" 2>&1 < /dev/null &
+    STARTED=$!
+    for _ in $(seq 100); do
+        noduslocal job list --json >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    noduslocal job list --json >/dev/null
+fi
+
+log "1. one attached job: the log streams, the exit code comes back"
+noduslocal job run --name "hello-$$" -- sh -c 'echo "hello from $NODUS_JOB (attempt $NODUS_ATTEMPT) in $PWD"'
+
+log "2. a batch of 6 one-CPU jobs, queued on this host's CPUs"
+CPUS=$(nproc)
+for i in 1 2 3 4 5 6; do
+    noduslocal job run --detach --name "batch-$$-$i" --cpu 1 --label "demo=quickstart-$$" \
+        -- sh -c "sleep 1; echo shard $i done; exit \$(( $i == 6 ))" >/dev/null
+done
+echo "   submitted; $CPUS CPUs, so $CPUS run at once and the rest wait:"
+noduslocal job list --label "demo=quickstart-$$"
+for i in 1 2 3 4 5 6; do noduslocal job wait "batch-$$-$i" >/dev/null || true; done
+
+log "3. the same from Python (import noduslocal as nodus)"
+.venv/bin/python - "$$" <<'PY'
+import sys
+import noduslocal as nodus
+
+tag = sys.argv[1]
+job = nodus.Job.run(name=f"sdk-{tag}", command=["python3", "-c", "print(sum(range(10**6)))"])
+print("   result:", list(job.iter_logs())[0], "| phase:", job.wait(timeout=60).phase)
+try:
+    nodus.Job.from_name(f"batch-{tag}-6").wait()
+except nodus.errors.JobFailed as exc:
+    print(f"   batch-{tag}-6 failed as planned: exit code {exc.exit_code}")
+PY
+
+log "result"
+noduslocal job list --all --label "demo=quickstart-$$"
+if [ -n "$STARTED" ]; then
+    echo
+    echo "noduslocald keeps running (pid $STARTED). Stop it with: kill $STARTED"
+fi

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Install what the test suite needs on a fresh Debian machine (as root), then run all of it:
+# a venv with the package and its test extra, ruff, and pytest. CI runs this (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1m== %s\033[0m\n' "$*"; }
+
+apt_install() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "need root to apt-get install $*" >&2
+        return 1
+    fi
+    if [ -z "${APT_UPDATED:-}" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        APT_UPDATED=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
+    log "installing python3 (3.11 or newer is needed)"
+    apt_install python3 python3-venv
+    PYTHON=/usr/bin/python3
+fi
+if ! "$PYTHON" -m venv --help >/dev/null 2>&1; then
+    apt_install python3-venv
+fi
+
+# Tests that act as a second Unix user need useradd/runuser and an interpreter that user
+# can execute (Debian's /usr/bin/python3; see tests/test_multiuser.py).
+if [ "$(id -u)" = 0 ]; then
+    command -v useradd >/dev/null && command -v runuser >/dev/null || apt_install passwd util-linux
+    [ -x /usr/bin/python3 ] || apt_install python3
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+log "installing noduslocal and its test extra into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+log "ruff"
+.venv/bin/ruff check noduslocal tests scripts
+
+log "pytest"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
