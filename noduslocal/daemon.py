@@ -24,6 +24,7 @@ from noduslocal import errors
 from noduslocal.config import Settings, load_settings
 
 log = logging.getLogger("noduslocald")
+IDENTITY_TTL = 60.0  # seconds a user's admin membership is cached
 SHUTDOWN_TIMEOUT = 1.5  # seconds open streams get before the socket closes under them
 
 
@@ -91,6 +92,16 @@ def secure_socket(settings: Settings) -> None:
                     settings.socket_group)
 
 
+async def refresh_identities() -> None:
+    """Forget cached user names and admin membership now and then, so a user removed from
+    the admin group loses the rights within a minute, without a restart."""
+    from noduslocal.api import identity
+
+    while True:
+        await asyncio.sleep(IDENTITY_TTL)
+        identity.clear_caches()
+
+
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     # Imported here so `noduslocald --help` and the CLI stay fast.
     from noduslocal.api.app import Services, build_app
@@ -127,7 +138,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         sd_notify("READY=1")
         if ready is not None:
             ready.set()
+        refresher = asyncio.create_task(refresh_identities())
         await stop.wait()
+        refresher.cancel()
         log.info("stopping: jobs keep running and will be adopted on the next start")
         sd_notify("STOPPING=1")
     finally:

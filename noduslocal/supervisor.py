@@ -93,6 +93,7 @@ class Supervisor:
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
         self.active: dict[int, Attempt] = {}
         self._pending_jobs: dict[int, JobRecord] = {}
+        self._finishing: set[int] = set()  # ended, end not committed yet
         self._pass_scheduled = False
         self._stopping = False
         self.jobs_dir = settings.data_dir / "jobs"
@@ -153,6 +154,8 @@ class Supervisor:
         if attempt is not None:
             await self._request_stop(attempt, Reason.CANCELLED)
             return
+        if job.id in self._finishing:
+            return  # its end is being recorded right now
         raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be cancelled now")
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -196,20 +199,22 @@ class Supervisor:
             job = self._pending_jobs.pop(request.job_id)
             attempt = Attempt(job, request)
             self.active[job.id] = attempt
-            attempt.task = asyncio.create_task(self._run_attempt(attempt))
+            # Queued now, so it joins the commit of whatever freed the capacity.
+            started = self.store.write(
+                lambda c, job_id=job.id: ops.start_attempt(c, job_id, time.time()))
+            attempt.task = asyncio.create_task(self._run_attempt(attempt, started))
 
     def _release(self, attempt: Attempt) -> None:
         for timer in attempt.timers:
             timer.cancel()
         if self.active.pop(attempt.job.id, None) is not None:
             self.queue.capacity.give(attempt.request)
-        self._kick()
+        self._pass()
 
-    async def _run_attempt(self, attempt: Attempt) -> None:
+    async def _run_attempt(self, attempt: Attempt, started: asyncio.Future[int]) -> None:
         job = attempt.job
         try:
-            attempt.number = await self.store.write(
-                lambda c: ops.start_attempt(c, job.id, time.time()))
+            attempt.number = await started
             attempt.directory = self.attempt_dir(job.id, attempt.number)
             if attempt.stop_reason is not None:
                 await self._finish(attempt, NeverStarted())
@@ -225,15 +230,18 @@ class Supervisor:
                     return
                 shim_pid = state.shim_pid
             now = time.time()
-            await self.store.write(lambda c: ops.attempt_running(c, job.id, attempt.number, now))
-            await self._watch(attempt, shim_pid, now)
+            # Not awaited here: the writer keeps order, so this commits before the end does.
+            running = self.store.write(
+                lambda c: ops.attempt_running(c, job.id, attempt.number, now))
+            await self._watch(attempt, shim_pid, now, running)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("supervising job %s failed", job.name)
             self._release(attempt)
 
-    async def _watch(self, attempt: Attempt, shim_pid: int, started_at: float) -> None:
+    async def _watch(self, attempt: Attempt, shim_pid: int, started_at: float,
+                     running: asyncio.Future[Any] | None = None) -> None:
         assert attempt.directory is not None
         exited = self.runtime.watch(attempt.directory, shim_pid)
         timeout = attempt.job.spec.timeout
@@ -244,14 +252,24 @@ class Supervisor:
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 delay, lambda: asyncio.ensure_future(
                     self._request_stop(attempt, Reason.TIMEOUT))))
-        await self._finish(attempt, await exited)
+        await self._finish(attempt, await exited, running)
 
-    async def _finish(self, attempt: Attempt, state: AttemptState) -> None:
+    async def _finish(self, attempt: Attempt, state: AttemptState,
+                      running: asyncio.Future[Any] | None = None) -> None:
         job = attempt.job
         outcome = outcome_of(state, attempt)
-        await self.store.write(lambda c: ops.finish_attempt(
+        ended = self.store.write(lambda c: ops.finish_attempt(
             c, job.id, attempt.number, outcome, time.time()))
+        # The process is gone, so its CPUs go to the next job now: that job's start and this
+        # end share one commit instead of waiting for each other.
+        self._finishing.add(job.id)
         self._release(attempt)
+        try:
+            if running is not None:
+                await running
+            await ended
+        finally:
+            self._finishing.discard(job.id)
         if outcome.job_phase == Phase.PENDING:
             fresh = await self.store.job_by_id(job.id)
             if fresh is not None and fresh.phase == Phase.PENDING:

@@ -70,6 +70,6 @@ def peer(request: web.Request, admin_group: str) -> Caller:
 
 
 def clear_caches() -> None:
-    """Group membership can change; the daemon calls this now and then."""
+    """Group membership can change; the daemon calls this every IDENTITY_TTL seconds."""
     _user_name.cache_clear()
     _is_admin.cache_clear()

@@ -20,6 +20,10 @@ import signal
 import sys
 import time
 
+# os.execvpe imports `warnings` lazily; after the drop to the job owner's uid that import
+# can fail (the interpreter's library may be readable by root only), so load it now.
+import warnings  # noqa: F401
+
 LOCK = "attempt.lock"
 PID = "pid.json"
 EXIT = "exit.json"
