@@ -193,3 +193,17 @@ def test_info_reports_capacity_and_caller(daemon: testing.Daemon) -> None:
     assert info["capacity"]["cpus"] == 2.0
     assert info["capacity"]["memory"] == 8 * 2**30
     assert info["caller"]["admin"] is True  # root
+
+
+def test_openapi_document_matches_the_routes(daemon: testing.Daemon) -> None:
+    from aiohttp.web import RouteDef
+
+    from noduslocal.api.app import route_tables
+
+    status, doc = raw(daemon, "GET", "/v1/openapi.json")
+    assert status == 200
+    documented = {(path, method.upper()) for path, item in doc["paths"].items()
+                  for method in item}
+    served = {(r.path, r.method) for table in route_tables() for r in table
+              if isinstance(r, RouteDef)}
+    assert documented == served

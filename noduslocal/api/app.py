@@ -76,13 +76,16 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
     return await handler(request)
 
 
-def build_app(services: Services) -> web.Application:
+def route_tables() -> list[web.RouteTableDef]:
     from noduslocal.api import jobs, streams, system
 
+    return [system.routes, jobs.routes, streams.routes]
+
+
+def build_app(services: Services) -> web.Application:
     app = web.Application(client_max_size=services.settings.max_body,
                           middlewares=[error_middleware, identity_middleware])
     app[SERVICES] = services
-    app.add_routes(system.routes)
-    app.add_routes(jobs.routes)
-    app.add_routes(streams.routes)
+    for table in route_tables():
+        app.add_routes(table)
     return app

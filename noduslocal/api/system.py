@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from importlib import resources
 
 from aiohttp import web
 
@@ -43,3 +45,9 @@ async def info(request: web.Request) -> web.Response:
         "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
                    "admin": caller.admin},
     })
+
+
+@routes.get("/v1/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    text = resources.files("noduslocal.api").joinpath("openapi.json").read_text()
+    return web.json_response(json.loads(text))
