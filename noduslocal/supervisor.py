@@ -85,6 +85,18 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> ops.Outcome:
                        f"attempt {attempt.number} lost (no exit status) and no retries left")
 
 
+async def settled_inspect(directory: Path) -> AttemptState:
+    """inspect(), waiting out a shim that holds its lock but has not written pid.json yet
+    (it does so within microseconds of starting, before the job runs)."""
+    state = inspect(directory)
+    for _ in range(500):
+        if not (isinstance(state, Alive) and state.shim_pid == 0):
+            break
+        await asyncio.sleep(0.01)
+        state = inspect(directory)
+    return state
+
+
 class Supervisor:
     def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime) -> None:
         self.settings = settings
@@ -224,7 +236,7 @@ class Supervisor:
                 shim_pid = await self.runtime.launch(self._launch_request(attempt))
             except SpawnError:
                 log.exception("spawning job %s failed", job.name)
-                state = inspect(attempt.directory)
+                state = await settled_inspect(attempt.directory)
                 if not isinstance(state, Alive):
                     await self._finish(attempt, state)
                     return
@@ -301,12 +313,7 @@ class Supervisor:
                           stop_reason=last.stop_reason)
         self.active[job.id] = attempt
         self.queue.capacity.take(attempt.request)
-        state = inspect(attempt.directory)
-        for _ in range(200):  # a shim that holds its lock but has not written pid.json yet
-            if not (isinstance(state, Alive) and state.shim_pid == 0):
-                break
-            await asyncio.sleep(0.01)
-            state = inspect(attempt.directory)
+        state = await settled_inspect(attempt.directory)
         if isinstance(state, Alive):
             log.info("adopting job %s attempt %d (shim %d)", job.name, last.number,
                      state.shim_pid)

@@ -105,6 +105,16 @@ def _pump(out_r: int, err_r: int, directory: str, pid: int) -> int:
     deadline: float | None = None
     open_pipes = 2
     while open_pipes:
+        # Checked before every wait, after the SIGCHLD wake-up is in place: a job that
+        # exited before we got here, leaving a child that holds its pipes, is not missed.
+        if status is None:
+            done, wstatus = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = wstatus
+                # Like a container: when the main process ends, the rest of its group goes.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                deadline = time.monotonic() + DRAIN_AFTER_EXIT
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready = sel.select(timeout)
         if not ready and deadline is not None:
@@ -122,14 +132,6 @@ def _pump(out_r: int, err_r: int, directory: str, pid: int) -> int:
                 continue
             for fd in key.data:
                 os.write(fd, chunk)
-        if status is None:
-            done, wstatus = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = wstatus
-                # Like a container: when the main process ends, the rest of its group goes.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-                deadline = time.monotonic() + DRAIN_AFTER_EXIT
     if status is None:
         _, status = os.waitpid(pid, 0)
         with contextlib.suppress(ProcessLookupError):
@@ -167,6 +169,9 @@ def run_shim(req: dict) -> None:
             os.close(err_r)
             os.close(go_w)
             _exec_child(req, out_w, err_w, go_r)
+        # Also done by the child; here too so the group exists before pid.json names it.
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
         os.close(out_w)
         os.close(err_w)
         os.close(go_r)

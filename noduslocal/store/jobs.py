@@ -136,7 +136,10 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
 
 def start_attempt(conn: sqlite3.Connection, job_id: int, now: float) -> tuple[int, list[Event]]:
     """Pending -> Starting with a new attempt row; returns the attempt number."""
-    number = conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0] + 1
+    row = conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise errors.NotFound(f"job {job_id} does not exist")
+    number = row[0] + 1
     event = _transition(conn, job_id, Phase.STARTING, now, Reason.SCHEDULED.value,
                         attempt=number, attempts=number)
     conn.execute("INSERT INTO attempts (job_id, number, phase, created_at) VALUES (?,?,?,?)",

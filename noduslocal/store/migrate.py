@@ -28,13 +28,19 @@ def available() -> list[tuple[int, str, str]]:
 
 
 def split_statements(sql: str) -> list[str]:
+    """One string per statement; a statement ends at a `;` that completes it (so a trigger
+    body's inner `;` and one inside a string do not)."""
     statements, current = [], ""
     for line in sql.splitlines(keepends=True):
-        if not current and (not line.strip() or line.lstrip().startswith("--")):
+        if not current.strip() and line.lstrip().startswith("--"):
             continue
-        current += line
-        if sqlite3.complete_statement(current):
-            statements.append(current.strip())
+        start = 0
+        for index, char in enumerate(line):
+            if char == ";" and sqlite3.complete_statement(current + line[start:index + 1]):
+                statements.append((current + line[start:index + 1]).strip())
+                current, start = "", index + 1
+        current += line[start:]
+        if not current.strip():
             current = ""
     if current.strip():
         raise RuntimeError(f"incomplete SQL statement at the end of a migration: {current!r}")

@@ -1,0 +1,451 @@
+"""The host-process runtime without the daemon: a real spawner, real shims, real jobs, and
+the files a shim leaves in its attempt directory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from noduslocal.runtime import shim
+from noduslocal.runtime.process import (
+    Alive,
+    AttemptState,
+    Exited,
+    NeverStarted,
+    ProcessRuntime,
+    SpawnError,
+    Vanished,
+    inspect,
+    read_exit,
+    read_pid,
+)
+
+T = TypeVar("T")
+
+PATH = "/usr/local/bin:/usr/bin:/bin"
+DEADLINE = 15.0  # seconds to wait for something that should happen at once
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+async def with_runtime(body: Callable[[ProcessRuntime], Awaitable[T]]) -> T:
+    runtime = ProcessRuntime()
+    await runtime.start()
+    try:
+        return await body(runtime)
+    finally:
+        await runtime.close()
+
+
+def request(directory: Path, argv: list[str], *, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> dict[str, Any]:
+    return {"dir": str(directory), "argv": argv, "env": {"PATH": PATH} if env is None else env,
+            "cwd": str(cwd or directory), "uid": None}
+
+
+def new_dir(base: Path, name: str = "attempt") -> Path:
+    directory = base / name
+    directory.mkdir()
+    return directory
+
+
+async def run_job(runtime: ProcessRuntime, directory: Path, argv: list[str],
+                  **kwargs: Any) -> AttemptState:
+    shim_pid = await runtime.launch(request(directory, argv, **kwargs))
+    return await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def group_ready(directory: Path) -> bool:
+    """pid.json names the job, and the job leads its own process group."""
+    pid = read_pid(directory)
+    if pid is None:
+        return False
+    try:
+        return os.getpgid(pid["pid"]) == pid["pgid"]
+    except ProcessLookupError:
+        return False
+
+
+async def running_job(directory: Path) -> dict[str, Any]:
+    await until(lambda: group_ready(directory), "the job's process group")
+    data = read_pid(directory)
+    assert data is not None
+    return data
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[int]]:
+    """Process groups to SIGKILL when the test ends, whatever happened."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+# --- running a job -----------------------------------------------------------------------
+
+
+def test_exit_status_and_the_files_a_shim_leaves(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+
+    async def body(runtime: ProcessRuntime) -> tuple[int, AttemptState]:
+        shim_pid = await runtime.launch(request(directory, ["sh", "-c", "exit 7"]))
+        return shim_pid, await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+
+    shim_pid, state = run(with_runtime(body))
+    assert isinstance(state, Exited)
+    assert (state.exit_code, state.signal) == (7, None)
+    assert state.started_at <= state.ended_at
+    exit_data = json.loads((directory / shim.EXIT).read_text())
+    assert exit_data["exit_code"] == 7 and exit_data["signal"] is None
+    pid_data = json.loads((directory / shim.PID).read_text())
+    assert pid_data["shim_pid"] == shim_pid
+    assert pid_data["pgid"] == pid_data["pid"] != shim_pid
+    assert (directory / shim.OUTPUT_LOG).exists() and (directory / shim.STDERR_LOG).exists()
+    assert not (directory / shim.ABANDONED).exists()
+    assert not [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
+    assert inspect(directory) == state
+
+
+def test_output_log_interleaves_stdout_and_stderr_in_order(tmp_path: Path,
+                                                           cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+    # each line waits until the shim has logged it, so the order of arrival is fixed
+    script = (
+        'emit() { if [ "$2" = err ]; then echo "$1" >&2; else echo "$1"; fi\n'
+        '  n=0; until grep -qx "$1" output.log; do\n'
+        '    n=$((n+1)); [ "$n" -gt 1000 ] && exit 99; sleep 0.01; done; }\n'
+        "emit out-1 out; emit err-1 err; emit out-2 out; emit err-2 err; emit out-3 out\n"
+    )
+
+    async def body(runtime: ProcessRuntime) -> AttemptState:
+        shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
+        await until(lambda: read_pid(directory) is not None, "pid.json")
+        pid = read_pid(directory)
+        assert pid is not None
+        cleanup.append(pid["pgid"])
+        return await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+
+    state = run(with_runtime(body))
+    assert isinstance(state, Exited) and state.exit_code == 0
+    assert (directory / shim.OUTPUT_LOG).read_text() == "out-1\nerr-1\nout-2\nerr-2\nout-3\n"
+    assert (directory / shim.STDERR_LOG).read_text() == "err-1\nerr-2\n"
+
+
+def test_job_stdin_is_empty(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    state = run(with_runtime(lambda rt: run_job(rt, directory,
+                                                ["sh", "-c", "cat; echo read-all"])))
+    assert isinstance(state, Exited) and state.exit_code == 0
+    assert (directory / shim.OUTPUT_LOG).read_text() == "read-all\n"
+
+
+def test_missing_command_exits_127(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    state = run(with_runtime(lambda rt: run_job(rt, directory, ["no-such-command-x1"])))
+    assert isinstance(state, Exited)
+    assert (state.exit_code, state.signal) == (127, None)
+    output = (directory / shim.OUTPUT_LOG).read_text()
+    assert "cannot execute 'no-such-command-x1'" in output
+    assert output == (directory / shim.STDERR_LOG).read_text()
+
+
+def test_command_that_is_not_executable_exits_126(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)
+    state = run(with_runtime(lambda rt: run_job(rt, directory, [str(script)])))
+    assert isinstance(state, Exited) and state.exit_code == 126
+    output = (directory / shim.OUTPUT_LOG).read_text()
+    assert "cannot execute" in output and "ran" not in output
+
+
+def test_missing_workdir_exits_126(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    missing = tmp_path / "no" / "such" / "dir"
+    state = run(with_runtime(lambda rt: run_job(
+        rt, directory, ["sh", "-c", "touch ran"], cwd=missing)))
+    assert isinstance(state, Exited)
+    assert (state.exit_code, state.signal) == (126, None)
+    assert f"cannot enter workdir {missing}" in (directory / shim.OUTPUT_LOG).read_text()
+    assert not missing.exists()
+
+
+def test_job_killed_from_outside_reports_the_signal(tmp_path: Path,
+                                                    cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+
+    async def body(runtime: ProcessRuntime) -> AttemptState:
+        shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
+        job = await running_job(directory)
+        cleanup.append(job["pgid"])
+        os.killpg(job["pgid"], signal.SIGKILL)
+        return await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+
+    state = run(with_runtime(body))
+    assert isinstance(state, Exited)
+    assert (state.exit_code, state.signal) == (137, signal.SIGKILL)
+    assert read_exit(directory) == state
+
+
+def test_signal_group_reaches_the_job(tmp_path: Path, cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+
+    async def body(runtime: ProcessRuntime) -> tuple[bool, AttemptState, bool]:
+        shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
+        cleanup.append((await running_job(directory))["pgid"])
+        sent = await runtime.signal_group(directory, signal.SIGTERM)
+        state = await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+        return sent, state, await runtime.signal_group(directory, signal.SIGTERM)
+
+    sent, state, sent_after_exit = run(with_runtime(body))
+    assert sent
+    assert isinstance(state, Exited)
+    assert (state.exit_code, state.signal) == (143, signal.SIGTERM)
+    assert not sent_after_exit
+
+
+def test_background_children_die_with_the_main_process(tmp_path: Path,
+                                                       cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+    # First make sure the shim is already pumping output, then
+    # leave a child behind that holds stdout and stderr open.
+    script = (
+        "echo ready; until grep -q ready output.log; do sleep 0.01; done\n"
+        "sleep 300 & echo $! > bg.pid\n"
+    )
+
+    async def body(runtime: ProcessRuntime) -> tuple[AttemptState, int]:
+        shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
+        await until(lambda: read_pid(directory) is not None, "pid.json")
+        pid = read_pid(directory)
+        assert pid is not None
+        cleanup.append(pid["pgid"])
+        state = await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+        background = int((directory / "bg.pid").read_text())
+        await until(lambda: gone(background), f"background child {background} to go")
+        return state, background
+
+    state, background = run(with_runtime(body))
+    assert isinstance(state, Exited) and state.exit_code == 0
+    assert gone(background)
+
+
+def test_env_is_exactly_the_requested_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          ) -> None:
+    directory = new_dir(tmp_path)
+    monkeypatch.setenv("NODUS_TEST_LEAK", "from-the-test-process")
+    env = {"FOO": "bar", "PATH": PATH, "WITH_SPACE": "a b=c"}
+    state = run(with_runtime(lambda rt: run_job(rt, directory, ["env"], env=env)))
+    assert isinstance(state, Exited) and state.exit_code == 0
+    lines = (directory / shim.OUTPUT_LOG).read_text().splitlines()
+    assert sorted(lines) == sorted(f"{k}={v}" for k, v in env.items())
+    assert "PYTEST_CURRENT_TEST" in os.environ
+    assert not [line for line in lines if line.startswith(("PYTEST_CURRENT_TEST=",
+                                                           "NODUS_TEST_LEAK="))]
+
+
+def test_launch_needs_a_started_runtime(tmp_path: Path) -> None:
+    async def body() -> None:
+        with pytest.raises(SpawnError):
+            await ProcessRuntime().launch(request(new_dir(tmp_path), ["true"]))
+
+    run(body())
+
+
+# --- inspect: what became of an attempt --------------------------------------------------
+
+
+def test_inspect_a_directory_no_shim_ever_used(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    assert isinstance(inspect(directory), NeverStarted)
+    assert (directory / shim.ABANDONED).exists()
+    # and a directory that was never made stays unmade
+    missing = tmp_path / "never-made"
+    assert isinstance(inspect(missing), NeverStarted)
+    assert not missing.exists()
+
+
+def test_inspect_a_running_then_finished_shim(tmp_path: Path, cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+
+    async def body(runtime: ProcessRuntime) -> tuple[int, AttemptState, AttemptState]:
+        shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
+        job = await running_job(directory)
+        cleanup.append(job["pgid"])
+        alive = inspect(directory)
+        # the shim leads a session of its own; the job runs in its own group inside it
+        assert os.getsid(shim_pid) == shim_pid
+        assert os.getsid(job["pid"]) == shim_pid
+        assert os.getpgid(shim_pid) == shim_pid != job["pgid"]
+        os.killpg(job["pgid"], signal.SIGTERM)
+        return shim_pid, alive, await asyncio.wait_for(runtime.watch(directory, shim_pid),
+                                                       DEADLINE)
+
+    shim_pid, alive, exited = run(with_runtime(body))
+    assert alive == Alive(shim_pid)
+    assert not (directory / shim.ABANDONED).exists()
+    assert isinstance(exited, Exited) and exited.signal == signal.SIGTERM
+    assert inspect(directory) == exited
+    assert not (directory / shim.ABANDONED).exists()
+
+
+def test_inspect_a_shim_killed_under_its_job(tmp_path: Path, cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+
+    async def body(runtime: ProcessRuntime) -> tuple[AttemptState, AttemptState]:
+        shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
+        job = await running_job(directory)
+        cleanup.append(job["pgid"])
+        os.kill(shim_pid, signal.SIGKILL)
+        watched = await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+        os.killpg(job["pgid"], signal.SIGKILL)
+        await until(lambda: gone(job["pid"]), "the orphaned job to go")
+        return watched, inspect(directory)
+
+    watched, inspected = run(with_runtime(body))
+    assert isinstance(watched, Vanished)
+    assert isinstance(inspected, Vanished)
+    assert read_exit(directory) is None
+    assert not (directory / shim.ABANDONED).exists()
+
+
+def test_abandoned_marker_stops_a_late_shim(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    workdir = new_dir(tmp_path, "work")
+    (directory / shim.ABANDONED).touch()
+
+    state = run(with_runtime(lambda rt: run_job(
+        rt, directory, ["sh", "-c", "touch marker"], cwd=workdir)))
+    assert isinstance(state, NeverStarted)
+    assert not (workdir / "marker").exists()
+    assert not (directory / shim.PID).exists()
+    assert not (directory / shim.EXIT).exists()
+    assert not (directory / shim.OUTPUT_LOG).exists()
+
+
+def test_shims_outlive_the_spawner(tmp_path: Path, cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+    script = "until [ -e go ]; do sleep 0.02; done; echo finished"
+
+    async def body() -> tuple[int, int, AttemptState]:
+        runtime = ProcessRuntime()
+        await runtime.start()
+        try:
+            assert runtime._proc is not None
+            spawner = runtime._proc.pid
+            shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
+            cleanup.append((await running_job(directory))["pgid"])
+        finally:
+            await runtime.close()
+        return spawner, shim_pid, inspect(directory)
+
+    spawner, shim_pid, after_close = run(body())
+    assert gone(spawner)
+    assert after_close == Alive(shim_pid)  # still running its job with the spawner gone
+    (directory / "go").touch()
+    deadline = time.monotonic() + DEADLINE
+    while read_exit(directory) is None:
+        assert time.monotonic() < deadline, "the orphaned shim never wrote exit.json"
+        time.sleep(0.02)
+    exited = read_exit(directory)
+    assert exited is not None and (exited.exit_code, exited.signal) == (0, None)
+    assert (directory / shim.OUTPUT_LOG).read_text() == "finished\n"
+
+
+# --- known bugs --------------------------------------------------------------------------
+
+
+def test_process_group_exists_once_pid_json_names_it(tmp_path: Path,
+                                                     cleanup: list[int]) -> None:
+    async def body(runtime: ProcessRuntime) -> int:
+        launched: list[tuple[Path, int]] = []
+        missed = 0
+        for i in range(40):
+            directory = new_dir(tmp_path, f"attempt-{i}")
+            launched.append((directory, await runtime.launch(
+                request(directory, ["sleep", "300"]))))
+            deadline = time.monotonic() + DEADLINE
+            while (pid := read_pid(directory)) is None:  # no sleep: read it the moment it lands
+                assert time.monotonic() < deadline, "no pid.json"
+            cleanup.append(pid["pgid"])
+            try:
+                os.killpg(pid["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                missed += 1
+                os.kill(pid["pid"], signal.SIGKILL)
+                break
+        for directory, shim_pid in launched:
+            await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+        return missed
+
+    assert run(with_runtime(body)) == 0, "killpg found no process group for a running job"
+
+
+def test_shim_notices_a_main_process_that_exited_before_pumping(tmp_path: Path,
+                                                                cleanup: list[int]) -> None:
+    directory = new_dir(tmp_path)
+    # A FIFO as output.log holds the shim in _pump's first open() until we read it: the job
+    # runs and exits inside the window between its release and the SIGCHLD handler.
+    os.mkfifo(directory / shim.OUTPUT_LOG)
+    script = "sleep 300 & echo $! > bg.pid; exit 0"
+
+    async def body(runtime: ProcessRuntime) -> AttemptState | None:
+        shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
+        await until(lambda: read_pid(directory) is not None
+                    and (directory / "bg.pid").exists()
+                    and bool((directory / "bg.pid").read_text().strip()), "the job to start")
+        job = read_pid(directory)
+        assert job is not None
+        cleanup.append(job["pgid"])
+        await until(lambda: gone(job["pid"]), "the job's main process to exit")
+        reader = os.open(directory / shim.OUTPUT_LOG, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            try:
+                return await asyncio.wait_for(runtime.watch(directory, shim_pid), 3)
+            except TimeoutError:
+                return None
+            finally:
+                # let a stuck shim go: its pipes close with the background child
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job["pgid"], signal.SIGKILL)
+                await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+        finally:
+            os.close(reader)
+
+    state = run(with_runtime(body))
+    assert state is not None, "the shim kept waiting for a background child"
+    assert isinstance(state, Exited) and state.exit_code == 0

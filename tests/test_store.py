@@ -1,0 +1,731 @@
+"""The SQLite store on disk: migrations, connection settings, the group-commit writer, the
+job operations and their transition checks, and the reads. Everything runs against a real
+database file under tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import math
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from noduslocal import errors
+from noduslocal.models import CreateRequest, Event, JobRecord, JobSpec
+from noduslocal.states import AttemptPhase, IllegalTransition, Phase, Reason
+from noduslocal.store import Store, ops
+from noduslocal.store.migrate import available, migrate, split_statements
+
+# `noduslocal.store` re-exports the function `migrate`, which shadows the submodule of the
+# same name as a package attribute; fetch the module itself to patch `available` on it.
+migrate_module = importlib.import_module("noduslocal.store.migrate")
+
+ALICE = ops.Owner(uid=1000, gid=1000, name="alice")
+BOB = ops.Owner(uid=1001, gid=1001, name="bob")
+NOW = 1_700_000_000.0
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+@contextlib.asynccontextmanager
+async def opened(path: Path, batch_max: int = 256) -> AsyncIterator[tuple[Store, list[Event]]]:
+    """An open Store on `path` and the list its on_commit callback appends events to."""
+    committed: list[Event] = []
+    store = Store(path)
+    await store.open(committed.extend, batch_max)
+    try:
+        yield store, committed
+    finally:
+        await store.close()
+
+
+def request(command: tuple[str, ...] = ("echo", "hi"), labels: dict[str, str] | None = None,
+            ) -> CreateRequest:
+    return CreateRequest(spec=JobSpec(command=list(command)), name=None, project=None,
+                         labels=labels or {})
+
+
+def insert_op(name: str, project: str = "p", owner: ops.Owner = ALICE,
+              labels: dict[str, str] | None = None, key: str | None = None,
+              request_hash: str | None = None, now: float = NOW,
+              ) -> Callable[[sqlite3.Connection], tuple[Any, list[Event]]]:
+    req = request(labels=labels)
+    return lambda c: ops.insert_job(c, req, owner, name, project, now, key, request_hash)
+
+
+async def create(store: Store, name: str, **kwargs: Any) -> JobRecord:
+    created: ops.Created = await store.write(insert_op(name, **kwargs))
+    assert created.created
+    return created.job
+
+
+async def run_to(store: Store, job_id: int, phase: Phase) -> None:
+    """Drive a Pending job through its first attempt to Running or to a terminal phase."""
+    number = await store.write(lambda c: ops.start_attempt(c, job_id, NOW + 1))
+    await store.write(lambda c: ops.attempt_running(c, job_id, number, NOW + 2))
+    if phase is Phase.RUNNING:
+        return
+    outcome = ops.Outcome(AttemptPhase.EXITED, phase,
+                          Reason.COMPLETED if phase is Phase.SUCCEEDED else Reason.ERROR,
+                          exit_code=0 if phase is Phase.SUCCEEDED else 1)
+    await store.write(lambda c: ops.finish_attempt(c, job_id, number, outcome, NOW + 3))
+
+
+def snapshot(path: Path) -> tuple[list[Any], ...]:
+    """Every committed row of every table, read on a fresh connection."""
+    conn = sqlite3.connect(path)
+    try:
+        return tuple(conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+                     for table in ("jobs", "attempts", "events"))
+    finally:
+        conn.close()
+
+
+def schema(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name"
+    ).fetchall()
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None)
+
+
+async def trace_statements(store: Store) -> list[str]:
+    """Every SQL statement the writer connection runs from now on."""
+    seen: list[str] = []
+    assert store._writer_conn is not None
+    await store._writer_conn.set_trace_callback(seen.append)
+    return seen
+
+
+# --- migrations --------------------------------------------------------------------------
+
+
+def test_available_lists_the_shipped_migrations_in_sequence() -> None:
+    found = available()
+    assert found, "no migration is shipped"
+    assert [version for version, _, _ in found] == list(range(1, len(found) + 1))
+    assert found[0][1] == "0001_jobs.sql"
+    assert all(sql.strip() for _, _, sql in found)
+
+
+def test_fresh_database_ends_at_the_newest_version(tmp_path: Path) -> None:
+    conn = raw(tmp_path / "db.sqlite")
+    try:
+        assert user_version(conn) == 0
+        assert migrate(conn) == len(available())
+        assert user_version(conn) == len(available())
+        tables = {row[1] for row in schema(conn) if row[0] == "table"}
+        assert {"jobs", "attempts", "events"} <= tables
+        assert not conn.in_transaction
+    finally:
+        conn.close()
+
+
+def test_store_open_migrates_a_new_file(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path):
+            pass
+
+    run(body())
+    conn = raw(path)
+    try:
+        assert user_version(conn) == len(available())
+    finally:
+        conn.close()
+
+
+def test_migrate_twice_is_a_no_op(tmp_path: Path) -> None:
+    conn = raw(tmp_path / "db.sqlite")
+    try:
+        migrate(conn)
+        before = schema(conn)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        assert migrate(conn) == len(available())
+        conn.set_trace_callback(None)
+        assert schema(conn) == before
+        assert user_version(conn) == len(available())
+        assert not [s for s in statements if not s.upper().startswith("PRAGMA USER_VERSION")], \
+            f"a second migrate ran {statements}"
+    finally:
+        conn.close()
+
+
+def test_database_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    newer = len(available()) + 1
+    conn = raw(path)
+    try:
+        conn.execute(f"PRAGMA user_version = {newer}")
+        with pytest.raises(RuntimeError, match="newer"):
+            migrate(conn)
+        assert user_version(conn) == newer
+        assert schema(conn) == []
+    finally:
+        conn.close()
+
+    async def body() -> None:
+        store = Store(path)
+        try:
+            await store.open(lambda events: None)
+        finally:
+            await store.close()
+
+    with pytest.raises(RuntimeError, match="newer"):
+        run(body())
+
+
+def test_split_statements_keeps_a_trigger_body_whole() -> None:
+    sql = (
+        "-- a comment before anything\n"
+        "\n"
+        "CREATE TABLE t (a INTEGER, b TEXT);\n"
+        "CREATE TRIGGER t_audit AFTER INSERT ON t\n"
+        "BEGIN\n"
+        "    UPDATE t SET b = 'x;y' WHERE a = new.a;\n"
+        "    INSERT INTO log VALUES (new.a);\n"
+        "END;\n"
+        "-- trailing comment\n"
+        "INSERT INTO t VALUES (1, 'semi;\n"
+        "colon');\n"
+    )
+    statements = split_statements(sql)
+    assert len(statements) == 3
+    assert statements[0] == "CREATE TABLE t (a INTEGER, b TEXT);"
+    assert "CREATE TRIGGER t_audit" in statements[1]
+    assert statements[1].endswith("END;")
+    assert "INSERT INTO log VALUES (new.a);" in statements[1]
+    assert statements[2].endswith("INSERT INTO t VALUES (1, 'semi;\ncolon');")
+    # and the pieces are what SQLite runs one by one
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE log (a INTEGER)")
+        for statement in statements:
+            conn.execute(statement)
+        assert conn.execute("SELECT a, b FROM t").fetchall() == [(1, "x;y")]
+        assert conn.execute("SELECT a FROM log").fetchall() == [(1,)]
+    finally:
+        conn.close()
+
+
+def test_split_statements_rejects_an_unfinished_statement() -> None:
+    with pytest.raises(RuntimeError, match="incomplete"):
+        split_statements("CREATE TABLE a (x);\nCREATE TABLE b (y\n")
+
+
+def _with_extra(sql: str) -> Callable[[], list[tuple[int, str, str]]]:
+    shipped = available()
+    extra = (len(shipped) + 1, f"{len(shipped) + 1:04d}_broken.sql", sql)
+    return lambda: [*shipped, extra]
+
+
+BROKEN = (
+    "CREATE TABLE extra (x INTEGER);\n"
+    "INSERT INTO extra VALUES (1);\n"
+    "ALTER TABLE jobs ADD COLUMN note TEXT;\n"
+    "CREATE TABLE jobs (y INTEGER);\n"  # fails: jobs exists
+    "CREATE TABLE never (z INTEGER);\n"
+)
+
+
+def test_a_migration_may_hold_two_statements_on_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(migrate_module, "available",
+                        _with_extra("CREATE TABLE a (x); CREATE TABLE b (y);\n"))
+    conn = raw(tmp_path / "db.sqlite")
+    try:
+        assert migrate(conn) == len(available()) + 1
+        names = {row[1] for row in schema(conn)}
+        assert {"a", "b"} <= names
+    finally:
+        conn.close()
+
+
+def test_failed_migration_leaves_version_and_schema_as_they_were(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = raw(tmp_path / "db.sqlite")
+    try:
+        shipped = migrate(conn)
+        before = schema(conn)
+        monkeypatch.setattr(migrate_module, "available", _with_extra(BROKEN))
+        with pytest.raises(sqlite3.OperationalError, match="already exists"):
+            migrate(conn)
+        assert user_version(conn) == shipped
+        assert schema(conn) == before
+        assert not conn.in_transaction
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
+        assert "note" not in columns
+    finally:
+        conn.close()
+
+
+def test_failed_migration_on_a_fresh_database_keeps_the_good_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "db.sqlite"
+    monkeypatch.setattr(migrate_module, "available", _with_extra(BROKEN))
+
+    async def body() -> None:
+        async with opened(path):
+            pass
+
+    with pytest.raises(sqlite3.OperationalError):
+        run(body())
+    conn = raw(path)
+    try:
+        # each migration has its own transaction: the shipped ones stay, the broken one is gone
+        assert user_version(conn) == len(available())  # the real, unpatched list
+        names = {row[1] for row in schema(conn)}
+        assert "jobs" in names
+        assert not names & {"extra", "never"}
+    finally:
+        conn.close()
+
+
+# --- connection settings -----------------------------------------------------------------
+
+
+def test_store_uses_wal_full_sync_and_foreign_keys(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            assert store._writer_conn is not None and store._reader is not None
+            writer = store._writer_conn
+            assert list(await writer.execute_fetchall("PRAGMA synchronous")) == [(2,)]
+            assert list(await writer.execute_fetchall("PRAGMA foreign_keys")) == [(1,)]
+            assert list(await writer.execute_fetchall("PRAGMA journal_mode")) == [("wal",)]
+            # the reader is read-only
+            assert list(await store._reader.execute_fetchall("PRAGMA query_only")) == [(1,)]
+            # foreign keys are enforced on the writer: an event for a job that does not exist
+            with pytest.raises(sqlite3.IntegrityError):
+                await store.write(lambda c: (c.execute(
+                    "INSERT INTO events (job_id, at, phase) VALUES (424242, 0, 'Pending')"), []))
+            # WAL is a property of the file: a brand-new connection sees it
+            conn = sqlite3.connect(path)
+            try:
+                assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+            finally:
+                conn.close()
+
+    run(body())
+
+
+# --- the group-commit writer -------------------------------------------------------------
+
+
+def test_concurrent_writes_share_commits(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    count = 500
+
+    async def body() -> tuple[list[ops.Created], list[str], list[Event]]:
+        async with opened(path) as (store, committed):
+            statements = await trace_statements(store)
+
+            async def one(i: int) -> ops.Created:
+                return await store.write(insert_op(f"job-{i}"))
+
+            results = await asyncio.gather(*(one(i) for i in range(count)))
+            return results, statements, committed
+
+    results, statements, committed = run(body())
+    assert [r.job.name for r in results] == [f"job-{i}" for i in range(count)]
+    assert all(r.created for r in results)
+    assert len({r.job.id for r in results}) == count
+    commits = [s for s in statements if s.strip().upper() == "COMMIT"]
+    assert 1 <= len(commits) < count
+    jobs, _, events = snapshot(path)
+    assert len(jobs) == count
+    assert len(events) == count
+    assert sorted(e.seq for e in committed) == [row[0] for row in events]
+
+
+def test_batch_max_bounds_each_commit(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> tuple[list[ops.Created], list[str]]:
+        async with opened(path, batch_max=10) as (store, _):
+            statements = await trace_statements(store)
+            futures = [store.write(insert_op(f"job-{i}")) for i in range(25)]
+            return list(await asyncio.gather(*futures)), statements
+
+    results, statements = run(body())
+    # all 25 were queued before the writer ran: batches of 10, 10 and 5
+    assert sum(s.strip().upper() == "COMMIT" for s in statements) == math.ceil(25 / 10)
+    assert [r.job.name for r in results] == [f"job-{i}" for i in range(25)]
+    assert len(snapshot(path)[0]) == 25
+
+
+def test_a_failing_op_fails_alone_in_its_batch(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, committed):
+            taken = await create(store, "taken")
+            done = await create(store, "done")
+            await run_to(store, done.id, Phase.SUCCEEDED)
+            before = snapshot(path)
+            committed.clear()
+            statements = await trace_statements(store)
+
+            futures = [
+                store.write(insert_op("ok-0")),
+                store.write(insert_op("taken", owner=BOB)),  # AlreadyExists
+                store.write(insert_op("ok-1")),
+                store.write(lambda c: ops.start_attempt(c, done.id, NOW)),  # Succeeded->Starting
+                store.write(insert_op("ok-2")),
+            ]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+
+            assert isinstance(results[1], errors.AlreadyExists)
+            assert isinstance(results[3], IllegalTransition)
+            good = [results[0], results[2], results[4]]
+            assert all(isinstance(r, ops.Created) and r.created for r in good)
+            assert [r.job.name for r in good] == ["ok-0", "ok-1", "ok-2"]
+            assert any(s.strip().upper() == "ROLLBACK" for s in statements)
+
+            jobs, attempts, events = snapshot(path)
+            names = [row[2] for row in jobs]
+            assert sorted(names) == sorted(["taken", "done", "ok-0", "ok-1", "ok-2"])
+            taken_now = await store.job_by_id(taken.id)
+            assert taken_now is not None and taken_now.owner == "alice"
+            # the failing ops left nothing: the Succeeded job is untouched and only the three
+            # good ops wrote events
+            assert attempts == before[1]
+            assert [row for row in jobs if row[0] in (taken.id, done.id)] == before[0]
+            new_events = events[len(before[2]):]
+            assert events[:len(before[2])] == before[2]
+            assert len(new_events) == 3
+            assert {row[1] for row in new_events} == {r.job.id for r in good}
+            assert sorted(e.seq for e in committed) == [row[0] for row in new_events]
+
+    run(body())
+
+
+def test_two_creates_of_one_name_in_one_batch(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> list[Any]:
+        async with opened(path) as (store, _):
+            futures = [store.write(insert_op("same", owner=ALICE)),
+                       store.write(insert_op("same", owner=BOB))]
+            return list(await asyncio.gather(*futures, return_exceptions=True))
+
+    first, second = run(body())
+    assert isinstance(first, ops.Created) and first.created
+    assert isinstance(second, errors.AlreadyExists)
+    jobs, _, events = snapshot(path)
+    assert [(row[2], row[5]) for row in jobs] == [("same", "alice")]
+    assert len(events) == 1
+
+
+def test_close_commits_what_is_queued(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> list[asyncio.Future[Any]]:
+        store = Store(path)
+        await store.open(lambda events: None)
+        futures = [store.write(insert_op(f"job-{i}")) for i in range(10)]
+        await store.close()
+        return futures
+
+    futures = run(body())
+    assert all(f.done() and not f.exception() for f in futures)
+    assert len(snapshot(path)[0]) == 10
+
+
+# --- transitions and their events --------------------------------------------------------
+
+
+def test_each_transition_writes_one_event(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, committed):
+            job = await create(store, "one")
+            assert job.phase == Phase.PENDING
+            assert [(e.phase, e.reason, e.attempt) for e in await store.events(job_id=job.id)] \
+                == [("Pending", "Created", None)]
+
+            number = await store.write(lambda c: ops.start_attempt(c, job.id, NOW + 1))
+            assert number == 1
+            assert len(await store.events(job_id=job.id)) == 2
+            attempts = await store.attempts(job.id)
+            assert [(a.number, a.phase) for a in attempts] == [(1, "Starting")]
+
+            await store.write(lambda c: ops.attempt_running(c, job.id, 1, NOW + 2))
+            assert len(await store.events(job_id=job.id)) == 3
+
+            outcome = ops.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
+                                  exit_code=0)
+            await store.write(lambda c: ops.finish_attempt(c, job.id, 1, outcome, NOW + 3))
+            events = await store.events(job_id=job.id)
+            assert [(e.phase, e.reason, e.attempt, e.at) for e in events] == [
+                ("Pending", "Created", None, NOW),
+                ("Starting", "Scheduled", 1, NOW + 1),
+                ("Running", "Started", 1, NOW + 2),
+                ("Succeeded", "Completed", 1, NOW + 3),
+            ]
+            assert all((e.project, e.name) == ("p", "one") for e in events)
+            # what on_commit heard is exactly what was stored
+            assert [(e.seq, e.phase) for e in committed] == [(e.seq, e.phase) for e in events]
+
+            final = await store.job_by_id(job.id)
+            assert final is not None
+            assert (final.phase, final.reason, final.exit_code, final.attempts) == (
+                "Succeeded", "Completed", 0, 1)
+            assert (final.started_at, final.ended_at) == (NOW + 2, NOW + 3)
+            (attempt,) = await store.attempts(job.id)
+            assert (attempt.phase, attempt.started_at, attempt.ended_at, attempt.exit_code) == (
+                "Exited", NOW + 2, NOW + 3, 0)
+
+    run(body())
+
+
+def test_a_lost_attempt_requeues_and_the_next_attempt_counts_on(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            job = await create(store, "retry")
+            await run_to(store, job.id, Phase.RUNNING)
+            await store.write(lambda c: ops.request_stop(c, job.id, 1, "Timeout"))
+            await store.write(lambda c: ops.request_stop(c, job.id, 1, "Cancelled"))
+            lost = ops.Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST, spend_retry=True)
+            await store.write(lambda c: ops.finish_attempt(c, job.id, 1, lost, NOW + 4))
+            second = await store.write(lambda c: ops.start_attempt(c, job.id, NOW + 5))
+            assert second == 2
+            record = await store.job_by_id(job.id)
+            assert record is not None
+            assert (record.phase, record.attempts, record.retries_used) == ("Starting", 2, 1)
+            assert record.ended_at is None
+            attempts = await store.attempts(job.id)
+            assert [(a.number, a.phase, a.stop_reason) for a in attempts] == [
+                (1, "Lost", "Timeout"), (2, "Starting", None)]
+            # request_stop writes no event; every phase change wrote one
+            assert [e.phase for e in await store.events(job_id=job.id)] == [
+                "Pending", "Starting", "Running", "Pending", "Starting"]
+
+    run(body())
+
+
+def test_illegal_transitions_raise_and_change_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    succeeded = ops.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED, exit_code=0)
+
+    async def body() -> None:
+        async with opened(path) as (store, committed):
+            pending = await create(store, "pending")
+            done = await create(store, "done")
+            await run_to(store, done.id, Phase.SUCCEEDED)
+            starting = await create(store, "starting")
+            await store.write(lambda c: ops.start_attempt(c, starting.id, NOW + 1))
+            before = snapshot(path)
+            committed.clear()
+
+            # Pending -> Succeeded without an attempt: there is no attempt to finish
+            with pytest.raises(errors.NotFound):
+                await store.write(lambda c: ops.finish_attempt(c, pending.id, 1, succeeded, NOW))
+            # Succeeded -> Running (the attempt is Exited, the job terminal)
+            with pytest.raises(IllegalTransition):
+                await store.write(lambda c: ops.attempt_running(c, done.id, 1, NOW))
+            # Succeeded -> Starting
+            with pytest.raises(IllegalTransition, match="Succeeded -> Starting"):
+                await store.write(lambda c: ops.start_attempt(c, done.id, NOW))
+            # Succeeded -> Cancelled
+            with pytest.raises(IllegalTransition, match="Succeeded -> Cancelled"):
+                await store.write(lambda c: ops.cancel_pending(c, done.id, NOW, "too late"))
+            # Pending -> Running (no attempt was started)
+            with pytest.raises(errors.NotFound):
+                await store.write(lambda c: ops.attempt_running(c, pending.id, 1, NOW))
+            # the attempt may go Starting -> Exited, but the job may not go Starting ->
+            # Suspended: the attempt row was already updated when the job check raised
+            odd = ops.Outcome(AttemptPhase.EXITED, Phase.SUSPENDED, Reason.PREEMPTED)
+            with pytest.raises(IllegalTransition, match="Starting -> Suspended"):
+                await store.write(lambda c: ops.finish_attempt(c, starting.id, 1, odd, NOW))
+
+            assert snapshot(path) == before
+            assert committed == []
+
+    run(body())
+
+
+def test_a_partly_written_failing_op_is_rolled_back_inside_a_batch(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    odd = ops.Outcome(AttemptPhase.EXITED, Phase.SUSPENDED, Reason.PREEMPTED)
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            job = await create(store, "starting")
+            await store.write(lambda c: ops.start_attempt(c, job.id, NOW + 1))
+            before = snapshot(path)
+            futures = [store.write(insert_op("a")),
+                       store.write(lambda c: ops.finish_attempt(c, job.id, 1, odd, NOW)),
+                       store.write(insert_op("b"))]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            assert isinstance(results[1], IllegalTransition)
+            assert isinstance(results[0], ops.Created) and isinstance(results[2], ops.Created)
+            jobs, attempts, events = snapshot(path)
+            assert attempts == before[1]
+            assert [row for row in jobs if row[0] == job.id] == before[0]
+            assert len(events) == len(before[2]) + 2
+
+    run(body())
+
+
+def test_start_attempt_on_a_missing_job_is_not_found(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with opened(tmp_path / "db.sqlite") as (store, _):
+            with pytest.raises(errors.NotFound):
+                await store.write(lambda c: ops.start_attempt(c, 4242, NOW))
+
+    run(body())
+
+
+# --- idempotency -------------------------------------------------------------------------
+
+
+def test_idempotency_key_returns_the_same_job(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, committed):
+            first: ops.Created = await store.write(
+                insert_op("first", key="k1", request_hash="h1"))
+            assert first.created
+            # the same request again, even under another generated name: the same job back
+            again: ops.Created = await store.write(
+                insert_op("second", key="k1", request_hash="h1", now=NOW + 10))
+            assert not again.created
+            assert again.job.id == first.job.id
+            assert again.job.name == "first"
+            assert again.job.created_at == NOW
+            assert len(committed) == 1
+            # another request under the same key
+            with pytest.raises(errors.Conflict, match="k1"):
+                await store.write(insert_op("third", key="k1", request_hash="h2"))
+            # keys belong to their owner: bob's k1 is a new job
+            bobs: ops.Created = await store.write(
+                insert_op("bobs", owner=BOB, key="k1", request_hash="h2"))
+            assert bobs.created and bobs.job.id != first.job.id
+            jobs = await store.jobs()
+            assert [j.name for j in jobs] == ["first", "bobs"]
+            assert len(await store.events()) == 2
+
+    run(body())
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def test_jobs_filters(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            a = await create(store, "a", project="p1", owner=ALICE,
+                             labels={"team": "ml", "k8s.io/tier": "gold"})
+            b = await create(store, "b", project="p1", owner=BOB, labels={"team": "web"})
+            c = await create(store, "c", project="p2", owner=ALICE, labels={"team": "ml"})
+            d = await create(store, "d", project="p2", owner=BOB)
+            await run_to(store, b.id, Phase.RUNNING)
+            await run_to(store, c.id, Phase.SUCCEEDED)
+            await store.write(lambda conn: ops.cancel_pending(conn, d.id, NOW, "no"))
+
+            async def names(**kwargs: Any) -> list[str]:
+                return [j.name for j in await store.jobs(**kwargs)]
+
+            assert await names() == ["a", "b", "c", "d"]
+            assert await names(phases=["Pending", "Running"]) == ["a", "b"]
+            assert await names(phases=["Succeeded"]) == ["c"]
+            assert await names(owner="alice") == ["a", "c"]
+            assert await names(owner="carol") == []
+            assert await names(project="p2") == ["c", "d"]
+            assert await names(labels={"team": "ml"}) == ["a", "c"]
+            assert await names(labels={"k8s.io/tier": "gold"}) == ["a"]
+            assert await names(labels={"team": "ml"}, project="p1") == ["a"]
+            assert await names(labels={"team": "ml", "k8s.io/tier": "silver"}) == []
+            assert await names(active_only=True) == ["a", "b"]
+            assert await names(active_only=True, owner="bob") == ["b"]
+            # the newest `limit`, oldest first
+            assert await names(limit=2) == ["c", "d"]
+            assert [j.name for j in await store.active_jobs()] == ["a", "b"]
+
+            record = await store.job("p1", "a")
+            assert record is not None and record.id == a.id
+            assert record.labels == {"team": "ml", "k8s.io/tier": "gold"}
+            assert record.spec == JobSpec(command=["echo", "hi"])
+            assert await store.job("p2", "a") is None
+            assert await store.job_by_id(9999) is None
+
+    run(body())
+
+
+def test_events_since_are_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            x = await create(store, "x", project="p1")
+            y = await create(store, "y", project="p2")
+            await run_to(store, x.id, Phase.RUNNING)
+            await run_to(store, y.id, Phase.FAILED)
+
+            everything = await store.events()
+            seqs = [e.seq for e in everything]
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) == 2 + 2 + 3
+            assert await store.last_event_seq() == seqs[-1]
+            for cut in range(len(seqs)):
+                assert await store.events(since=seqs[cut]) == everything[cut + 1:]
+            assert await store.events(since=seqs[-1]) == []
+            assert [e.name for e in await store.events(project="p2")] == ["y"] * 4
+            assert all(e.job_id == x.id for e in await store.events(job_id=x.id))
+            assert await store.events(since=seqs[1], limit=2) == everything[2:4]
+
+    run(body())
+
+
+def test_last_event_seq_of_an_empty_store_is_zero(tmp_path: Path) -> None:
+    async def body() -> int:
+        async with opened(tmp_path / "db.sqlite") as (store, _):
+            return await store.last_event_seq()
+
+    assert run(body()) == 0
+
+
+def test_writes_survive_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+
+    async def write() -> tuple[JobRecord, list[Event]]:
+        async with opened(path) as (store, _):
+            job = await create(store, "durable", labels={"k": "v"})
+            await run_to(store, job.id, Phase.FAILED)
+            record = await store.job_by_id(job.id)
+            assert record is not None
+            return record, await store.events()
+
+    async def read() -> tuple[JobRecord | None, list[Event], int]:
+        async with opened(path) as (store, _):
+            return (await store.job("p", "durable"), await store.events(),
+                    len(await store.attempts(1)))
+
+    written, events = run(write())
+    reread, events_again, attempts = run(read())
+    assert reread == written
+    assert reread is not None and (reread.phase, reread.exit_code) == ("Failed", 1)
+    assert events_again == events
+    assert attempts == 1
