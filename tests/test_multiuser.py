@@ -1,0 +1,536 @@
+"""DESIGN §6 with real Unix users: identity comes from SO_PEERCRED, everyone may list, only
+the owner or an admin may read logs or cancel, and jobs run as their owner.
+
+The module creates two users (nlalice, nlbob, in the socket group `noduslocal`), starts one
+noduslocald as root, and runs the CLI as each user through `runuser`. The default python3
+lives under /root (mode 0700), so the users run Debian's /usr/bin/python3 on a world-readable
+copy of the `noduslocal` and `click` packages. Needs root; skipped otherwise, except under
+CI (the CI variable set), where not being root is a failure.
+
+Job commands are absolute paths (/bin/sh) except in the one test of the PATH lookup, which
+is a known bug when the daemon's interpreter is private (see that test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+import noduslocal
+from noduslocal import testing
+from noduslocal.client.api import Client
+from noduslocal.config import SOCKET_ENV
+from noduslocal.states import TERMINAL, Phase
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEM_PYTHON = "/usr/bin/python3"
+SOCKET_GROUP = "noduslocal"
+ADMIN_GROUP = "noduslocal-admin"
+ALICE = "nlalice"
+BOB = "nlbob"
+SMALL = "100m"  # CPU request of every test job, so that they all fit at once
+DEADLINE = 60.0  # seconds; generous, only to keep a broken daemon from hanging the run
+
+
+
+# Raw HTTP over the daemon's socket with the standard library only, for a second user:
+# argv = SOCKET METHOD PATH BODY-JSON-OR-EMPTY HEADERS-JSON; prints {"status", "body"}.
+RAW_HTTP = '''\
+import http.client, json, socket, sys
+
+
+class Conn(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=60)
+        self.unix_path = path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(60)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
+path, method, url, body, headers = sys.argv[1:6]
+conn = Conn(path)
+hdrs = json.loads(headers)
+if body:
+    hdrs.setdefault("Content-Type", "application/json")
+conn.request(method, url, body=body.encode() if body else None, headers=hdrs)
+resp = conn.getresponse()
+data = resp.read().decode()
+try:
+    decoded = json.loads(data) if data else None
+except ValueError:
+    decoded = data
+print(json.dumps({"status": resp.status, "body": decoded}))
+'''
+
+
+def _unavailable(reason: str) -> None:
+    """Skip on a developer box; under CI a missing prerequisite is a failure."""
+    if os.environ.get("CI"):
+        pytest.fail(f"multi-user tests cannot run under CI: {reason}")
+    pytest.skip(reason)
+
+
+def _run(*argv: str, check: bool = True, timeout: float = DEADLINE,
+         ) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n"
+                             f"{result.stdout}{result.stderr}")
+    return result
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def _open_up(root: Path) -> None:
+    """Directories 0755, files 0644: readable by every user, writable by root only."""
+    os.chmod(root, 0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(Path(dirpath) / name, 0o755)
+        for name in filenames:
+            os.chmod(Path(dirpath) / name, 0o644)
+
+
+@dataclass
+class User:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+@dataclass
+class Box:
+    """The shared workstation: one daemon, two users and a library they can import."""
+
+    daemon: testing.Daemon
+    lib: Path
+    alice: User
+    bob: User
+
+    def users(self) -> list[User]:
+        return [self.alice, self.bob]
+
+    def user(self, name: str) -> User:
+        return next(u for u in self.users() if u.name == name)
+
+    def as_user(self, user: str, *argv: str, timeout: float = DEADLINE,
+                socket: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """ARGV as USER, with a clean environment and cwd in the library copy (so that the
+        checkout in /work/main, which others can read too, is never imported by accident)."""
+        home = "/root" if user == "root" else self.user(user).home
+        env = ["PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8",
+               f"{SOCKET_ENV}={socket or self.daemon.socket}", f"PYTHONPATH={self.lib}",
+               "PYTHONDONTWRITEBYTECODE=1"]
+        return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *env, *argv],
+                              capture_output=True, text=True, timeout=timeout, cwd=self.lib)
+
+    def cli(self, user: str, *args: str, timeout: float = DEADLINE,
+            socket: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """`noduslocal ARGS...` as USER (root runs the checkout with the test interpreter)."""
+        if user == "root":
+            env = {**os.environ, SOCKET_ENV: str(socket or self.daemon.socket)}
+            return subprocess.run([sys.executable, "-m", "noduslocal.cli", *args],
+                                  capture_output=True, text=True, timeout=timeout, env=env,
+                                  cwd=REPO)
+        return self.as_user(user, SYSTEM_PYTHON, "-m", "noduslocal.cli", *args,
+                            timeout=timeout, socket=socket)
+
+    def cli_json(self, user: str, *args: str, socket: Path | None = None) -> Any:
+        result = self.cli(user, *args, socket=socket)
+        assert result.returncode == 0, f"{user}: noduslocal {' '.join(args)}:\n{result.stderr}"
+        return json.loads(result.stdout)
+
+    def raw(self, user: str, method: str, path: str, body: Any = None,
+            headers: dict[str, str] | None = None,
+            socket: Path | None = None) -> tuple[int, Any]:
+        """One HTTP request as USER with nothing but the standard library."""
+        result = self.as_user(
+            user, SYSTEM_PYTHON, str(self.lib / "nl_raw.py"),
+            str(socket or self.daemon.socket), method, path,
+            "" if body is None else json.dumps(body), json.dumps(headers or {}))
+        assert result.returncode == 0, result.stderr
+        reply = json.loads(result.stdout)
+        return reply["status"], reply["body"]
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Box]:
+    if os.geteuid() != 0:
+        _unavailable("needs root: creates Unix users and runs commands as them")
+    for tool in ("groupadd", "groupdel", "useradd", "userdel", "usermod", "gpasswd",
+                 "runuser"):
+        if shutil.which(tool) is None:
+            _unavailable(f"{tool} is not installed")
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        _unavailable(f"{SYSTEM_PYTHON} (an interpreter other users can run) is missing")
+
+    made_socket_group = not _group_exists(SOCKET_GROUP)
+    _run("groupadd", "-f", SOCKET_GROUP)
+    users: list[User] = []
+    lib = Path(tempfile.mkdtemp(prefix="nl-lib-", dir="/tmp"))
+    daemon: testing.Daemon | None = None
+    try:
+        for name in (ALICE, BOB):
+            if _user_exists(name):  # left over from an interrupted run: start afresh
+                _run("userdel", "-r", name, check=False)
+            if _user_exists(name):
+                _run("usermod", "-G", SOCKET_GROUP, name)  # replaces every other group
+            else:
+                _run("useradd", "-m", "-G", SOCKET_GROUP, name)
+            entry = pwd.getpwnam(name)
+            users.append(User(name, entry.pw_uid, entry.pw_gid, entry.pw_dir))
+
+        _copy_tree(Path(noduslocal.__file__).parent, lib / "noduslocal")
+        _copy_tree(Path(click.__file__).parent, lib / "click")
+        (lib / "nl_raw.py").write_text(RAW_HTTP)
+        _open_up(lib)
+        probe = _run("runuser", "-u", BOB, "--", "env", "-i", f"PYTHONPATH={lib}",
+                     SYSTEM_PYTHON, "-c", "import noduslocal.cli.main", check=False)
+        if probe.returncode != 0:
+            raise AssertionError(f"{BOB} cannot import the CLI from {lib}:\n{probe.stderr}")
+
+        daemon = testing.Daemon(cpus=4, memory="8GiB")
+        daemon.start()
+        yield Box(daemon, lib, users[0], users[1])
+    finally:
+        if daemon is not None:
+            daemon.close()
+        shutil.rmtree(lib, ignore_errors=True)
+        for user in users:
+            with contextlib.suppress(Exception):
+                _run("userdel", "-r", user.name, check=False)
+        if made_socket_group:
+            with contextlib.suppress(Exception):
+                _run("groupdel", SOCKET_GROUP, check=False)
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def wait_phase(client: Client, name: str, project: str, phases: set[str],
+               timeout: float = DEADLINE) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get_job(name, project)
+        if job["phase"] in phases:
+            return job
+        if job["phase"] in TERMINAL or time.monotonic() > deadline:
+            raise AssertionError(f"job {project}/{name} is {job['phase']}, wanted {phases}: "
+                                 f"{job}")
+        time.sleep(0.05)
+
+
+def submit_sleep(client: Client, name: str, project: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "command": ["sleep", "60"], "cpu": SMALL}
+    if project is not None:
+        body["project"] = project
+    job = client.create_job(body)
+    return wait_phase(client, name, job["project"], {Phase.RUNNING})
+
+
+def assert_denied(result: subprocess.CompletedProcess[str]) -> str:
+    """A non-zero exit with exactly one line saying who may not do what."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "may not" in lines[0], lines[0]
+    assert result.stdout == ""
+    return lines[0]
+
+
+def cancel_quietly(client: Client, name: str, project: str) -> None:
+    with contextlib.suppress(Exception):
+        client.cancel_job(name, project)
+
+
+# --- the socket -------------------------------------------------------------------------
+
+
+def test_socket_belongs_to_the_socket_group(box: Box) -> None:
+    st = box.daemon.socket.stat()
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o660
+    assert st.st_uid == 0
+    assert st.st_gid == grp.getgrnam(SOCKET_GROUP).gr_gid
+
+
+@pytest.mark.parametrize("who", [ALICE, BOB])
+def test_identity_is_the_kernels_not_the_clients(box: Box, who: str) -> None:
+    """/v1/info reports the caller from SO_PEERCRED; headers cannot change it."""
+    user = box.user(who)
+    status, body = box.raw(who, "GET", "/v1/info",
+                           headers={"X-Remote-User": "root", "X-Nodus-User": "root",
+                                    "Authorization": "Basic cm9vdDpyb290"})
+    assert status == 200, body
+    assert body["caller"] == {"uid": user.uid, "gid": user.gid, "name": who, "admin": False}
+
+
+# --- a root job, seen by another user ------------------------------------------------------
+
+
+def test_other_user_may_list_but_not_control_a_root_job(box: Box) -> None:
+    root = box.daemon.client()
+    submit_sleep(root, "root-sleep")
+    try:
+        denied = assert_denied(box.cli(BOB, "job", "kill", "root-sleep", "--project", "root"))
+        assert BOB in denied and "cancel" in denied
+        assert root.get_job("root-sleep", "root")["phase"] == Phase.RUNNING
+
+        denied = assert_denied(box.cli(BOB, "job", "logs", "root-sleep", "--project", "root"))
+        assert "log" in denied
+        assert_denied(box.cli(BOB, "job", "logs", "root-sleep", "--project", "root",
+                              "--follow"))
+        assert root.get_job("root-sleep", "root")["phase"] == Phase.RUNNING
+
+        listed = box.cli_json(BOB, "job", "list", "--json", "--all")
+        mine = [j for j in listed if j["name"] == "root-sleep" and j["project"] == "root"]
+        assert len(mine) == 1
+        assert mine[0]["owner"] == "root" and mine[0]["uid"] == 0
+        assert mine[0]["phase"] == Phase.RUNNING
+        # Status is a listing too (like squeue): readable by everyone.
+        doc = box.cli_json(BOB, "job", "status", "root-sleep", "--project", "root", "--json")
+        assert doc["owner"] == "root"
+    finally:
+        cancel_quietly(root, "root-sleep", "root")
+    assert root.wait_job("root-sleep", "root", DEADLINE)["phase"] == Phase.CANCELLED
+
+
+# --- jobs run as their owner --------------------------------------------------------------
+
+
+def test_job_runs_as_the_submitter(box: Box) -> None:
+    alice = box.alice
+    run = box.cli(ALICE, "job", "run", "--name", "alice-id", "--cpu", SMALL, "--",
+                  "/bin/sh", "-c", "id -u; id -g")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(alice.uid), str(alice.gid)]
+
+    doc = box.cli_json(ALICE, "job", "status", "alice-id", "--json")
+    assert doc["owner"] == ALICE
+    assert doc["uid"] == alice.uid
+    assert doc["project"] == ALICE
+    assert doc["phase"] == Phase.SUCCEEDED
+
+    assert "may not" in assert_denied(
+        box.cli(BOB, "job", "logs", "alice-id", "--project", ALICE))
+    admin = box.cli("root", "job", "logs", "alice-id", "--project", ALICE)
+    assert admin.returncode == 0, admin.stderr
+    assert admin.stdout.split() == [str(alice.uid), str(alice.gid)]
+    own = box.cli(ALICE, "job", "logs", "alice-id")
+    assert own.returncode == 0, own.stderr
+    assert own.stdout == admin.stdout
+
+
+def test_job_gets_the_owners_groups_and_home(box: Box) -> None:
+    alice = box.alice
+    run = box.cli(ALICE, "job", "run", "--cpu", SMALL, "--",
+                  "/bin/sh", "-c", 'id -G; echo "$HOME"; echo "$USER"')
+    assert run.returncode == 0, run.stderr
+    groups, home, user = run.stdout.splitlines()
+    gids = {int(g) for g in groups.split()}
+    assert gids == set(os.getgrouplist(ALICE, alice.gid))
+    assert grp.getgrnam(SOCKET_GROUP).gr_gid in gids
+    assert 0 not in gids  # nothing of root's groups leaks into the job
+    assert home == alice.home
+    assert user == ALICE
+
+
+def test_command_is_found_on_path_for_another_user(box: Box) -> None:
+    """`job run -- sh ...`, not /bin/sh: the PATH lookup happens as the job's user too."""
+    alice = box.alice
+    run = box.cli(ALICE, "job", "run", "--cpu", SMALL, "--", "sh", "-c", "id -u; id -g")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.split() == [str(alice.uid), str(alice.gid)]
+
+
+def test_other_user_cannot_cancel_but_admin_can(box: Box) -> None:
+    root = box.daemon.client()
+    created = box.cli_json(ALICE, "job", "run", "--name", "alice-sleep", "--cpu", SMALL,
+                           "--detach", "--json", "--", "/bin/sleep", "60")
+    assert created["owner"] == ALICE
+    try:
+        wait_phase(root, "alice-sleep", ALICE, {Phase.RUNNING})
+        denied = assert_denied(box.cli(BOB, "job", "kill", "alice-sleep", "--project", ALICE))
+        assert ALICE in denied
+        assert root.get_job("alice-sleep", ALICE)["phase"] == Phase.RUNNING
+
+        killed = box.cli("root", "job", "kill", "alice-sleep", "--project", ALICE, "--json")
+        assert killed.returncode == 0, killed.stderr
+        final = root.wait_job("alice-sleep", ALICE, DEADLINE)
+        assert final["phase"] == Phase.CANCELLED
+        assert final["owner"] == ALICE
+    finally:
+        cancel_quietly(root, "alice-sleep", ALICE)
+
+
+# --- files ------------------------------------------------------------------------------
+
+
+def test_workspace_is_private_to_its_owner(box: Box) -> None:
+    alice = box.alice
+    run = box.cli(ALICE, "job", "run", "--name", "alice-ws", "--cpu", SMALL, "--",
+                  "/bin/sh", "-c", 'echo "$NODUS_WORKSPACE"; pwd; echo s3cret > secret.txt')
+    assert run.returncode == 0, run.stderr
+    announced, cwd = run.stdout.splitlines()
+    workspace = Path(announced)
+    assert workspace == Path(cwd)
+    assert workspace.name == "workspace"
+    assert workspace.parent.parent == box.daemon.data_dir / "jobs"
+
+    st = workspace.stat()
+    assert (st.st_uid, st.st_gid) == (alice.uid, alice.gid)
+    assert stat.S_IMODE(st.st_mode) & 0o077 == 0, oct(st.st_mode)
+    secret = workspace / "secret.txt"
+    assert secret.stat().st_uid == alice.uid  # written by the job, as alice
+    assert secret.read_text() == "s3cret\n"
+
+    assert box.as_user(BOB, "ls", str(workspace)).returncode != 0
+    assert box.as_user(BOB, "cat", str(secret)).returncode != 0
+    # The log on disk is no back door around the API's check.
+    log = workspace.parent / "attempts" / "1" / "output.log"
+    assert log.exists()
+    assert box.as_user(BOB, "cat", str(log)).returncode != 0
+    assert box.as_user(ALICE, "cat", str(secret)).stdout == "s3cret\n"
+
+    # Bob's jobs run as bob, so they cannot read it either, nor start inside it.
+    peek = box.cli(BOB, "job", "run", "--cpu", SMALL, "--", "/bin/cat", str(secret))
+    assert peek.returncode != 0
+    assert "s3cret" not in peek.stdout + peek.stderr
+    inside = box.cli(BOB, "job", "run", "--cpu", SMALL, "--workdir", str(workspace), "--",
+                     "/bin/ls")
+    assert inside.returncode != 0
+    assert "secret.txt" not in inside.stdout
+    assert "cannot enter workdir" in inside.stdout
+
+
+# --- nothing the client sends claims an identity -----------------------------------------
+
+
+@pytest.mark.parametrize("field", ["uid", "gid", "owner", "owner_uid", "user"])
+def test_create_rejects_identity_fields(box: Box, field: str) -> None:
+    value: Any = 0 if "uid" in field or field == "gid" else "root"
+    status, body = box.raw(BOB, "POST", "/v1/jobs",
+                           {"command": ["id", "-u"], "cpu": SMALL, field: value})
+    assert status == 400, body
+    assert body["error"]["code"] == "InvalidArgument"
+    assert body["error"]["field"] == field
+    assert "unknown field" in body["error"]["message"]
+
+
+def test_job_cannot_claim_another_identity(box: Box) -> None:
+    """Env, labels, headers and a project named after root change nothing about who runs
+    the job or owns it."""
+    bob = box.bob
+    root = box.daemon.client()
+    status, body = box.raw(
+        BOB, "POST", "/v1/jobs",
+        {"name": "bob-env", "command": ["/bin/sh", "-c", 'id -u; echo "$FOO"'], "cpu": SMALL,
+         "env": {"FOO": "bar"}, "labels": {"owner": "root", "uid": "0"}},
+        headers={"X-Remote-User": "root", "X-Nodus-Uid": "0"})
+    assert status == 201, body
+    assert body["owner"] == BOB and body["uid"] == bob.uid
+    assert body["labels"] == {"owner": "root", "uid": "0"}
+    final = root.wait_job("bob-env", BOB, DEADLINE)
+    assert final["phase"] == Phase.SUCCEEDED, final
+    assert final["owner"] == BOB
+    out = box.cli(BOB, "job", "logs", "bob-env")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(bob.uid), "bar"]
+
+    # A job submitted into root's project is still bob's, and gives bob nothing of root's.
+    submit_sleep(root, "root-owned")
+    try:
+        created = box.cli_json(BOB, "job", "run", "--project", "root", "--name", "bob-in-root",
+                               "--cpu", SMALL, "--label", "owner=root", "--detach", "--json",
+                               "--", "/usr/bin/id", "-u")
+        assert created["owner"] == BOB and created["uid"] == bob.uid
+        assert created["project"] == "root"
+        final = root.wait_job("bob-in-root", "root", DEADLINE)
+        assert final["owner"] == BOB and final["phase"] == Phase.SUCCEEDED
+        logs = box.cli(BOB, "job", "logs", "bob-in-root", "--project", "root")
+        assert logs.stdout.split() == [str(bob.uid)]
+        assert_denied(box.cli(BOB, "job", "kill", "root-owned", "--project", "root"))
+        assert root.get_job("root-owned", "root")["phase"] == Phase.RUNNING
+    finally:
+        cancel_quietly(root, "root-owned", "root")
+
+
+# --- the admin group (last: it changes alice's groups) ------------------------------------
+
+
+def test_admin_group_member_may_control_other_users_jobs(box: Box) -> None:
+    made_admin_group = not _group_exists(ADMIN_GROUP)
+    if made_admin_group:
+        _run("groupadd", ADMIN_GROUP)
+    fresh: testing.Daemon | None = None
+    try:
+        _run("usermod", "-aG", ADMIN_GROUP, ALICE)
+        # Group membership is cached per daemon process: a fresh daemon sees it.
+        fresh = testing.Daemon(cpus=4, memory="8GiB")
+        fresh.start()
+        sock = fresh.socket
+        status, body = box.raw(ALICE, "GET", "/v1/info", socket=sock)
+        assert status == 200 and body["caller"]["admin"] is True, body
+        status, body = box.raw(BOB, "GET", "/v1/info", socket=sock)
+        assert status == 200 and body["caller"]["admin"] is False, body
+
+        root = fresh.client()
+        submit_sleep(root, "root-job")
+        assert_denied(box.cli(BOB, "job", "kill", "root-job", "--project", "root",
+                              socket=sock))
+        logs = box.cli(ALICE, "job", "logs", "root-job", "--project", "root", socket=sock)
+        assert logs.returncode == 0, logs.stderr
+        killed = box.cli(ALICE, "job", "kill", "root-job", "--project", "root", "--json",
+                         socket=sock)
+        assert killed.returncode == 0, killed.stderr
+        final = root.wait_job("root-job", "root", DEADLINE)
+        assert final["phase"] == Phase.CANCELLED
+        assert final["owner"] == "root"
+    finally:
+        if fresh is not None:
+            fresh.close()
+        _run("gpasswd", "-d", ALICE, ADMIN_GROUP, check=False)
+        if made_admin_group:
+            _run("groupdel", ADMIN_GROUP, check=False)
