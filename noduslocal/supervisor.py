@@ -336,14 +336,19 @@ class Supervisor:
     def _prepare_dirs(self, attempt: Attempt) -> None:
         assert attempt.directory is not None
         job = attempt.job
+        try:
+            attempt.directory.mkdir(mode=0o700)
+            return  # a later attempt: the job's directories exist
+        except FileNotFoundError:
+            pass
         job_dir = self.job_dir(job.id)
         job_dir.mkdir(mode=0o711, exist_ok=True)
         workspace = self.workspace(job.id)
-        if not workspace.exists():
-            workspace.mkdir(mode=0o700)
-            if os.getuid() == 0:
-                os.chown(workspace, job.owner_uid, job.owner_gid)
-        attempt.directory.mkdir(mode=0o700, parents=True)
+        workspace.mkdir(mode=0o700, exist_ok=True)
+        if os.getuid() == 0:
+            os.chown(workspace, job.owner_uid, job.owner_gid)
+        attempt.directory.parent.mkdir(mode=0o700, exist_ok=True)
+        attempt.directory.mkdir(mode=0o700)
 
     def _launch_request(self, attempt: Attempt) -> dict[str, Any]:
         job = attempt.job

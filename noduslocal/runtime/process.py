@@ -52,11 +52,22 @@ class SpawnError(RuntimeError):
 
 
 def read_exit(directory: Path) -> Exited | None:
+    """The recorded end, or None while exit.json is absent or still empty."""
     try:
-        data = json.loads((directory / shim.EXIT).read_text())
+        text = (directory / shim.EXIT).read_bytes()
     except FileNotFoundError:
         return None
+    if not text:
+        return None
+    data = json.loads(text)
     return Exited(data["exit_code"], data.get("signal"), data["started_at"], data["ended_at"])
+
+
+def has_exit(directory: Path) -> bool:
+    try:
+        return os.stat(directory / shim.EXIT).st_size > 0
+    except FileNotFoundError:
+        return False
 
 
 def read_pid(directory: Path) -> dict[str, Any] | None:
@@ -69,6 +80,8 @@ def read_pid(directory: Path) -> dict[str, Any] | None:
 def inspect(directory: Path) -> AttemptState:
     """What became of an attempt, decided under the attempt's lock so a shim that is
     starting right now cannot slip between the look and the verdict."""
+    if (exited := read_exit(directory)) is not None:
+        return exited  # written last, by a shim that is done with the job
     try:
         fd = os.open(directory / shim.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except FileNotFoundError:
@@ -162,11 +175,11 @@ class ProcessRuntime:
         if pidfd < 0:
             done.set_result(_settled(directory))
             return done
-        # Opened before we look for exit.json: a shim writes it before exiting, so a
-        # missing file means the pid is still our shim.
-        if (exited := read_exit(directory)) is not None:
+        # Opened before we look for an exit: a shim records it before exiting, so none
+        # recorded means the pid is still our shim.
+        if has_exit(directory):
             os.close(pidfd)
-            done.set_result(exited)
+            done.set_result(_settled(directory))
             return done
 
         def on_exit() -> None:
@@ -184,7 +197,7 @@ class ProcessRuntime:
             pid = read_pid(directory)
             if pid is not None:
                 break
-            if read_exit(directory) is not None:
+            if has_exit(directory):
                 return False
             await asyncio.sleep(0.01)
         else:
