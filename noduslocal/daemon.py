@@ -54,8 +54,7 @@ def claim_socket(path: Path, user_mode: bool) -> None:
         probe.settimeout(1.0)
         probe.connect(str(path))
     except (ConnectionRefusedError, FileNotFoundError):
-        path.unlink(missing_ok=True)
-        return
+        return  # stale: bind_socket renames the new socket over it
     except TimeoutError:
         pass
     finally:
@@ -78,8 +77,26 @@ def lock_data_dir(data_dir: Path, user_mode: bool) -> int:
     return fd
 
 
-def secure_socket(settings: Settings) -> None:
+def bind_socket(settings: Settings) -> socket.socket:
+    """Listen on a temporary name with the final mode, then rename it over the socket path:
+    clients never see the path missing or open to the wrong users while we restart."""
     path = settings.socket
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(str(tmp))
+        secure_socket(settings, tmp)
+        sock.listen(128)
+        os.rename(tmp, path)
+    except BaseException:
+        sock.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return sock
+
+
+def secure_socket(settings: Settings, path: Path) -> None:
     if settings.user_mode:
         os.chmod(path, 0o600)
         return
@@ -88,8 +105,8 @@ def secure_socket(settings: Settings) -> None:
         os.chown(path, 0, grp.getgrnam(settings.socket_group).gr_gid)
     except KeyError:
         log.warning("group %r does not exist, so only root can reach %s; create it with "
-                    "`groupadd %s` and add users to it", settings.socket_group, path,
-                    settings.socket_group)
+                    "`groupadd %s` and add users to it", settings.socket_group,
+                    settings.socket, settings.socket_group)
 
 
 async def refresh_identities() -> None:
@@ -119,7 +136,6 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     hub = EventHub()
     store = Store(settings.data_dir / "noduslocal.db")
     await store.open(hub.publish, settings.commit_batch)
-    os.chmod(store.path, 0o600)
     runtime = ProcessRuntime()
     await runtime.start()
     supervisor = Supervisor(settings, store, runtime)
@@ -129,9 +145,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         app = build_app(Services(settings, store, supervisor, hub, time.time()))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.UnixSite(runner, str(settings.socket), shutdown_timeout=SHUTDOWN_TIMEOUT)
+        site = web.SockSite(runner, bind_socket(settings), shutdown_timeout=SHUTDOWN_TIMEOUT)
         await site.start()
-        secure_socket(settings)
         log.info("noduslocald %d serving on %s (data %s, %g CPUs, %d MiB)", os.getpid(),
                  settings.socket, settings.data_dir, settings.cpus_m / 1000,
                  settings.memory // 2**20)

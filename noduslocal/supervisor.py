@@ -12,7 +12,7 @@ import pwd
 import secrets
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,7 @@ class Supervisor:
         self._pending_jobs: dict[int, JobRecord] = {}
         self._finishing: set[int] = set()  # ended, end not committed yet
         self._pass_scheduled = False
+        self._ready = False  # set once reconcile has given running jobs their CPUs back
         self._stopping = False
         self.jobs_dir = settings.data_dir / "jobs"
 
@@ -175,11 +176,16 @@ class Supervisor:
     async def start(self) -> None:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.jobs_dir, 0o711)
-        for job in await self.store.active_jobs():
+        jobs = await self.store.active_jobs()
+        # Everything that may still run takes its CPUs back before any pass can start a
+        # pending job; the pass is held until the last attempt is reconciled.
+        for job in jobs:
+            if job.phase in (Phase.STARTING, Phase.RUNNING):
+                await self._reconcile(job)
+        for job in jobs:
             if job.phase == Phase.PENDING:
                 self._enqueue(job)
-            elif job.phase in (Phase.STARTING, Phase.RUNNING):
-                await self._reconcile(job)
+        self._ready = True
         self._kick()
 
     async def stop(self) -> None:
@@ -205,7 +211,7 @@ class Supervisor:
 
     def _pass(self) -> None:
         self._pass_scheduled = False
-        if self._stopping:
+        if self._stopping or not self._ready:
             return
         for request in self.queue.schedule():
             job = self._pending_jobs.pop(request.job_id)
@@ -272,6 +278,11 @@ class Supervisor:
         outcome = outcome_of(state, attempt)
         ended = self.store.write(lambda c: ops.finish_attempt(
             c, job.id, attempt.number, outcome, time.time()))
+        if outcome.job_phase == Phase.PENDING:
+            # Back in the queue at its old place before its CPUs are handed on; any start
+            # this allows is committed after the end above (the writer keeps order).
+            self._enqueue(replace(job, phase=Phase.PENDING.value, reason=outcome.reason,
+                                  retries_used=job.retries_used + outcome.spend_retry))
         # The process is gone, so its CPUs go to the next job now: that job's start and this
         # end share one commit instead of waiting for each other.
         self._finishing.add(job.id)
@@ -282,10 +293,6 @@ class Supervisor:
             await ended
         finally:
             self._finishing.discard(job.id)
-        if outcome.job_phase == Phase.PENDING:
-            fresh = await self.store.job_by_id(job.id)
-            if fresh is not None and fresh.phase == Phase.PENDING:
-                self._enqueue(fresh)
 
     async def _request_stop(self, attempt: Attempt, reason: str) -> None:
         if attempt.stop_reason is not None:

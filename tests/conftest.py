@@ -39,7 +39,7 @@ def run_cli(d: testing.Daemon, *args: str, input: str | None = None,
 
 
 @pytest.fixture
-def cli(daemon: testing.Daemon):  # noqa: ANN201
+def cli(daemon: testing.Daemon):
     def call(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
         return run_cli(daemon, *args, **kwargs)  # type: ignore[arg-type]
 

@@ -62,6 +62,12 @@ class Transport:
                 return path
         raise unavailable(candidates)
 
+    def _socket_exists(self) -> bool:
+        try:
+            return self.socket_path.exists()
+        except errors.DaemonUnavailable:
+            return False
+
     def _conn(self, timeout: float) -> _UnixConnection:
         conn: _UnixConnection | None = getattr(self._local, "conn", None)
         if conn is None:
@@ -111,15 +117,17 @@ class Transport:
         down or restarting is tried again until that many seconds have passed."""
         deadline = time.monotonic() + retry_for
         delay = 0.05
+        existed = retry_for > 0 and self._socket_exists()
         while True:
             try:
                 resp = self._send(method, path, query, body, headers, timeout)
                 payload = resp.read()
                 break
             except errors.DaemonUnavailable:
-                # No socket file: no daemon, fail now. A socket that refuses is a daemon
-                # restarting (kill -9 leaves the file), worth waiting for.
-                if time.monotonic() + delay > deadline or not self.socket_path.exists():
+                # No socket file, before or now: no daemon, fail at once. A socket that
+                # refuses, or one that went away under us, is a daemon restarting.
+                if time.monotonic() + delay > deadline or not (
+                        existed or self._socket_exists()):
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)

@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,12 +96,25 @@ def inspect(directory: Path) -> AttemptState:
             return Alive(pid["shim_pid"]) if pid else Alive(0)
         if (exited := read_exit(directory)) is not None:
             return exited
-        if read_pid(directory) is not None:
+        if (pid := read_pid(directory)) is not None:
+            kill_orphans(pid)
             return Vanished()
         (directory / shim.ABANDONED).touch()
         return NeverStarted()
     finally:
         os.close(fd)
+
+
+def kill_orphans(pid: dict[str, Any]) -> None:
+    """SIGKILL what is left of a vanished attempt's process group, so a retry never runs
+    beside it. Only the same boot's group, and only if its leader's pid was not reused."""
+    if pid.get("boot_id") != shim.boot_id():
+        return
+    ticks = shim.start_ticks(pid["pgid"])
+    if ticks is not None and ticks != pid.get("start_ticks"):
+        return  # the leader's pid now names another process, so our group is gone
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid["pgid"], signal.SIGKILL)
 
 
 class ProcessRuntime:

@@ -44,6 +44,22 @@ def write_json_atomic(directory: str, name: str, data: dict) -> None:
     os.rename(tmp, os.path.join(directory, name))
 
 
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as file:
+        return file.read().strip()
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/PID/stat field 22): with
+    the boot id it tells a process from a later one that got the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
 def fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -181,7 +197,8 @@ def run_shim(req: dict) -> None:
         os.close(err_w)
         os.close(go_r)
         write_json_atomic(directory, PID, {"shim_pid": os.getpid(), "pid": pid, "pgid": pid,
-                                           "started_at": started})
+                                           "started_at": started, "boot_id": boot_id(),
+                                           "start_ticks": start_ticks(pid)})
         os.close(go_w)
         fsync_dir(directory)
         status = _pump(out_r, err_r, directory, pid)

@@ -5,6 +5,8 @@ connection, both through aiosqlite, over a WAL database with synchronous=FULL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,11 @@ class Store:
         self._writer.start()
 
     def _migrate(self) -> None:
+        # SQLite gives the -wal and -shm files the database's mode: make it private first.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f"{self.path}{suffix}", 0o600)
         conn = sqlite3.connect(self.path, isolation_level=None)
         try:
             for pragma in _PRAGMAS:

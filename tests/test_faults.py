@@ -1,0 +1,626 @@
+"""Faults the daemon must survive: kill -9 of itself while jobs run and wait, job processes
+killed from outside, lost attempts and their retries, cancels, timeouts, concurrent clients
+and idempotent creates across a restart. Everything here is real: a noduslocald process,
+shim-supervised job processes and the SQLite file on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from noduslocal import errors, testing
+from noduslocal.client.api import Client
+from noduslocal.models import parse_iso
+
+T = TypeVar("T")
+TERMINAL = {"Succeeded", "Failed", "Cancelled"}
+DEADLINE = 30.0  # generous: how long we wait for something that must happen
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def fresh() -> Iterator[Callable[..., testing.Daemon]]:
+    """Daemons this test starts, kills and restarts itself; all cleaned up at the end."""
+    made: list[testing.Daemon] = []
+
+    def make(**kwargs: Any) -> testing.Daemon:
+        d = testing.Daemon(**kwargs)
+        made.append(d)
+        return d.start()
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            d.close()
+
+
+def phase(c: Client, name: str) -> str:
+    return str(c.get_job(name)["phase"])
+
+
+def events(c: Client) -> list[dict[str, Any]]:
+    raw = b"".join(c.events())
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def events_of(c: Client, name: str) -> list[dict[str, Any]]:
+    return [e for e in events(c) if e["job"] == name]
+
+
+def environ_names(pid: int) -> set[str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return set()
+    return {item.decode(errors="replace") for item in raw.split(b"\0") if item}
+
+
+def pid_json(d: testing.Daemon, name: str, number: int = 1) -> tuple[Path, dict[str, Any]]:
+    """The attempt directory and pid.json of a running job, found by the NODUS_JOB variable
+    the daemon puts in the job's environment."""
+
+    def find() -> tuple[Path, dict[str, Any]] | None:
+        for path in d.data_dir.glob(f"jobs/*/attempts/{number}/pid.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if f"NODUS_JOB={name}" in environ_names(data["pid"]):
+                return path.parent, data
+        return None
+
+    return wait_until(find, f"pid.json of {name} attempt {number}")
+
+
+def gone(pid: int) -> bool:
+    """True when the process has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def recorded_exits(d: testing.Daemon) -> list[Path]:
+    """The exit.json files that hold an exit status (a shim may create it empty early)."""
+    found = []
+    for path in d.data_dir.glob("jobs/*/attempts/*/exit.json"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_size > 0:
+                found.append(path)
+    return found
+
+
+def gated(gate: Path, code: int) -> list[str]:
+    """A job that runs until `gate` exists, then exits with `code`."""
+    return ["sh", "-c", f"while [ ! -e '{gate}' ]; do sleep 0.05; done; exit {code}"]
+
+
+def running(c: Client) -> set[str]:
+    return {j["name"] for j in c.list_jobs(phases=["Running"])}
+
+
+# --- kill -9 of the daemon ---------------------------------------------------------------
+
+
+def test_kill9_with_running_and_pending_jobs_then_restart(
+        fresh: Callable[..., testing.Daemon], tmp_path: Path) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    gate = tmp_path / "gate"
+    codes = {f"crash-{n}": n for n in range(6)}  # crash-0 exits 0, crash-3 exits 3, ...
+    for name, code in codes.items():
+        c.create_job({"name": name, "command": gated(gate, code), "cpu": 1})
+    wait_until(lambda: len(running(c)) == 2, "two jobs running")
+    by_phase = {j["name"]: j["phase"] for j in c.list_jobs()}
+    assert by_phase == {"crash-0": "Running", "crash-1": "Running", "crash-2": "Pending",
+                        "crash-3": "Pending", "crash-4": "Pending", "crash-5": "Pending"}
+    was_running, was_pending = ["crash-0", "crash-1"], ["crash-2", "crash-3", "crash-4",
+                                                         "crash-5"]
+    killed_at = time.time()
+    d.kill()
+    gate.touch()  # the running jobs end while no daemon watches them
+    wait_until(lambda: len(recorded_exits(d)) == 2,
+               "the two running jobs to exit while the daemon is down")
+    assert len(list(d.data_dir.glob("jobs/*/attempts/*"))) == 2, "a pending job started " \
+        "without a daemon"
+
+    restarted_at = time.time()
+    d.start()
+    for name, code in codes.items():
+        job = c.wait_job(name, timeout=DEADLINE)
+        assert job["exit_code"] == code, name
+        if code == 0:
+            assert (job["phase"], job["reason"]) == ("Succeeded", "Completed"), name
+        else:
+            assert (job["phase"], job["reason"]) == ("Failed", "Error"), name
+        assert job["attempts"] == 1, name
+        attempts = c.attempts(name)
+        assert [(a["number"], a["phase"], a["exit_code"]) for a in attempts] == [
+            (1, "Exited", code)], name
+        started = parse_iso(attempts[0]["started_at"])
+        assert started is not None
+        if name in was_running:
+            assert started < killed_at, f"{name} ran before the kill"
+        else:
+            assert name in was_pending
+            assert started >= restarted_at - 0.01, f"{name} started only after the restart"
+
+    history = events(c)
+    for name, code in codes.items():
+        mine = [e for e in history if e["job"] == name]
+        terminal = [e for e in mine if e["phase"] in TERMINAL]
+        assert len(terminal) == 1, (name, mine)
+        assert terminal[0]["phase"] == ("Succeeded" if code == 0 else "Failed")
+        assert mine[-1] is terminal[0], f"{name} changed after it ended: {mine}"
+        assert [e["phase"] for e in mine].count("Running") == 1, (name, mine)
+    assert [e["seq"] for e in history] == sorted({e["seq"] for e in history})
+
+
+def test_kill9_then_restart_adopts_running_jobs(
+        fresh: Callable[..., testing.Daemon], tmp_path: Path) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    gate = tmp_path / "gate"
+    codes = {"adopt-a": 0, "adopt-b": 9, "adopt-c": 4}  # adopt-c waits for a CPU
+    for name, code in codes.items():
+        c.create_job({"name": name, "command": gated(gate, code), "cpu": 1})
+    wait_until(lambda: running(c) == {"adopt-a", "adopt-b"}, "two jobs running")
+    pids = {name: pid_json(d, name)[1]["pid"] for name in ("adopt-a", "adopt-b")}
+
+    d.kill()
+    assert not any(gone(pid) for pid in pids.values()), "jobs died with the daemon"
+    d.start()
+    # Adopted, not restarted and not lost: still the first attempt, still Running.
+    for name in ("adopt-a", "adopt-b"):
+        job = c.get_job(name)
+        assert (job["phase"], job["attempts"]) == ("Running", 1), job
+    assert phase(c, "adopt-c") == "Pending"
+
+    gate.touch()
+    for name, code in codes.items():
+        job = c.wait_job(name, timeout=DEADLINE)
+        assert job["exit_code"] == code, job
+        assert job["phase"] == ("Succeeded" if code == 0 else "Failed"), job
+        assert [(a["phase"], a["exit_code"]) for a in c.attempts(name)] == [("Exited", code)]
+        mine = events_of(c, name)
+        assert sum(e["phase"] in TERMINAL for e in mine) == 1, mine
+
+
+def test_pending_job_survives_kill9_and_starts_after_restart(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    c.create_job({"name": "blocker", "command": ["sleep", "60"], "cpu": 2})
+    c.create_job({"name": "waiter", "command": ["true"], "cpu": 1})
+    wait_until(lambda: running(c) == {"blocker"}, "the blocker to run")
+    assert phase(c, "waiter") == "Pending"
+
+    d.kill()
+    d.start()
+    waiter = c.get_job("waiter")
+    assert (waiter["phase"], waiter["attempts"]) == ("Pending", 0), waiter
+    assert phase(c, "blocker") == "Running"
+    restarted_at = time.time()
+    c.cancel_job("blocker")
+    job = c.wait_job("waiter", timeout=DEADLINE)
+    assert (job["phase"], job["attempts"]) == ("Succeeded", 1), job
+    started = parse_iso(c.attempts("waiter")[0]["started_at"])
+    assert started is not None and started >= restarted_at - 0.01
+    assert c.wait_job("blocker", timeout=DEADLINE)["phase"] == "Cancelled"
+
+
+def test_job_created_right_before_kill9_is_never_lost(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    names: list[str] = []
+    for round_ in range(3):
+        # Some of these are still Pending at the kill, some Starting, some Running.
+        for i in range(4):
+            names.append(c.create_job({"command": ["true"], "cpu": "500m",
+                                       "labels": {"round": str(round_), "i": str(i)}})["name"])
+        d.kill()
+        d.start()
+    listed = [j["name"] for j in c.list_jobs(all=True)]
+    assert sorted(listed) == sorted(names) and len(set(names)) == 12
+    for name in names:
+        job = c.wait_job(name, timeout=DEADLINE)
+        assert (job["phase"], job["exit_code"]) == ("Succeeded", 0), job
+        attempts = c.attempts(name)
+        # An attempt the daemon was killed before spawning is NotStarted and costs nothing;
+        # exactly one attempt ran.
+        assert [a["phase"] for a in attempts].count("Exited") == 1, attempts
+        assert {a["phase"] for a in attempts} <= {"Exited", "NotStarted"}, attempts
+        assert attempts[-1]["phase"] == "Exited"
+        mine = events_of(c, name)
+        assert sum(e["phase"] in TERMINAL for e in mine) == 1, mine
+
+
+def test_creates_in_flight_during_kill9_are_recorded_exactly_once(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2)
+    created: list[str] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def submit() -> None:
+        client = Client(d.socket)  # retries a lost request with the same idempotency key
+        try:
+            while not stop.is_set():
+                key = uuid.uuid4().hex
+                for _ in range(200):
+                    try:
+                        job = client.create_job({"command": ["true"], "cpu": "100m"},
+                                                idempotency_key=key)
+                        break
+                    except errors.DaemonUnavailable:
+                        # The socket file is briefly missing while a daemon starts (see
+                        # test_client_rides_out_the_startup_of_a_restarted_daemon): we retry
+                        # with the same key, as the client does for a refused connection.
+                        time.sleep(0.05)
+                else:
+                    raise AssertionError("the daemon did not come back")
+                created.append(job["name"])
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    try:
+        for round_ in range(4):
+            floor = len(created) + 5
+            wait_until(lambda f=floor: failures or len(created) > f, "creates to go through")
+            assert not failures, failures
+            if round_ == 3:
+                break
+            d.kill()  # most likely with a create on the wire
+            time.sleep(0.1)
+            d.start()
+    finally:
+        stop.set()
+        thread.join(DEADLINE)
+    assert not failures, failures
+    c = d.client()
+    listed = [j["name"] for j in c.list_jobs(all=True, limit=100_000)]
+    assert len(set(created)) == len(created)
+    assert sorted(listed) == sorted(created), "a create was lost or recorded twice"
+    for name in created[-3:]:
+        assert c.wait_job(name, timeout=DEADLINE)["phase"] == "Succeeded"
+
+
+def test_cancel_survives_kill9_before_the_job_stopped(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2, config='kill_grace = "1s"\n')
+    c = d.client()
+    c.create_job({"name": "stubborn",
+                  "command": ["sh", "-c", "trap '' TERM; echo trapped; sleep 60"]})
+    wait_until(lambda: b"trapped" in b"".join(c.logs("stubborn")), "the trap to be set")
+    pid = pid_json(d, "stubborn")[1]
+    c.cancel_job("stubborn")  # SIGTERM is ignored; the SIGKILL was to follow in 1 s
+    d.kill()
+    assert not gone(pid["pid"])
+    d.start()
+    job = c.wait_job("stubborn", timeout=DEADLINE)
+    assert (job["phase"], job["reason"], job["signal"]) == ("Cancelled", "Cancelled", 9), job
+    assert gone(pid["pid"])
+    assert sum(e["phase"] in TERMINAL for e in events_of(c, "stubborn")) == 1
+
+
+def test_timeout_survives_kill9(fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    c.create_job({"name": "slow", "command": ["sleep", "30"], "timeout": 2})
+    wait_until(lambda: phase(c, "slow") == "Running", "slow running")
+    d.kill()
+    d.start()
+    assert phase(c, "slow") == "Running"
+    job = c.wait_job("slow", timeout=DEADLINE)
+    assert (job["phase"], job["reason"], job["attempts"]) == ("Failed", "Timeout", 1), job
+
+
+# --- job processes killed from outside, lost attempts, retries ----------------------------
+
+
+def test_job_sigkilled_from_outside_is_failed_signaled(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "victim", "command": ["sh", "-c", "sleep 30"]})
+    wait_until(lambda: phase(c, "victim") == "Running", "victim running")
+    _, pid = pid_json(daemon, "victim")
+    os.killpg(pid["pgid"], signal.SIGKILL)
+    job = c.wait_job("victim", timeout=DEADLINE)
+    assert (job["phase"], job["reason"], job["signal"]) == ("Failed", "Signaled", 9), job
+    assert job["exit_code"] == 128 + 9
+    assert [(a["phase"], a["signal"]) for a in c.attempts("victim")] == [("Exited", 9)]
+    assert sum(e["phase"] in TERMINAL for e in events_of(c, "victim")) == 1
+
+
+def test_lost_attempt_is_retried_and_without_retries_fails_lost(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    c.create_job({"name": "lost-retry", "command": ["sleep", "30"], "retries": 1})
+    c.create_job({"name": "lost-final", "command": ["sleep", "30"], "retries": 0})
+    wait_until(lambda: running(c) == {"lost-retry", "lost-final"}, "both jobs running")
+    pids = [pid_json(d, name)[1] for name in ("lost-retry", "lost-final")]
+
+    d.kill()
+    # The box is lost: the shim goes first so nobody records an exit status, then the job.
+    for pid in pids:
+        os.kill(pid["shim_pid"], signal.SIGKILL)
+        wait_until(lambda p=pid: gone(p["shim_pid"]), "the shim to die")
+        os.killpg(pid["pgid"], signal.SIGKILL)
+        wait_until(lambda p=pid: gone(p["pid"]), "the job to die")
+    assert not recorded_exits(d), "an exit was recorded"
+    d.start()
+
+    final = c.wait_job("lost-final", timeout=DEADLINE)
+    assert (final["phase"], final["reason"]) == ("Failed", "Lost"), final
+    assert final["exit_code"] is None
+    assert [(a["number"], a["phase"]) for a in c.attempts("lost-final")] == [(1, "Lost")]
+
+    retried = wait_until(
+        lambda: (j := c.get_job("lost-retry"))["phase"] == "Running" and j["attempts"] == 2
+        and j, "lost-retry to run its second attempt")
+    assert retried["retries_used"] == 1
+    attempts = c.attempts("lost-retry")
+    assert [(a["number"], a["phase"]) for a in attempts] == [(1, "Lost"), (2, "Running")]
+    assert attempts[0]["reason"] == "Lost"
+    second = pid_json(d, "lost-retry", number=2)[1]
+    assert not gone(second["pid"])
+    c.cancel_job("lost-retry")
+    assert c.wait_job("lost-retry", timeout=DEADLINE)["phase"] == "Cancelled"
+    for name in ("lost-retry", "lost-final"):
+        mine = events_of(c, name)
+        assert sum(e["phase"] in TERMINAL for e in mine) == 1, mine
+
+
+def test_nonzero_exit_is_final_even_with_retries(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "exit3", "command": ["sh", "-c", "exit 3"], "retries": 2})
+    job = c.wait_job("exit3", timeout=DEADLINE)
+    assert (job["phase"], job["reason"], job["exit_code"]) == ("Failed", "Error", 3), job
+    assert (job["attempts"], job["retries_used"]) == (1, 0)
+    assert [(a["phase"], a["exit_code"]) for a in c.attempts("exit3")] == [("Exited", 3)]
+
+
+# --- many clients at once ---------------------------------------------------------------
+
+
+def test_200_jobs_from_20_concurrent_clients_are_each_recorded_once(
+        daemon: testing.Daemon) -> None:
+    created: list[str] = []
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+    start = threading.Barrier(20)
+
+    def submit(worker: int) -> None:
+        client = Client(daemon.socket)
+        try:
+            start.wait()
+            for i in range(10):
+                job = client.create_job({"command": ["true"], "cpu": "100m",
+                                         "labels": {"worker": str(worker), "i": str(i)}})
+                with lock:
+                    created.append(job["name"])
+        except BaseException as exc:
+            with lock:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(w,)) for w in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+    assert len(created) == 200 and len(set(created)) == 200
+
+    c = daemon.client()
+    listed = c.list_jobs(all=True)
+    assert sorted(j["name"] for j in listed) == sorted(created)
+    labels = {(j["labels"]["worker"], j["labels"]["i"]) for j in listed}
+    assert len(labels) == 200, "a create was recorded twice or not at all"
+
+    def all_done() -> list[dict[str, Any]] | None:
+        jobs = c.list_jobs(all=True)
+        return jobs if all(j["phase"] in TERMINAL for j in jobs) else None
+
+    done = wait_until(all_done, "all 200 jobs to end", timeout=90)
+    assert {j["phase"] for j in done} == {"Succeeded"}
+    assert {j["attempts"] for j in done} == {1}
+    history = events(c)
+    for phase_name in ("Starting", "Running", "Succeeded"):
+        names = [e["job"] for e in history if e["phase"] == phase_name]
+        assert sorted(names) == sorted(created), phase_name
+
+
+# --- cancel and timeout -----------------------------------------------------------------
+
+
+def test_cancel_running_job_sends_sigterm(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "to-cancel", "command": ["sleep", "60"]})
+    wait_until(lambda: phase(c, "to-cancel") == "Running", "to-cancel running")
+    _, pid = pid_json(daemon, "to-cancel")
+    c.cancel_job("to-cancel")
+    job = c.wait_job("to-cancel", timeout=DEADLINE)
+    assert (job["phase"], job["reason"], job["signal"]) == ("Cancelled", "Cancelled", 15), job
+    assert [(a["phase"], a["signal"]) for a in c.attempts("to-cancel")] == [("Exited", 15)]
+    assert gone(pid["pid"])
+    assert sum(e["phase"] in TERMINAL for e in events_of(c, "to-cancel")) == 1
+
+
+def test_cancel_job_that_ignores_sigterm_is_killed_after_grace(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2, config='kill_grace = "1s"\n')
+    c = d.client()
+    c.create_job({"name": "stubborn",
+                  "command": ["sh", "-c", "trap '' TERM; echo trapped; sleep 60"]})
+    wait_until(lambda: b"trapped" in b"".join(c.logs("stubborn")), "the trap to be set")
+    _, pid = pid_json(d, "stubborn")
+    asked = time.monotonic()
+    c.cancel_job("stubborn")
+    job = c.wait_job("stubborn", timeout=DEADLINE)
+    waited = time.monotonic() - asked
+    assert (job["phase"], job["reason"], job["signal"]) == ("Cancelled", "Cancelled", 9), job
+    assert waited >= 0.9, "SIGKILL came before the grace period was over"
+    assert gone(pid["pid"])
+
+
+def test_cancel_pending_job_never_starts(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "hog", "command": ["sleep", "60"], "cpu": 2})
+    c.create_job({"name": "queued", "command": ["true"], "cpu": 1})
+    wait_until(lambda: phase(c, "hog") == "Running", "hog running")
+    assert phase(c, "queued") == "Pending"
+    job = c.cancel_job("queued")
+    assert (job["phase"], job["reason"]) == ("Cancelled", "Cancelled"), job
+    c.cancel_job("hog")
+    assert c.wait_job("hog", timeout=DEADLINE)["phase"] == "Cancelled"
+    # The CPUs are free again: a later job runs, the cancelled one still does not.
+    c.create_job({"name": "later", "command": ["true"], "cpu": 2})
+    assert c.wait_job("later", timeout=DEADLINE)["phase"] == "Succeeded"
+    job = c.get_job("queued")
+    assert (job["phase"], job["attempts"], job["started_at"]) == ("Cancelled", 0, None)
+    assert c.attempts("queued") == []
+    assert [e["phase"] for e in events_of(c, "queued")] == ["Pending", "Cancelled"]
+
+
+def test_timeout_fails_the_job(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "slow", "command": ["sleep", "30"], "timeout": 1})
+    job = c.wait_job("slow", timeout=DEADLINE)
+    assert (job["phase"], job["reason"]) == ("Failed", "Timeout"), job
+    assert [a["phase"] for a in c.attempts("slow")] == ["Exited"]
+    assert sum(e["phase"] in TERMINAL for e in events_of(c, "slow")) == 1
+
+
+# --- idempotency ------------------------------------------------------------------------
+
+
+def test_idempotency_key_holds_across_kill9(fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    body = {"command": ["sleep", "30"], "labels": {"what": "idem"}}
+    first = c.create_job(body, idempotency_key="idem-key-1")
+    d.kill()
+    d.start()
+    second = c.create_job(body, idempotency_key="idem-key-1")
+    assert second["name"] == first["name"]
+    assert [j["name"] for j in c.list_jobs(all=True)] == [first["name"]]
+    # A different key is a different job.
+    third = c.create_job(body, idempotency_key="idem-key-2")
+    assert third["name"] != first["name"]
+    assert len(c.list_jobs(all=True)) == 2
+
+
+# --- bugs found while writing these tests ------------------------------------------------
+
+
+def test_lost_attempt_leaves_no_orphan_running_beside_the_retry(
+        daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "orphan", "command": ["sleep", "60"], "retries": 1})
+    wait_until(lambda: phase(c, "orphan") == "Running", "orphan running")
+    first = pid_json(daemon, "orphan")[1]
+    os.kill(first["shim_pid"], signal.SIGKILL)  # e.g. the OOM killer picked the shim
+    wait_until(lambda: (j := c.get_job("orphan"))["attempts"] == 2
+               and j["phase"] == "Running", "the retry to run")
+    assert [a["phase"] for a in c.attempts("orphan")] == ["Lost", "Running"]
+    second = pid_json(daemon, "orphan", number=2)[1]
+    assert not gone(second["pid"])
+    # Attempt 1's process must not run on beside attempt 2.
+    wait_until(lambda: gone(first["pid"]), "attempt 1's process to be killed", timeout=5)
+
+
+def lost_head_with_two_behind(d: testing.Daemon) -> Client:
+    """cpus=2: lost-a (retries=1), busy-b and busy-c, one CPU each; a's shim and process
+    group are killed while the daemon runs, so its attempt is lost and it is requeued."""
+    c = d.client()
+    c.create_job({"name": "lost-a", "command": ["sleep", "60"], "cpu": 1, "retries": 1})
+    c.create_job({"name": "busy-b", "command": ["sleep", "60"], "cpu": 1})
+    c.create_job({"name": "busy-c", "command": ["sleep", "60"], "cpu": 1})
+    wait_until(lambda: running(c) == {"lost-a", "busy-b"}, "lost-a and busy-b running")
+    pid = pid_json(d, "lost-a")[1]
+    os.kill(pid["shim_pid"], signal.SIGKILL)
+    wait_until(lambda: gone(pid["shim_pid"]), "the shim to die")
+    os.killpg(pid["pgid"], signal.SIGKILL)
+    wait_until(lambda: ((a := c.get_job("lost-a"))["attempts"] == 2
+                        and a["phase"] == "Running") or phase(c, "busy-c") == "Running",
+               "the freed CPU to be given to a job")
+    return c
+
+
+def test_requeued_lost_job_keeps_its_place_in_the_queue(daemon: testing.Daemon) -> None:
+    c = lost_head_with_two_behind(daemon)
+    by_phase = {j["name"]: (j["phase"], j["attempts"]) for j in c.list_jobs()}
+    assert by_phase == {"lost-a": ("Running", 2), "busy-b": ("Running", 1),
+                        "busy-c": ("Pending", 0)}
+
+
+def test_restart_never_runs_more_than_the_cpus(fresh: Callable[..., testing.Daemon]) -> None:
+    """After kill -9, adopted jobs take their CPUs back before any queue pass may start a
+    pending job (with a requeued job at the head, a pass used to run mid-reconcile)."""
+    d = fresh(cpus=2)
+    c = d.client()
+    for name in ("run-a", "run-b", "wait-c"):
+        c.create_job({"name": name, "command": ["sleep", "60"], "cpu": 1})
+    wait_until(lambda: running(c) == {"run-a", "run-b"}, "run-a and run-b running")
+    d.kill()
+    d.start()
+
+    def settled() -> dict[str, Any] | None:
+        job = c.get_job("wait-c")
+        held = job["phase"] == "Pending" and (job["hold"] or "").startswith("needs")
+        return job if held or job["phase"] != "Pending" else None
+
+    job = wait_until(settled, "a queue pass after the restart")
+    cpus = sum(j["spec"]["cpu"] for j in c.list_jobs(phases=["Starting", "Running"]))
+    assert cpus <= 2, f"{cpus} CPUs of jobs running on a 2-CPU daemon"
+    assert (job["phase"], job["hold"]) == ("Pending", "needs 1 CPUs, 0 free"), job
+    assert running(c) == {"run-a", "run-b"}
+
+
+def test_client_rides_out_the_startup_of_a_restarted_daemon(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    name = c.create_job({"command": ["true"]})["name"]
+    assert c.wait_job(name, timeout=DEADLINE)["phase"] == "Succeeded"
+    d.kill()  # leaves its socket file: clients retry a refused connection
+    starter = threading.Thread(target=d.start)
+    starter.start()
+    try:
+        # Catch the moment the new daemon has removed the stale socket and not yet bound its
+        # own; a daemon that swaps the socket atomically never shows this gap.
+        while starter.is_alive() and os.path.lexists(d.socket):
+            pass
+        job = Client(d.socket).wait_job(name, timeout=DEADLINE)  # allowed to retry for 30 s
+    finally:
+        starter.join(DEADLINE)
+    assert job["phase"] == "Succeeded"
