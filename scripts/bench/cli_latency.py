@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import summary_ms, table  # noqa: E402
+from common import summary_ms, table
 
-from noduslocal import testing  # noqa: E402
+from noduslocal import testing
 
 
 def main() -> None:

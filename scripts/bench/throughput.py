@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import table  # noqa: E402
+from common import table
 
-import noduslocal as nodus  # noqa: E402
-from noduslocal import testing  # noqa: E402
+import noduslocal as nodus
+from noduslocal import testing
 
 
 def run_noduslocal(n: int) -> tuple[float, float]:
