@@ -19,7 +19,9 @@ fi
 if [ ! -x .venv/bin/noduslocal ]; then
     log "installing noduslocal into $REPO/.venv"
     "$PYTHON" -m venv .venv
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e . \
+        >/tmp/noduslocal-quickstart-pip.log 2>&1 \
+        || { cat /tmp/noduslocal-quickstart-pip.log; exit 1; }
 fi
 export PATH="$REPO/.venv/bin:$PATH"
 
@@ -68,7 +70,8 @@ import noduslocal as nodus
 
 tag = sys.argv[1]
 job = nodus.Job.run(name=f"sdk-{tag}", command=["python3", "-c", "print(sum(range(10**6)))"])
-print("   result:", list(job.iter_logs())[0], "| phase:", job.wait(timeout=60).phase)
+done = job.wait(timeout=60)
+print(f"   {job.name}: {done.phase}, printed {next(job.iter_logs())}")
 try:
     nodus.Job.from_name(f"batch-{tag}-6").wait()
 except nodus.errors.JobFailed as exc:

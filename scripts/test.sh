@@ -40,7 +40,8 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 log "installing noduslocal and its test extra into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >.venv/pip.log 2>&1 \
+    || { cat .venv/pip.log; exit 1; }
 
 log "ruff"
 .venv/bin/ruff check noduslocal tests scripts

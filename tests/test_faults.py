@@ -602,7 +602,7 @@ def test_restart_never_runs_more_than_the_cpus(fresh: Callable[..., testing.Daem
     job = wait_until(settled, "a queue pass after the restart")
     cpus = sum(j["spec"]["cpu"] for j in c.list_jobs(phases=["Starting", "Running"]))
     assert cpus <= 2, f"{cpus} CPUs of jobs running on a 2-CPU daemon"
-    assert (job["phase"], job["hold"]) == ("Pending", "needs 1 CPUs, 0 free"), job
+    assert (job["phase"], job["hold"]) == ("Pending", "needs 1 CPU, 0 free"), job
     assert running(c) == {"run-a", "run-b"}
 
 

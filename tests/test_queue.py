@@ -20,7 +20,7 @@ def test_fifo_within_capacity() -> None:
     for i in range(1, 5):
         q.push(Request(i, 1000, 0))
     assert [r.job_id for r in q.schedule()] == [1, 2]
-    assert q.hold(3) and "needs 1 CPUs, 0 free" in q.hold(3)
+    assert q.hold(3) and "needs 1 CPU, 0 free" in q.hold(3)
     assert q.hold(4) == "queued behind 1 job"
     q.capacity.give(Request(1, 1000, 0))
     assert [r.job_id for r in q.schedule()] == [3]

@@ -118,7 +118,8 @@ class Queue:
         free_cpu = cap.cpu_m - cap.used_cpu_m
         free_mem = cap.memory - cap.used_memory
         if req.cpu_m > free_cpu:
-            return f"needs {fmt_cpu(req.cpu_m)} CPUs, {fmt_cpu(max(free_cpu, 0))} free"
+            unit = "CPU" if req.cpu_m == 1000 else "CPUs"
+            return f"needs {fmt_cpu(req.cpu_m)} {unit}, {fmt_cpu(max(free_cpu, 0))} free"
         return f"needs {fmt_bytes(req.memory)} memory, {fmt_bytes(max(free_mem, 0))} free"
 
 
