@@ -13,6 +13,7 @@ import secrets
 import signal
 import time
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,22 @@ from noduslocal.store import Store, ops
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@lru_cache(maxsize=256)
+def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
+    """Home, shell and groups of a job's owner; each lookup reads /etc/passwd and
+    /etc/group, so they are cached (and cleared with the identity caches)."""
+    try:
+        entry = pwd.getpwuid(uid)
+        home, shell = entry.pw_dir, entry.pw_shell
+    except KeyError:
+        home, shell = "/", "/bin/sh"
+    try:
+        groups = os.getgrouplist(name, gid)
+    except OSError:
+        groups = [gid]
+    return home, shell, groups
 
 
 @dataclass
@@ -117,7 +134,7 @@ class Supervisor:
         return self.jobs_dir / str(job_id)
 
     def attempt_dir(self, job_id: int, number: int) -> Path:
-        return self.job_dir(job_id) / "attempts" / str(number)
+        return self.job_dir(job_id) / f"attempt-{number}"
 
     def workspace(self, job_id: int) -> Path:
         return self.job_dir(job_id) / "workspace"
@@ -348,23 +365,17 @@ class Supervisor:
             return  # a later attempt: the job's directories exist
         except FileNotFoundError:
             pass
-        job_dir = self.job_dir(job.id)
-        job_dir.mkdir(mode=0o711, exist_ok=True)
+        self.job_dir(job.id).mkdir(mode=0o711, exist_ok=True)
         workspace = self.workspace(job.id)
         workspace.mkdir(mode=0o700, exist_ok=True)
         if os.getuid() == 0:
             os.chown(workspace, job.owner_uid, job.owner_gid)
-        attempt.directory.parent.mkdir(mode=0o700, exist_ok=True)
         attempt.directory.mkdir(mode=0o700)
 
     def _launch_request(self, attempt: Attempt) -> dict[str, Any]:
         job = attempt.job
         workspace = self.workspace(job.id)
-        try:
-            entry = pwd.getpwuid(job.owner_uid)
-            home, shell = entry.pw_dir, entry.pw_shell
-        except KeyError:
-            home, shell = "/", "/bin/sh"
+        home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
         env = {
             "PATH": DEFAULT_PATH,
             "HOME": home,
@@ -386,9 +397,5 @@ class Supervisor:
             "uid": None,
         }
         if os.getuid() == 0:
-            try:
-                groups = os.getgrouplist(job.owner, job.owner_gid)
-            except OSError:
-                groups = [job.owner_gid]
             request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)
         return request

@@ -119,7 +119,7 @@ class Daemon:
 
     def kill_jobs(self) -> None:
         """SIGKILL every process group a shim of this daemon started."""
-        for pid_file in self.data_dir.glob("jobs/*/attempts/*/pid.json"):
+        for pid_file in self.data_dir.glob("jobs/*/attempt-*/pid.json"):
             try:
                 pgid = json.loads(pid_file.read_text())["pgid"]
                 os.killpg(pgid, signal.SIGKILL)

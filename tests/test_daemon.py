@@ -78,7 +78,7 @@ def gone(pid: int) -> bool:
 
 def job_pid(d: testing.Daemon, name: str) -> dict[str, Any]:
     def find() -> dict[str, Any] | None:
-        for path in d.data_dir.glob("jobs/*/attempts/*/pid.json"):
+        for path in d.data_dir.glob("jobs/*/attempt-*/pid.json"):
             try:
                 data = json.loads(path.read_text())
                 environ = Path(f"/proc/{data['pid']}/environ").read_bytes()

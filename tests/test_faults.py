@@ -85,7 +85,7 @@ def pid_json(d: testing.Daemon, name: str, number: int = 1) -> tuple[Path, dict[
     the daemon puts in the job's environment."""
 
     def find() -> tuple[Path, dict[str, Any]] | None:
-        for path in d.data_dir.glob(f"jobs/*/attempts/{number}/pid.json"):
+        for path in d.data_dir.glob(f"jobs/*/attempt-{number}/pid.json"):
             try:
                 data = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -109,7 +109,7 @@ def gone(pid: int) -> bool:
 def recorded_exits(d: testing.Daemon) -> list[Path]:
     """The exit.json files that hold an exit status (a shim may create it empty early)."""
     found = []
-    for path in d.data_dir.glob("jobs/*/attempts/*/exit.json"):
+    for path in d.data_dir.glob("jobs/*/attempt-*/exit.json"):
         with contextlib.suppress(FileNotFoundError):
             if path.stat().st_size > 0:
                 found.append(path)
@@ -147,7 +147,7 @@ def test_kill9_with_running_and_pending_jobs_then_restart(
     gate.touch()  # the running jobs end while no daemon watches them
     wait_until(lambda: len(recorded_exits(d)) == 2,
                "the two running jobs to exit while the daemon is down")
-    assert len(list(d.data_dir.glob("jobs/*/attempts/*"))) == 2, "a pending job started " \
+    assert len(list(d.data_dir.glob("jobs/*/attempt-*"))) == 2, "a pending job started " \
         "without a daemon"
 
     restarted_at = time.time()

@@ -429,7 +429,7 @@ def test_workspace_is_private_to_its_owner(box: Box) -> None:
     assert box.as_user(BOB, "ls", str(workspace)).returncode != 0
     assert box.as_user(BOB, "cat", str(secret)).returncode != 0
     # The log on disk is no back door around the API's check.
-    log = workspace.parent / "attempts" / "1" / "output.log"
+    log = workspace.parent / "attempt-1" / "output.log"
     assert log.exists()
     assert box.as_user(BOB, "cat", str(log)).returncode != 0
     assert box.as_user(ALICE, "cat", str(secret)).stdout == "s3cret\n"
