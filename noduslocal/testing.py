@@ -20,12 +20,37 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from noduslocal import errors
 from noduslocal.client.api import Client
 from noduslocal.config import SOCKET_ENV
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], what: str, timeout: float = 30.0) -> T:
+    """Poll `predicate` until it returns something true and return that; fail with
+    `what` in the message after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def process_gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
 
 
 class Daemon:

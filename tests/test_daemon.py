@@ -23,21 +23,14 @@ import pytest
 from noduslocal import errors, testing
 from noduslocal.client.api import Client
 from noduslocal.config import SOCKET_ENV
+from noduslocal.testing import process_gone as gone
+from noduslocal.testing import wait_until
 
 T = TypeVar("T")
 DEADLINE = 30.0
 IS_ROOT = os.getuid() == 0
 
 
-def wait_until(predicate: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -68,12 +61,6 @@ def run_daemon(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[s
                           stdin=subprocess.DEVNULL)
 
 
-def gone(pid: int) -> bool:
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat_line.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def job_pid(d: testing.Daemon, name: str) -> dict[str, Any]:

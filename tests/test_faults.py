@@ -22,6 +22,8 @@ import pytest
 from noduslocal import errors, testing
 from noduslocal.client.api import Client
 from noduslocal.models import parse_iso
+from noduslocal.testing import process_gone as gone
+from noduslocal.testing import wait_until
 
 T = TypeVar("T")
 TERMINAL = {"Succeeded", "Failed", "Cancelled"}
@@ -31,15 +33,6 @@ DEADLINE = 30.0  # generous: how long we wait for something that must happen
 # --- helpers ----------------------------------------------------------------------------
 
 
-def wait_until(predicate: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -97,13 +90,6 @@ def pid_json(d: testing.Daemon, name: str, number: int = 1) -> tuple[Path, dict[
     return wait_until(find, f"pid.json of {name} attempt {number}")
 
 
-def gone(pid: int) -> bool:
-    """True when the process has exited (a zombie nobody reaped counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def recorded_exits(d: testing.Daemon) -> list[Path]:
@@ -314,13 +300,19 @@ def test_creates_in_flight_during_kill9_are_recorded_exactly_once(
         assert c.wait_job(name, timeout=DEADLINE)["phase"] == "Succeeded"
 
 
-def test_cancel_survives_kill9_before_the_job_stopped(
-        fresh: Callable[..., testing.Daemon]) -> None:
+def start_stubborn(fresh: Callable[..., testing.Daemon]) -> tuple[testing.Daemon, Client]:
+    """A daemon with a 1 s kill grace running `stubborn`, a job that ignores SIGTERM."""
     d = fresh(cpus=2, config='kill_grace = "1s"\n')
     c = d.client()
     c.create_job({"name": "stubborn",
                   "command": ["sh", "-c", "trap '' TERM; echo trapped; sleep 60"]})
     wait_until(lambda: b"trapped" in b"".join(c.logs("stubborn")), "the trap to be set")
+    return d, c
+
+
+def test_cancel_survives_kill9_before_the_job_stopped(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    d, c = start_stubborn(fresh)
     pid = pid_json(d, "stubborn")[1]
     c.cancel_job("stubborn")  # SIGTERM is ignored; the SIGKILL was to follow in 1 s
     d.kill()
@@ -477,11 +469,7 @@ def test_cancel_running_job_sends_sigterm(daemon: testing.Daemon) -> None:
 
 def test_cancel_job_that_ignores_sigterm_is_killed_after_grace(
         fresh: Callable[..., testing.Daemon]) -> None:
-    d = fresh(cpus=2, config='kill_grace = "1s"\n')
-    c = d.client()
-    c.create_job({"name": "stubborn",
-                  "command": ["sh", "-c", "trap '' TERM; echo trapped; sleep 60"]})
-    wait_until(lambda: b"trapped" in b"".join(c.logs("stubborn")), "the trap to be set")
+    d, c = start_stubborn(fresh)
     _, pid = pid_json(d, "stubborn")
     asked = time.monotonic()
     c.cancel_job("stubborn")

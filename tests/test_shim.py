@@ -28,6 +28,7 @@ from noduslocal.runtime.process import (
     read_exit,
     read_pid,
 )
+from noduslocal.testing import process_gone as gone
 
 T = TypeVar("T")
 
@@ -77,13 +78,6 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = DEADL
         await asyncio.sleep(0.01)
 
 
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie nobody reaped yet counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
 
 
 def group_ready(directory: Path) -> bool:
