@@ -69,8 +69,13 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+# Reset to their defaults in the job: the spawner ignores SIGINT and Python ignores SIGPIPE,
+# and an ignored signal stays ignored across exec.
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE,
-                   signal.SIGCHLD, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+                   signal.SIGCHLD, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGXFSZ)
+ENV = "/usr/bin/env"
+_children: list[object] = []  # Popen objects, kept so their finalizer never reaps our job
 
 
 class SetupError(Exception):
@@ -79,18 +84,6 @@ class SetupError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _take_owner_ids(req: dict) -> None:
-    """Root mode: take the owner's real ids and groups, keeping root as the effective id for
-    our own files. The job, spawned with resetids, is then the owner and nothing more;
-    access checks below (os.access uses real ids) are the owner's."""
-    uid = req.get("uid")
-    if uid is None or uid == os.getuid():
-        return
-    os.setgroups(req.get("groups") or [req["gid"]])
-    os.setresgid(req["gid"], 0, 0)
-    os.setresuid(uid, 0, 0)
 
 
 def _resolve(argv0: str, env: dict) -> str:
@@ -103,17 +96,34 @@ def _resolve(argv0: str, env: dict) -> str:
     raise SetupError(127, f"cannot execute {argv0!r}: not found in PATH")
 
 
+def _spawn_as_owner(req: dict, out_w: int, err_w: int) -> int:
+    """Root daemon, another owner: the shim stays root (so the job can neither signal nor
+    stop it) and the child drops to the owner's uid, gid and groups in C before exec.
+    `env --chdir` enters the workdir and searches PATH after the drop, with the owner's
+    rights; its messages (exit 125 for the workdir, 126, 127) land in the job's log."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        [ENV, "--chdir", req["cwd"], "--", *req["argv"]], executable=ENV, env=req["env"],
+        user=req["uid"], group=req["gid"], extra_groups=req.get("groups") or [req["gid"]],
+        process_group=0, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+        close_fds=True, restore_signals=True)
+    _children.append(proc)
+    return proc.pid
+
+
 def _spawn_job(req: dict, out_w: int, err_w: int) -> int:
-    """Start the job in a process group of its own, with stdin from /dev/null. posix_spawn
-    (vfork) costs a fraction of forking this Python process and runs none of our code in
-    the child."""
-    _take_owner_ids(req)
+    """Start the job in a process group of its own, with stdin from /dev/null. Without a
+    change of user, posix_spawn (vfork) costs a fraction of forking this Python process
+    and runs none of our code in the child."""
+    uid = req.get("uid")
+    if uid is not None and uid != os.getuid():
+        return _spawn_as_owner(req, out_w, err_w)
     cwd = req["cwd"]
-    if not os.path.isdir(cwd):
-        raise SetupError(126, f"cannot enter workdir {cwd}: No such directory")
-    if not os.access(cwd, os.X_OK):
-        raise SetupError(126, f"cannot enter workdir {cwd}: Permission denied")
-    os.chdir(cwd)
+    try:
+        os.chdir(cwd)  # same user as the job: the kernel checks the job's own rights
+    except OSError as exc:
+        raise SetupError(126, f"cannot enter workdir {cwd}: {exc.strerror}") from None
     argv = req["argv"]
     path = _resolve(argv[0], req["env"])
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -122,7 +132,7 @@ def _spawn_job(req: dict, out_w: int, err_w: int) -> int:
             path, argv, req["env"],
             file_actions=[(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                           (os.POSIX_SPAWN_DUP2, err_w, 2)],
-            setpgroup=0, resetids=True, setsigdef=DEFAULT_SIGNALS, setsigmask=())
+            setpgroup=0, setsigdef=DEFAULT_SIGNALS, setsigmask=())
     except OSError as exc:
         raise SetupError(127 if exc.errno == 2 else 126,
                          f"cannot execute {argv[0]!r}: {exc.strerror}") from None
@@ -200,9 +210,8 @@ def run_shim(req: dict) -> None:
     code = 0
     spawner = os.getppid()
     try:
-        os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_IGN)
+        os.setsid()  # no terminal reaches the shim or its job
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
