@@ -113,7 +113,7 @@ async def refresh_identities() -> None:
     """Forget cached user names and admin membership now and then, so a user removed from
     the admin group loses the rights within a minute, without a restart."""
     from noduslocal.api import identity
-    from noduslocal.supervisor import account
+    from noduslocal.runtime.layout import account
 
     while True:
         await asyncio.sleep(IDENTITY_TTL)

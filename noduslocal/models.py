@@ -371,6 +371,8 @@ class AttemptRecord:
     reason: str | None = None
     message: str | None = None
     stop_reason: str | None = None
+    shim_pid: int | None = None
+    boot_id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {

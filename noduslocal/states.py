@@ -70,6 +70,7 @@ class Reason(StrEnum):
     LOST = "Lost"
     REQUEUED = "Requeued"  # the daemon stopped before the process ran; no retry spent
     START_FAILED = "StartFailed"
+    UNSCHEDULABLE = "Unschedulable"  # asks for more than this host has
     OOM_KILLED = "OOMKilled"
     MAX_COST_EXCEEDED = "MaxCostExceeded"
     PREEMPTED = "Preempted"

@@ -7,51 +7,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import pwd
 import secrets
 import signal
 import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
 from noduslocal.config import Settings
-from noduslocal.models import CreateRequest, JobRecord
-from noduslocal.runtime.process import (
+from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
+from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
     Exited,
     NeverStarted,
-    ProcessRuntime,
-    SpawnError,
+    Vanished,
     inspect,
+    kill_leftovers,
     read_pid,
 )
+from noduslocal.runtime.layout import JobLayout
+from noduslocal.runtime.process import ProcessRuntime, SpawnError
 from noduslocal.scheduler.queue import Capacity, Queue, Request
 from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
 from noduslocal.store import Store, ops
 
 log = logging.getLogger(__name__)
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@lru_cache(maxsize=256)
-def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
-    """Home, shell and groups of a job's owner; each lookup reads /etc/passwd and
-    /etc/group, so they are cached (and cleared with the identity caches)."""
-    try:
-        entry = pwd.getpwuid(uid)
-        home, shell = entry.pw_dir, entry.pw_shell
-    except KeyError:
-        home, shell = "/", "/bin/sh"
-    try:
-        groups = os.getgrouplist(name, gid)
-    except OSError:
-        groups = [gid]
-    return home, shell, groups
 
 
 @dataclass
@@ -62,6 +44,10 @@ class Attempt:
     request: Request
     number: int = 0
     directory: Path | None = None
+    started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
+    running: bool = False  # a shim was started (the attempt row says Running)
+    shim_pid: int | None = None
+    boot_id: str | None = None
     stop_reason: str | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -69,6 +55,8 @@ class Attempt:
 
 def outcome_of(state: AttemptState, attempt: Attempt) -> ops.Outcome:
     job, stop = attempt.job, attempt.stop_reason
+    if isinstance(state, NeverStarted) and attempt.running:
+        state = Vanished()  # a shim was started: whether the job ran, nobody knows
     if isinstance(state, Exited):
         code, sig = state.exit_code, state.signal
         if stop == Reason.CANCELLED:
@@ -104,7 +92,7 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> ops.Outcome:
 
 async def settled_inspect(directory: Path) -> AttemptState:
     """inspect(), waiting out a shim that holds its lock but has not written pid.json yet
-    (it does so within microseconds of starting, before the job runs)."""
+    (it does so right after starting the job)."""
     state = inspect(directory)
     for _ in range(500):
         if not (isinstance(state, Alive) and state.shim_pid == 0):
@@ -119,6 +107,7 @@ class Supervisor:
         self.settings = settings
         self.store = store
         self.runtime = runtime
+        self.layout = JobLayout(settings.data_dir)
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
         self.active: dict[int, Attempt] = {}
         self._pending_jobs: dict[int, JobRecord] = {}
@@ -126,18 +115,9 @@ class Supervisor:
         self._pass_scheduled = False
         self._ready = False  # set once reconcile has given running jobs their CPUs back
         self._stopping = False
-        self.jobs_dir = settings.data_dir / "jobs"
-
-    # --- paths --------------------------------------------------------------------------
-
-    def job_dir(self, job_id: int) -> Path:
-        return self.jobs_dir / str(job_id)
 
     def attempt_dir(self, job_id: int, number: int) -> Path:
-        return self.job_dir(job_id) / f"attempt-{number}"
-
-    def workspace(self, job_id: int) -> Path:
-        return self.job_dir(job_id) / "workspace"
+        return self.layout.attempt_dir(job_id, number)
 
     # --- API-facing ---------------------------------------------------------------------
 
@@ -191,8 +171,7 @@ class Supervisor:
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.jobs_dir, 0o711)
+        self.layout.create_root()
         jobs = await self.store.active_jobs()
         # Everything that may still run takes its CPUs back before any pass can start a
         # pending job; the pass is held until the last attempt is reconciled.
@@ -217,8 +196,15 @@ class Supervisor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _enqueue(self, job: JobRecord) -> None:
+        request = Request(job.id, job.spec.cpu_m, job.spec.memory or 0)
+        if (why := self.queue.capacity.refusal(request)) is not None:
+            # Admitted by a daemon with more CPUs or memory than this one: it would wait
+            # at the head of the queue forever, and everything behind it too.
+            self.store.write(lambda c: ops.fail_job(
+                c, job.id, time.time(), Reason.UNSCHEDULABLE, f"{why} (after a restart)"))
+            return
         self._pending_jobs[job.id] = job
-        self.queue.push(Request(job.id, job.spec.cpu_m, job.spec.memory or 0))
+        self.queue.push(request)
         self._kick()
 
     def _kick(self) -> None:
@@ -235,50 +221,74 @@ class Supervisor:
             attempt = Attempt(job, request)
             self.active[job.id] = attempt
             # Queued now, so it joins the commit of whatever freed the capacity.
-            started = self.store.write(
+            attempt.started = self.store.write(
                 lambda c, job_id=job.id: ops.start_attempt(c, job_id, time.time()))
-            attempt.task = asyncio.create_task(self._run_attempt(attempt, started))
+            attempt.task = asyncio.create_task(self._run_attempt(attempt))
 
     def _release(self, attempt: Attempt) -> None:
         for timer in attempt.timers:
             timer.cancel()
-        if self.active.pop(attempt.job.id, None) is not None:
+        if self.active.get(attempt.job.id) is attempt:
+            del self.active[attempt.job.id]
             self.queue.capacity.give(attempt.request)
-        self._pass()
+            self._pass()
 
-    async def _run_attempt(self, attempt: Attempt, started: asyncio.Future[int]) -> None:
+    async def _run_attempt(self, attempt: Attempt) -> None:
         job = attempt.job
+        assert attempt.started is not None
         try:
-            attempt.number = await started
-            attempt.directory = self.attempt_dir(job.id, attempt.number)
+            attempt.number = await attempt.started
             if attempt.stop_reason is not None:
                 await self._finish(attempt, NeverStarted())
                 return
-            self._prepare_dirs(attempt)
+            attempt.directory = self.layout.prepare(job, attempt.number)
             try:
-                shim_pid = await self.runtime.launch(self._launch_request(attempt))
+                attempt.shim_pid = await self.runtime.launch(
+                    self.layout.launch_request(job, attempt.number))
             except SpawnError:
                 log.exception("spawning job %s failed", job.name)
                 state = await settled_inspect(attempt.directory)
                 if not isinstance(state, Alive):
                     await self._finish(attempt, state)
                     return
-                shim_pid = state.shim_pid
+                attempt.shim_pid = state.shim_pid
+            attempt.running = True
+            attempt.boot_id = self.runtime.boot_id
             now = time.time()
             # Not awaited here: the writer keeps order, so this commits before the end does.
-            running = self.store.write(
-                lambda c: ops.attempt_running(c, job.id, attempt.number, now))
-            await self._watch(attempt, shim_pid, now, running)
+            running = self.store.write(lambda c: ops.attempt_running(
+                c, job.id, attempt.number, now, attempt.shim_pid, attempt.boot_id))
+            await self._watch(attempt, now, running)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("supervising job %s failed", job.name)
+            await self._give_up(attempt, f"the daemon could not run it: {exc}")
+
+    async def _give_up(self, attempt: Attempt, message: str) -> None:
+        """End a job whose attempt broke in the daemon itself, so it is never left
+        Starting or Running with nobody watching it."""
+        job = attempt.job
+        try:
+            if attempt.running and attempt.directory is not None:
+                await self.runtime.signal_group(attempt.directory, signal.SIGKILL)
+            if attempt.number:
+                phase = AttemptPhase.LOST if attempt.running else AttemptPhase.NOT_STARTED
+                outcome = ops.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
+                await self.store.write(lambda c: ops.finish_attempt(
+                    c, job.id, attempt.number, outcome, time.time()))
+            else:
+                await self.store.write(lambda c: ops.fail_job(
+                    c, job.id, time.time(), Reason.START_FAILED, message))
+        except Exception:
+            log.exception("recording the failure of job %s failed", job.name)
+        finally:
             self._release(attempt)
 
-    async def _watch(self, attempt: Attempt, shim_pid: int, started_at: float,
+    async def _watch(self, attempt: Attempt, started_at: float,
                      running: asyncio.Future[Any] | None = None) -> None:
-        assert attempt.directory is not None
-        exited = self.runtime.watch(attempt.directory, shim_pid)
+        assert attempt.directory is not None and attempt.shim_pid is not None
+        exited = self.runtime.watch(attempt.directory, attempt.shim_pid)
         timeout = attempt.job.spec.timeout
         if attempt.stop_reason is not None:
             await self._send_stop(attempt)
@@ -293,12 +303,15 @@ class Supervisor:
                       running: asyncio.Future[Any] | None = None) -> None:
         job = attempt.job
         outcome = outcome_of(state, attempt)
+        if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
+            kill_leftovers(attempt.directory, attempt.shim_pid, attempt.boot_id)
         ended = self.store.write(lambda c: ops.finish_attempt(
             c, job.id, attempt.number, outcome, time.time()))
         if outcome.job_phase == Phase.PENDING:
             # Back in the queue at its old place before its CPUs are handed on; any start
             # this allows is committed after the end above (the writer keeps order).
             self._enqueue(replace(job, phase=Phase.PENDING.value, reason=outcome.reason,
+                                  attempts=attempt.number,
                                   retries_used=job.retries_used + outcome.spend_retry))
         # The process is gone, so its CPUs go to the next job now: that job's start and this
         # end share one commit instead of waiting for each other.
@@ -315,87 +328,54 @@ class Supervisor:
         if attempt.stop_reason is not None:
             return
         attempt.stop_reason = reason
-        if attempt.number:  # persisted so a restarted daemon reads the exit the same way
-            await self.store.write(lambda c: ops.request_stop(
-                c, attempt.job.id, attempt.number, reason))
-        if attempt.directory is not None and attempt.directory.exists():
+        if not attempt.number and attempt.started is not None:
+            # Acknowledged only once it is durable: wait for the start commit so the stop
+            # can be recorded on the attempt (_run_attempt then ends it unstarted).
+            attempt.number = await attempt.started
+        # Persisted so a restarted daemon reads the exit the same way.
+        await self.store.write(lambda c: ops.request_stop(
+            c, attempt.job.id, attempt.number, reason))
+        if self.active.get(attempt.job.id) is attempt and attempt.running:
             await self._send_stop(attempt)
 
     async def _send_stop(self, attempt: Attempt) -> None:
         assert attempt.directory is not None
         directory = attempt.directory
-        if await self.runtime.signal_group(directory, signal.SIGTERM):
+        delivered = await self.runtime.signal_group(directory, signal.SIGTERM)
+        if delivered and self.active.get(attempt.job.id) is attempt:
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 self.settings.kill_grace, lambda: asyncio.ensure_future(
                     self.runtime.signal_group(directory, signal.SIGKILL))))
 
     async def _reconcile(self, job: JobRecord) -> None:
-        attempts = await self.store.attempts(job.id)
-        last = attempts[-1]
+        last: AttemptRecord = (await self.store.attempts(job.id))[-1]
         attempt = Attempt(job, Request(job.id, job.spec.cpu_m, job.spec.memory or 0),
                           number=last.number, directory=self.attempt_dir(job.id, last.number),
+                          running=last.phase == AttemptPhase.RUNNING,
+                          shim_pid=last.shim_pid, boot_id=last.boot_id,
                           stop_reason=last.stop_reason)
         self.active[job.id] = attempt
         self.queue.capacity.take(attempt.request)
+        assert attempt.directory is not None
         state = await settled_inspect(attempt.directory)
         if isinstance(state, Alive):
             log.info("adopting job %s attempt %d (shim %d)", job.name, last.number,
                      state.shim_pid)
-            attempt.task = asyncio.create_task(self._adopt(attempt, state.shim_pid, last))
+            attempt.shim_pid = state.shim_pid
+            attempt.task = asyncio.create_task(self._adopt(attempt, last))
         else:
             attempt.task = asyncio.create_task(self._finish(attempt, state))
 
-    async def _adopt(self, attempt: Attempt, shim_pid: int, last: Any) -> None:
+    async def _adopt(self, attempt: Attempt, last: AttemptRecord) -> None:
         job = attempt.job
         started = last.started_at
-        if started is None:
-            pid = read_pid(attempt.directory) if attempt.directory else None
+        if not attempt.running:  # the daemon died between the launch and its commit
+            assert attempt.directory is not None
+            pid = read_pid(attempt.directory)
             started = pid["started_at"] if pid else time.time()
+            attempt.running = True
+            attempt.boot_id = self.runtime.boot_id
             await self.store.write(lambda c: ops.attempt_running(
-                c, job.id, attempt.number, started))
-        await self._watch(attempt, shim_pid, started)
-
-    # --- launching ----------------------------------------------------------------------
-
-    def _prepare_dirs(self, attempt: Attempt) -> None:
-        assert attempt.directory is not None
-        job = attempt.job
-        try:
-            attempt.directory.mkdir(mode=0o700)
-            return  # a later attempt: the job's directories exist
-        except FileNotFoundError:
-            pass
-        self.job_dir(job.id).mkdir(mode=0o711, exist_ok=True)
-        workspace = self.workspace(job.id)
-        workspace.mkdir(mode=0o700, exist_ok=True)
-        if os.getuid() == 0:
-            os.chown(workspace, job.owner_uid, job.owner_gid)
-        attempt.directory.mkdir(mode=0o700)
-
-    def _launch_request(self, attempt: Attempt) -> dict[str, Any]:
-        job = attempt.job
-        workspace = self.workspace(job.id)
-        home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
-        env = {
-            "PATH": DEFAULT_PATH,
-            "HOME": home,
-            "USER": job.owner,
-            "LOGNAME": job.owner,
-            "SHELL": shell,
-            "LANG": "C.UTF-8",
-            "NODUS_JOB": job.name,
-            "NODUS_PROJECT": job.project,
-            "NODUS_ATTEMPT": str(attempt.number),
-            "NODUS_WORKSPACE": str(workspace),
-            **job.spec.env,
-        }
-        request: dict[str, Any] = {
-            "dir": str(attempt.directory),
-            "argv": job.spec.argv,
-            "env": env,
-            "cwd": job.spec.workdir or str(workspace),
-            "uid": None,
-        }
-        if os.getuid() == 0:
-            request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)
-        return request
+                c, job.id, attempt.number, started, attempt.shim_pid, attempt.boot_id))
+        assert started is not None
+        await self._watch(attempt, started)

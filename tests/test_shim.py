@@ -16,18 +16,17 @@ from typing import Any, TypeVar
 import pytest
 
 from noduslocal.runtime import shim
-from noduslocal.runtime.process import (
+from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
     Exited,
     NeverStarted,
-    ProcessRuntime,
-    SpawnError,
     Vanished,
     inspect,
     read_exit,
     read_pid,
 )
+from noduslocal.runtime.process import ProcessRuntime, SpawnError
 from noduslocal.testing import process_gone as gone
 
 T = TypeVar("T")

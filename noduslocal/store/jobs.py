@@ -1,8 +1,8 @@
 """Write operations on jobs and attempts. Each runs inside the writer's open transaction on
-the raw sqlite3 connection, checks the transition table first, and appends its event rows.
+the raw sqlite3 connection, checks the transition table, and appends its event rows.
 
-An operation either completes or raises before its first write, so a batch that holds a
-failing operation can be replayed without it.
+An operation that raises is rolled back with its batch, and the batch is replayed without
+it (writer.py), so it never leaves half its writes behind.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ JOB_COLUMNS = (
 )
 ATTEMPT_COLUMNS = (
     "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
-    "message, stop_reason"
+    "message, stop_reason, shim_pid, boot_id"
 )
 
 
@@ -147,9 +147,11 @@ def start_attempt(conn: sqlite3.Connection, job_id: int, now: float) -> tuple[in
     return number, [event]
 
 
-def attempt_running(conn: sqlite3.Connection, job_id: int, number: int,
-                    now: float) -> tuple[None, list[Event]]:
-    _attempt_to(conn, job_id, number, AttemptPhase.RUNNING, started_at=now)
+def attempt_running(conn: sqlite3.Connection, job_id: int, number: int, now: float,
+                    shim_pid: int | None = None,
+                    boot_id: str | None = None) -> tuple[None, list[Event]]:
+    _attempt_to(conn, job_id, number, AttemptPhase.RUNNING, started_at=now,
+                shim_pid=shim_pid, boot_id=boot_id)
     started = conn.execute("SELECT started_at FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
     return None, [_transition(conn, job_id, Phase.RUNNING, now, Reason.STARTED.value,
                               attempt=number, started_at=started or now)]
@@ -200,3 +202,10 @@ def cancel_pending(conn: sqlite3.Connection, job_id: int, now: float,
     return None, [_transition(conn, job_id, Phase.CANCELLED, now, Reason.CANCELLED.value,
                               message, ended_at=now)]
 
+
+
+def fail_job(conn: sqlite3.Connection, job_id: int, now: float, reason: str,
+             message: str) -> tuple[None, list[Event]]:
+    """End a job that never got an attempt running (Pending or Starting) as Failed."""
+    return None, [_transition(conn, job_id, Phase.FAILED, now, reason, message,
+                              ended_at=now)]

@@ -1,0 +1,96 @@
+"""Where a job lives on disk (its directory, kept workspace and one directory per attempt)
+and what a host-process attempt is started with: environment, workdir and identity.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from noduslocal.models import JobRecord
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@lru_cache(maxsize=256)
+def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
+    """Home, shell and groups of a job's owner; each lookup reads /etc/passwd and
+    /etc/group, so they are cached (the daemon clears this with the identity caches).
+    An owner without a passwd entry gets no groups but its own gid."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return "/", "/bin/sh", [gid]
+    try:
+        groups = os.getgrouplist(entry.pw_name, gid)
+    except OSError:
+        groups = [gid]
+    del name  # part of the cache key: a renamed user is looked up afresh
+    return entry.pw_dir, entry.pw_shell, groups
+
+
+class JobLayout:
+    def __init__(self, data_dir: Path) -> None:
+        self.jobs_dir = data_dir / "jobs"
+
+    def create_root(self) -> None:
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.jobs_dir, 0o711)
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(job_id)
+
+    def attempt_dir(self, job_id: int, number: int) -> Path:
+        return self.job_dir(job_id) / f"attempt-{number}"
+
+    def workspace(self, job_id: int) -> Path:
+        return self.job_dir(job_id) / "workspace"
+
+    def prepare(self, job: JobRecord, number: int) -> Path:
+        """Make the attempt's directory, and the job's directory and workspace (owned by the
+        job's owner) where an earlier attempt has not; returns the attempt directory."""
+        directory = self.attempt_dir(job.id, number)
+        # The first attempt refuses a job directory that exists: one left by another
+        # database must not be reused, nor its workspace handed to a new owner. A later
+        # attempt may find none (the daemon died before the first one made it).
+        self.job_dir(job.id).mkdir(mode=0o711, exist_ok=number > 1)
+        workspace = self.workspace(job.id)
+        try:
+            workspace.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # kept from an earlier attempt
+        else:
+            if os.getuid() == 0:
+                os.chown(workspace, job.owner_uid, job.owner_gid)
+        directory.mkdir(mode=0o700)
+        return directory
+
+    def launch_request(self, job: JobRecord, number: int) -> dict[str, Any]:
+        workspace = self.workspace(job.id)
+        home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": home,
+            "USER": job.owner,
+            "LOGNAME": job.owner,
+            "SHELL": shell,
+            "LANG": "C.UTF-8",
+            "NODUS_JOB": job.name,
+            "NODUS_PROJECT": job.project,
+            "NODUS_ATTEMPT": str(number),
+            "NODUS_WORKSPACE": str(workspace),
+            **job.spec.env,
+        }
+        request: dict[str, Any] = {
+            "dir": str(self.attempt_dir(job.id, number)),
+            "argv": job.spec.argv,
+            "env": env,
+            "cwd": job.spec.workdir or str(workspace),
+            "uid": None,
+        }
+        if os.getuid() == 0:
+            request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)
+        return request
