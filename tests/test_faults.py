@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -612,3 +613,72 @@ def test_client_rides_out_the_startup_of_a_restarted_daemon(
     finally:
         starter.join(DEADLINE)
     assert job["phase"] == "Succeeded"
+
+
+# --- the daemon's own failures: nothing is ever left Starting or Running unwatched --------
+
+
+def test_job_that_kills_its_own_shim_is_lost_and_its_processes_killed(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    """A root job may signal its root shim. It then ends Lost (retried within retries), its
+    leftovers are killed, and its CPU is free again: never a job stuck Running."""
+    c = daemon.client()
+    marker = tmp_path / "sleeper.pid"
+    c.create_job({"name": "parricide", "retries": 1, "command": [
+        "sh", "-c", f'sleep 300 & echo $! >> {marker}; kill -9 $PPID; wait'], "cpu": 1})
+    job = c.wait_job("parricide", timeout=DEADLINE)
+    assert (job["phase"], job["reason"], job["attempts"]) == ("Failed", "Lost", 2), job
+    assert [a["phase"] for a in c.attempts("parricide")] == ["Lost", "Lost"]
+    sleepers = [int(x) for x in marker.read_text().split()]
+    assert len(sleepers) == 2
+    for pid in sleepers:
+        wait_until(lambda p=pid: gone(p), f"leftover sleep {pid} to be killed")
+    wait_until(lambda: c.info()["capacity"]["cpus_used"] == 0, "its CPU to be freed")
+
+
+def test_stale_job_directory_fails_the_job_instead_of_reusing_it(
+        daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "blocker", "command": ["sleep", "60"], "cpu": 2})
+    wait_until(lambda: phase(c, "blocker") == "Running", "blocker to run")
+    # Job ids count from 1; the next job is 2. A directory left there by another database
+    # holds someone's workspace: it must not be handed to the new job.
+    stale = daemon.data_dir / "jobs" / "2" / "workspace"
+    stale.mkdir(parents=True)
+    (stale / "old.txt").write_text("not yours\n")
+    c.create_job({"name": "victim", "command": ["cat", "old.txt"], "cpu": 1})
+    c.cancel_job("blocker")
+    job = c.wait_job("victim", timeout=DEADLINE)
+    assert (job["phase"], job["reason"]) == ("Failed", "StartFailed"), job
+    assert "exists" in job["message"]
+    wait_until(lambda: c.info()["capacity"]["cpus_used"] == 0, "its CPU to be freed")
+
+
+def test_spawner_killed_under_a_stream_of_jobs_strands_none(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    names = [c.create_job({"command": ["true"], "cpu": "100m"})["name"] for _ in range(20)]
+    spawner = int(subprocess.run(["pgrep", "-f", "-P", str(daemon.proc.pid), "shim.py"],
+                                 capture_output=True, text=True).stdout.split()[0])
+    os.kill(spawner, signal.SIGKILL)
+    names += [c.create_job({"command": ["true"], "cpu": "100m"})["name"] for _ in range(40)]
+    phases = {c.wait_job(n, timeout=DEADLINE)["phase"] for n in names}
+    assert phases <= {"Succeeded", "Failed"}, phases  # every job ended; none is stuck
+    assert c.list_jobs() == []
+
+
+def test_empty_pid_json_does_not_stop_the_daemon_from_starting(
+        fresh: Callable[..., testing.Daemon]) -> None:
+    """A power loss can leave a renamed pid.json without its data."""
+    d = fresh(cpus=2)
+    c = d.client()
+    c.create_job({"name": "torn", "command": ["sleep", "60"], "retries": 1})
+    wait_until(lambda: phase(c, "torn") == "Running", "torn to run")
+    directory, pid = pid_json(d, "torn")
+    d.kill()
+    os.kill(pid["shim_pid"], signal.SIGKILL)
+    os.killpg(pid["pgid"], signal.SIGKILL)
+    (directory / "pid.json").write_bytes(b"")
+    d.start()
+    job = wait_until(lambda: (j := c.get_job("torn"))["attempts"] == 2 and j, "a retry")
+    assert c.attempts("torn")[0]["phase"] == "Lost"
+    assert job["phase"] in ("Starting", "Running")

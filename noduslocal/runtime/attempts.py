@@ -111,18 +111,25 @@ def kill_leftovers(directory: Path, shim_pid: int | None, boot: str | None) -> N
 
 def kill_session(sid: int) -> None:
     """SIGKILL every process of session `sid`, whose leader (a shim) is dead. While any
-    process of the session lives, the kernel does not hand its id to a new process; so if
-    a process with that pid exists, our session is empty and it is someone else's."""
-    if os.path.exists(f"/proc/{sid}"):
+    process of the session lives, the kernel does not hand its id to a new process; so a
+    live process with that pid means our session is empty and the id is someone else's.
+    (Our shim may still be there as a zombie its parent has not reaped.)"""
+    leader = _stat_fields(sid)
+    if leader is not None and leader[0] != b"Z":
         return
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as file:
-                stat = file.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(b")") + 2:].split()[3]) == sid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)
+        if entry.name.isdigit() and entry.name != str(sid):
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and int(fields[3]) == sid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:].split()
