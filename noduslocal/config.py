@@ -99,7 +99,9 @@ def load_settings(
 ) -> Settings:
     """Defaults, then the TOML file, then explicit arguments (the command line)."""
     values: dict[str, Any] = {}
-    path = config if config is not None else (SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None)
+    path = config
+    if path is None and os.getuid() == 0 and SYSTEM_CONFIG.exists():
+        path = SYSTEM_CONFIG
     if path is not None:
         try:
             raw = tomllib.loads(Path(path).read_text())
@@ -121,9 +123,10 @@ def load_settings(
         values["socket"] = socket
     if data_dir is not None:
         values["data_dir"] = data_dir
+    # Absolute, so nothing the daemon or its shims open depends on a working directory.
     settings = Settings(
-        socket=Path(values.pop("socket", default_socket_path())),
-        data_dir=Path(values.pop("data_dir", default_data_dir())),
+        socket=Path(os.path.abspath(values.pop("socket", default_socket_path()))),
+        data_dir=Path(os.path.abspath(values.pop("data_dir", default_data_dir()))),
     )
     known = {f.name for f in fields(Settings)}
     settings = replace(settings, **{k: v for k, v in values.items() if k in known})

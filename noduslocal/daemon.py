@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -43,10 +44,33 @@ def sd_notify(message: str) -> None:
         sock.sendall(message.encode())
 
 
+def check_private(path: Path, what: str) -> None:
+    """Root mode: every existing directory on the way to `path` must be root's and writable
+    by nobody else (unless sticky, like /tmp), or another user could swap in a link and
+    have the daemon's shims write, as root, wherever it points."""
+    for part in [path, *path.parents]:
+        try:
+            info = part.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            info = part.stat()
+        if info.st_uid != 0 or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+            raise StartupError(f"{what} {path} is not safe for a root daemon: {part} is owned "
+                               f"by uid {info.st_uid} or writable by others")
+
+
 def claim_socket(path: Path, user_mode: bool) -> None:
-    """Refuse to start when a live daemon answers; remove a stale socket file."""
+    """Refuse to start when a live daemon answers; a stale socket is replaced later."""
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700 if user_mode else 0o755)
+    if user_mode:
+        info = path.parent.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise StartupError(f"{path.parent} must be yours with mode 0700 to hold your "
+                               "socket; another user may have made it")
+    else:
+        check_private(path.parent, "the socket directory")
     if not path.exists() and not path.is_symlink():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -64,6 +88,8 @@ def claim_socket(path: Path, user_mode: bool) -> None:
 
 def lock_data_dir(data_dir: Path, user_mode: bool) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
+    if not user_mode:
+        check_private(data_dir, "the data directory")
     os.chmod(data_dir, 0o700 if user_mode else 0o711)
     fd = os.open(data_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -176,6 +202,10 @@ def run(settings: Settings) -> int:
         asyncio.run(serve(settings))
     except StartupError as exc:
         log.error("%s", exc)
+        return 1
+    except Exception as exc:  # one line for people; the traceback for --log-level DEBUG
+        log.debug("start-up failed", exc_info=True)
+        log.error("noduslocald stopped: %s: %s", type(exc).__name__, exc)
         return 1
     return 0
 

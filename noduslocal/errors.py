@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 class NodusError(Exception):
     code: ClassVar[str] = "Internal"
     http_status: ClassVar[int] = 500
-    exit_code: ClassVar[int] = 1
+    cli_exit: ClassVar[int] = 1  # the CLI's exit status for this error
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -29,7 +29,7 @@ class NodusError(Exception):
 class InvalidArgument(NodusError):
     code = "InvalidArgument"
     http_status = 400
-    exit_code = 2
+    cli_exit = 2
 
 
 class Unsupported(InvalidArgument):
@@ -51,7 +51,7 @@ class PayloadTooLarge(InvalidArgument):
 class AlreadyExists(NodusError):
     code = "AlreadyExists"
     http_status = 409
-    exit_code = 2
+    cli_exit = 2
 
 
 class Conflict(NodusError):

@@ -10,24 +10,35 @@ from contextlib import contextmanager
 
 from noduslocal.models import Event
 
+STREAM_BACKLOG = 10_000  # events a slow reader may fall behind before it is cut off
+
 
 class EventHub:
     def __init__(self) -> None:
-        self._streams: set[asyncio.Queue[Event]] = set()
+        self._streams: set[asyncio.Queue[Event | None]] = set()
         self._watchers: dict[int, list[asyncio.Future[Event]]] = {}
 
     def publish(self, events: list[Event]) -> None:
         for event in events:
-            for queue in self._streams:
-                queue.put_nowait(event)
+            for queue in list(self._streams):
+                try:
+                    queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    # Cut off rather than grow without bound: the reader gets None, ends its
+                    # stream, and may reconnect with since=<the last seq it saw>.
+                    self._streams.discard(queue)
+                    while not queue.empty():
+                        queue.get_nowait()
+                    queue.put_nowait(None)
             for future in self._watchers.pop(event.job_id, ()):
                 if not future.done():
                     future.set_result(event)
 
     @contextmanager
-    def stream(self) -> Iterator[asyncio.Queue[Event]]:
-        """Every event committed from now on, until the block ends."""
-        queue: asyncio.Queue[Event] = asyncio.Queue()
+    def stream(self) -> Iterator[asyncio.Queue[Event | None]]:
+        """Every event committed from now on, until the block ends; None when the reader
+        fell too far behind and was cut off."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue(STREAM_BACKLOG)
         self._streams.add(queue)
         try:
             yield queue

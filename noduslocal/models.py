@@ -19,6 +19,7 @@ NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 MAX_RETRIES = 100
+MAX_DURATION = 10 * 365 * 86400.0
 
 # The keyword arguments of the reference `Job.create`, plus `retries` (the CLI's
 # `--retries`, which the reference has on `super job run` only).
@@ -62,7 +63,10 @@ def parse_duration(value: Any, field_name: str) -> float:
         raise InvalidArgument(f"{field_name}: expected a duration like 90, 90s, 15m, 2h",
                               field=field_name)
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
     elif isinstance(value, str) and value.strip():
         text = value.strip().replace(" ", "")
         pos, seconds = 0, 0.0
@@ -79,8 +83,9 @@ def parse_duration(value: Any, field_name: str) -> float:
     else:
         raise InvalidArgument(f"{field_name}: expected a duration like 90, 90s, 15m, 2h",
                               field=field_name)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidArgument(f"{field_name}: must be a positive duration", field=field_name)
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_DURATION:
+        raise InvalidArgument(f"{field_name}: must be a positive duration of at most 10 years",
+                              field=field_name)
     return seconds
 
 
@@ -331,8 +336,13 @@ class JobRecord:
     attempts: int = 0
     retries_used: int = 0
 
-    def to_wire(self, hold: str | None = None) -> dict[str, Any]:
+    def to_wire(self, hold: str | None = None, *, redact: bool = False) -> dict[str, Any]:
+        """The job document; with `redact` (a caller who may not control the job) the
+        values of its environment are hidden, as a token often travels there."""
         end = self.ended_at or (time.time() if self.started_at else None)
+        spec = self.spec.to_wire()
+        if redact:
+            spec["env"] = dict.fromkeys(spec["env"], "***")
         return {
             "kind": "Job",
             "name": self.name,
@@ -354,7 +364,7 @@ class JobRecord:
             "retries": self.spec.retries,
             "retries_used": self.retries_used,
             "labels": self.labels,
-            "spec": self.spec.to_wire(),
+            "spec": spec,
         }
 
 

@@ -20,7 +20,6 @@ class Phase(StrEnum):
 
 
 TERMINAL: frozenset[Phase] = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
-ACTIVE: frozenset[Phase] = frozenset({Phase.STARTING, Phase.RUNNING})
 
 # Starting -> Pending: the daemon stopped before the process ran (no retry is spent), or a
 # lost attempt with retries left. Running -> Pending: lost box or preemption.
@@ -90,6 +89,3 @@ def check_attempt_transition(current: str, target: str) -> None:
     if AttemptPhase(target) not in ATTEMPT_TRANSITIONS[AttemptPhase(current)]:
         raise IllegalTransition(f"attempt phase {current} -> {target} is not a legal transition")
 
-
-def is_terminal(phase: str) -> bool:
-    return phase in TERMINAL

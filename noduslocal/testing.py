@@ -27,6 +27,7 @@ from typing import TypeVar
 from noduslocal import errors
 from noduslocal.client.api import Client
 from noduslocal.config import SOCKET_ENV
+from noduslocal.runtime.shim import start_ticks
 
 T = TypeVar("T")
 
@@ -146,8 +147,10 @@ class Daemon:
         """SIGKILL every process group a shim of this daemon started."""
         for pid_file in self.data_dir.glob("jobs/*/attempt-*/pid.json"):
             try:
-                pgid = json.loads(pid_file.read_text())["pgid"]
-                os.killpg(pgid, signal.SIGKILL)
+                pid = json.loads(pid_file.read_text())
+                # Only a group whose leader is still that job: never a reused id.
+                if start_ticks(pid["pgid"]) == pid["start_ticks"]:
+                    os.killpg(pid["pgid"], signal.SIGKILL)
             except (OSError, ValueError, KeyError):
                 pass
 

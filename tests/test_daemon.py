@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -251,3 +253,36 @@ def test_cli_without_daemon_prints_one_line(tmp_path: Path, kind: str) -> None:
     assert len(lines) == 1, result.stderr
     assert str(path) in lines[0]
     assert "noduslocal daemon" in lines[0]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the path check guards a root daemon")
+def test_root_daemon_refuses_a_data_dir_others_can_swap(tmp_path: Path) -> None:
+    """A root daemon's shims write into the data dir as root: a directory on the way that
+    another user may write to (without the sticky bit) would let them redirect that."""
+    open_dir = Path(tempfile.mkdtemp(prefix="nl-open-", dir="/tmp"))
+    try:
+        os.chmod(open_dir, 0o777)
+        d = testing.Daemon()
+        argv = [*d.command()]
+        argv[argv.index("--data-dir") + 1] = str(open_dir / "data")
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1
+        assert "not safe for a root daemon" in done.stderr
+        assert len([x for x in done.stderr.splitlines() if "ERROR" in x]) == 1
+        d.close()
+    finally:
+        shutil.rmtree(open_dir, ignore_errors=True)
+
+
+def test_relative_paths_are_made_absolute(tmp_path: Path) -> None:
+    d = testing.Daemon()
+    try:
+        argv = [*d.command()]
+        argv[argv.index("--data-dir") + 1] = "data-rel"
+        with open(d.log_path, "ab") as log:
+            d.proc = subprocess.Popen(argv, cwd=d.root, stdout=log, stderr=log)
+        wait_until(lambda: d.socket.exists(), "the daemon to listen")
+        info = d.client().info()
+        assert info["data_dir"] == str(d.root / "data-rel")
+    finally:
+        d.close()

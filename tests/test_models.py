@@ -151,3 +151,9 @@ def test_create_fields_cover_the_reference_signature() -> None:
     sdk = set(inspect.signature(Job.create).parameters)
     assert sdk <= JOB_CREATE_FIELDS
     assert JOB_CREATE_FIELDS - sdk == {"retries"}
+
+
+@pytest.mark.parametrize("huge", [10**400, "100000000h", 1e308])
+def test_huge_durations_are_refused_not_a_500(huge: object) -> None:
+    with pytest.raises(errors.InvalidArgument, match="at most 10 years"):
+        parse_duration(huge, "timeout")

@@ -37,6 +37,7 @@ from noduslocal import testing
 from noduslocal.client.api import Client
 from noduslocal.config import SOCKET_ENV
 from noduslocal.states import TERMINAL, Phase
+from noduslocal.testing import wait_until
 
 pytestmark = pytest.mark.root
 
@@ -479,22 +480,67 @@ def test_job_cannot_claim_another_identity(box: Box) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(bob.uid), "bar"]
 
-    # A job submitted into root's project is still bob's, and gives bob nothing of root's.
-    submit_sleep(root, "root-owned")
+    # A project named after a user is that user's: bob may not take names in root's.
+    squat = box.cli(BOB, "job", "run", "--project", "root", "--name", "bob-in-root",
+                    "--cpu", SMALL, "--detach", "--", "/usr/bin/id", "-u")
+    assert squat.returncode == 1
+    assert "belongs to the user" in squat.stderr and len(squat.stderr.splitlines()) == 1
+    # A job in a shared project is still bob's, and gives bob nothing of root's there.
+    submit_sleep(root, "root-owned", "shared")
     try:
-        created = box.cli_json(BOB, "job", "run", "--project", "root", "--name", "bob-in-root",
-                               "--cpu", SMALL, "--label", "owner=root", "--detach", "--json",
-                               "--", "/usr/bin/id", "-u")
+        created = box.cli_json(BOB, "job", "run", "--project", "shared", "--name",
+                               "bob-in-shared", "--cpu", SMALL, "--label", "owner=root",
+                               "--detach", "--json", "--", "/usr/bin/id", "-u")
         assert created["owner"] == BOB and created["uid"] == bob.uid
-        assert created["project"] == "root"
-        final = root.wait_job("bob-in-root", "root", DEADLINE)
+        assert created["project"] == "shared"
+        final = root.wait_job("bob-in-shared", "shared", DEADLINE)
         assert final["owner"] == BOB and final["phase"] == Phase.SUCCEEDED
-        logs = box.cli(BOB, "job", "logs", "bob-in-root", "--project", "root")
+        logs = box.cli(BOB, "job", "logs", "bob-in-shared", "--project", "shared")
         assert logs.stdout.split() == [str(bob.uid)]
-        assert_denied(box.cli(BOB, "job", "kill", "root-owned", "--project", "root"))
-        assert root.get_job("root-owned", "root")["phase"] == Phase.RUNNING
+        assert_denied(box.cli(BOB, "job", "kill", "root-owned", "--project", "shared"))
+        assert root.get_job("root-owned", "shared")["phase"] == Phase.RUNNING
     finally:
-        cancel_quietly(root, "root-owned", "root")
+        cancel_quietly(root, "root-owned", "shared")
+
+
+def test_env_values_are_hidden_from_other_users(box: Box) -> None:
+    created = box.cli_json(ALICE, "job", "run", "--cpu", SMALL, "--env", "TOKEN=s3cret",
+                           "--detach", "--json", "--", "/bin/true")
+    name = created["name"]
+    assert created["spec"]["env"] == {"TOKEN": "s3cret"}  # the owner sees her own
+    seen_by_bob = box.cli_json(BOB, "job", "status", name, "--project", ALICE, "--json")
+    assert seen_by_bob["spec"]["env"] == {"TOKEN": "***"}
+    listed = box.cli_json(BOB, "job", "list", "--all", "--json")
+    others = [j for j in listed if j["owner"] != BOB]
+    assert others and all(set(j["spec"]["env"].values()) <= {"***"} for j in others)
+    root = box.daemon.client()
+    assert root.get_job(name, ALICE)["spec"]["env"] == {"TOKEN": "s3cret"}  # an admin
+
+
+def test_client_refuses_a_socket_served_by_another_user(box: Box, tmp_path: Path) -> None:
+    """A socket on a path alice would trust (say /tmp/noduslocal-<uid>) but served by bob:
+    her client must not send it a job, nor believe its answers."""
+    trap_dir = Path(tempfile.mkdtemp(prefix="nl-trap-", dir="/tmp"))
+    os.chmod(trap_dir, 0o777)
+    trap = trap_dir / "api.sock"
+    server = subprocess.Popen(
+        ["runuser", "-u", BOB, "--", SYSTEM_PYTHON, "-c",
+         "import socket, sys\n"
+         "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen()\n"
+         "import os; os.chmod(sys.argv[1], 0o777)\n"
+         "c, _ = s.accept(); c.recv(65536)\n"
+         "c.sendall(b'HTTP/1.1 201 Created\\r\\nContent-Length: 2\\r\\n\\r\\n{}')\n",
+         str(trap)])
+    try:
+        wait_until(trap.exists, "bob's fake socket")
+        run = box.cli(ALICE, "job", "run", "--detach", "--env", "TOKEN=s3cret", "--",
+                      "/bin/true", socket=trap)
+        assert run.returncode == 1
+        assert f"served by uid {box.bob.uid}" in run.stderr, run.stderr
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(trap_dir, ignore_errors=True)
 
 
 # --- the admin group (last: it changes alice's groups) ------------------------------------

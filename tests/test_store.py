@@ -688,7 +688,6 @@ def test_events_since_are_in_order(tmp_path: Path) -> None:
             everything = await store.events()
             seqs = [e.seq for e in everything]
             assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) == 2 + 2 + 3
-            assert await store.last_event_seq() == seqs[-1]
             for cut in range(len(seqs)):
                 assert await store.events(since=seqs[cut]) == everything[cut + 1:]
             assert await store.events(since=seqs[-1]) == []
@@ -697,14 +696,6 @@ def test_events_since_are_in_order(tmp_path: Path) -> None:
             assert await store.events(since=seqs[1], limit=2) == everything[2:4]
 
     run(body())
-
-
-def test_last_event_seq_of_an_empty_store_is_zero(tmp_path: Path) -> None:
-    async def body() -> int:
-        async with opened(tmp_path / "db.sqlite") as (store, _):
-            return await store.last_event_seq()
-
-    assert run(body()) == 0
 
 
 def test_writes_survive_close_and_reopen(tmp_path: Path) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import pwd
 from typing import Any
 
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api.app import SERVICES, Services
+from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
 from noduslocal.models import JobRecord, parse_create, validate_name
 from noduslocal.states import TERMINAL, Phase
@@ -19,8 +20,14 @@ routes = web.RouteTableDef()
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
-def job_response(services: Services, job: JobRecord, status: int = 200) -> web.Response:
-    return web.json_response(job.to_wire(services.supervisor.hold(job.id)), status=status)
+def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
+    caller: Caller = request["caller"]
+    return job.to_wire(request.app[SERVICES].supervisor.hold(job.id),
+                       redact=not caller.may_control(job.owner_uid))
+
+
+def job_response(request: web.Request, job: JobRecord, status: int = 200) -> web.Response:
+    return web.json_response(job_doc(request, job), status=status)
 
 
 def project_of(request: web.Request) -> str:
@@ -46,6 +53,20 @@ def require_control(request: web.Request, job: JobRecord, action: str) -> None:
             f"{caller.name} may not {action} job {job.name!r}: it belongs to {job.owner}")
 
 
+def check_project(caller: Caller, project: str | None) -> None:
+    """A project named after a local user is that user's: nobody else may take names in
+    it (and so make that user's own submissions fail, or their lookups find a stranger's
+    job). Admins may."""
+    if project is None or project == caller.name or caller.admin:
+        return
+    try:
+        pwd.getpwnam(project)
+    except KeyError:
+        return
+    raise errors.PermissionDenied(
+        f"project: {project!r} belongs to the user of that name; use your own or another")
+
+
 @routes.post("/v1/jobs")
 async def create_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
@@ -53,13 +74,14 @@ async def create_job(request: web.Request) -> web.Response:
     raw = await request.read()
     body: Any = json.loads(raw or b"null")
     req = parse_create(body, regions=(services.settings.region,))
+    check_project(caller, req.project)
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is not None and not (0 < len(key) <= 200):
         raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
                                      field=IDEMPOTENCY_HEADER)
     digest = hashlib.sha256(raw).hexdigest() if key is not None else None
     job, created = await services.supervisor.create(req, caller.owner, key, digest)
-    return job_response(services, job, 201 if created else 200)
+    return job_response(request, job, 201 if created else 200)
 
 
 @routes.get("/v1/jobs")
@@ -92,13 +114,12 @@ async def list_jobs(request: web.Request) -> web.Response:
         active_only=not phases and query.get("all") not in ("1", "true"),
         limit=max(1, min(limit, 100_000)),
     )
-    hold = services.supervisor.hold
-    return web.json_response({"jobs": [job.to_wire(hold(job.id)) for job in jobs]})
+    return web.json_response({"jobs": [job_doc(request, job) for job in jobs]})
 
 
 @routes.get("/v1/jobs/{name}")
 async def get_job(request: web.Request) -> web.Response:
-    return job_response(request.app[SERVICES], await lookup(request))
+    return job_response(request, await lookup(request))
 
 
 @routes.post("/v1/jobs/{name}/cancel")
@@ -109,7 +130,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     await services.supervisor.cancel(job)
     fresh = await services.store.job_by_id(job.id)
     assert fresh is not None
-    return job_response(services, fresh)
+    return job_response(request, fresh)
 
 
 @routes.get("/v1/jobs/{name}/wait")
@@ -138,7 +159,7 @@ async def wait_job(request: web.Request) -> web.Response:
             break
         job = await services.store.job_by_id(job.id)
     assert job is not None
-    return job_response(services, job)
+    return job_response(request, job)
 
 
 @routes.get("/v1/jobs/{name}/attempts")

@@ -19,6 +19,12 @@ from noduslocal.states import TERMINAL
 routes = web.RouteTableDef()
 CHUNK = 64 * 1024
 FOLLOW_POLL = 0.1  # seconds between looks at a growing log file
+IDLE_CHECK = 15.0  # seconds a quiet follower waits before checking its client is there
+
+
+def gone(request: web.Request) -> bool:
+    """The client hung up (aiohttp does not cancel a handler that has nothing to write)."""
+    return request.transport is None or request.transport.is_closing()
 
 
 def _flag(request: web.Request, name: str) -> bool:
@@ -101,7 +107,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     while True:
         if path is not None:
             offset = await _send_from(resp, path / filename, offset)
-        if not follow:
+        if not follow or gone(request):
             break
         active = supervisor.active.get(job.id)
         if active is not None and number and active.number == number:
@@ -155,8 +161,13 @@ async def events(request: web.Request) -> web.StreamResponse:
                 last = event.seq
             if len(page) < 1000:
                 break
-        while follow:
-            event = await live.get()
+        while follow and not gone(request):
+            try:
+                event = await asyncio.wait_for(live.get(), IDLE_CHECK)
+            except TimeoutError:
+                continue  # nothing to send: look whether the client is still there
+            if event is None:
+                break  # fell behind; the client resumes with since=<last seq>
             if event.seq <= last or (job_id is not None and event.job_id != job_id) or (
                     project is not None and event.project != project):
                 continue

@@ -81,10 +81,16 @@ def run(name: str | None, project: str | None, envs: tuple[str, ...], cpu: str |
         else:
             click.echo(created["name"])
         return
+    # With --json, stdout carries only the final document; the log goes to stderr.
+    out = sys.stderr.buffer if as_json else sys.stdout.buffer
     try:
-        for chunk in client.logs(created["name"], created["project"], follow=True):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
+        try:
+            for chunk in client.logs(created["name"], created["project"], follow=True):
+                out.write(chunk)
+                out.flush()
+        except errors.DaemonUnavailable:
+            click.echo("noduslocal: the log stream broke off (daemon restarting?); waiting "
+                       f"for {created['name']} to end", err=True)
         final = client.wait_job(created["name"], created["project"])
     except KeyboardInterrupt:
         click.echo(f"\ndetached from {created['name']}; it keeps running. "

@@ -18,7 +18,7 @@ class Root(click.Group):
             return super().invoke(ctx)
         except errors.NodusError as exc:
             click.echo(f"noduslocal: {exc.message}", err=True)
-            ctx.exit(exc.exit_code)
+            ctx.exit(exc.cli_exit)
 
 
 @click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import struct
 import threading
 import time
 import urllib.parse
@@ -31,9 +33,17 @@ class _UnixConnection(http.client.HTTPConnection):
         sock.settimeout(self.timeout)
         try:
             sock.connect(self._path)
+            _, uid, _ = struct.unpack("3i", sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         except BaseException:
             sock.close()
             raise
+        if uid not in (0, os.getuid()):
+            sock.close()
+            # Someone else's process on a path we would have trusted (/tmp): never send it
+            # a job, an environment, or believe its answers.
+            raise errors.PermissionDenied(
+                f"{self._path} is served by uid {uid}, neither root nor you; refusing it")
         self.sock = sock
 
 

@@ -111,6 +111,8 @@ class Queue:
         if job_id in self.holds:
             return self.holds[job_id]
         ahead = bisect.bisect_left(self._order, job_id)
+        if ahead == 0:
+            return "waiting for the scheduler"  # queued since the last pass
         return f"queued behind {ahead} job{'s' if ahead != 1 else ''}"
 
     def _head_hold(self, req: Request) -> str:

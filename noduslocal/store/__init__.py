@@ -143,7 +143,3 @@ class Store:
             "ORDER BY e.seq LIMIT ?",
             (*params, limit))
         return [Event(*row) for row in rows]
-
-    async def last_event_seq(self) -> int:
-        rows = await self._fetchall("SELECT COALESCE(MAX(seq), 0) FROM events")
-        return int(rows[0][0])
