@@ -50,8 +50,8 @@ class _UnixConnection(http.client.HTTPConnection):
 def unavailable(paths: list[Path]) -> errors.DaemonUnavailable:
     where = " or ".join(str(p) for p in paths)
     return errors.DaemonUnavailable(
-        f"no noduslocald answers at {where}; start one with `noduslocal daemon` "
-        "(or `systemctl start noduslocald`), or set NODUSLOCAL_SOCKET"
+        f"no noduslocald answers at {where}; start one with `noduslocal daemon`, "
+        "or set NODUSLOCAL_SOCKET to the socket of a running one"
     )
 
 
