@@ -115,6 +115,13 @@ class JobCancelled(JobFailed):
     code = "JobCancelled"
 
 
+class ChecksumMismatch(NodusError):
+    """A download whose bytes do not hash to the X-Nodus-SHA256 the daemon sent."""
+
+    code = "ChecksumMismatch"
+    http_status = 502
+
+
 class Internal(NodusError):
     code = "Internal"
 
@@ -130,6 +137,7 @@ _BY_CODE: dict[str, type[NodusError]] = {
         PermissionDenied,
         DaemonUnavailable,
         WaitTimeout,
+        ChecksumMismatch,
         Internal,
     )
 }

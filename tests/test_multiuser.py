@@ -429,6 +429,13 @@ def test_workspace_is_private_to_its_owner(box: Box) -> None:
 
     assert box.as_user(BOB, "ls", str(workspace)).returncode != 0
     assert box.as_user(BOB, "cat", str(secret)).returncode != 0
+    # Nor through the API: the daemon reads workspaces as root, for their owners only.
+    assert_denied(box.cli(BOB, "ls", "alice-ws", "--project", ALICE))
+    assert_denied(box.cli(BOB, "download", "alice-ws", "secret.txt", "/tmp/nl-bob-loot",
+                          "--project", ALICE))
+    assert not Path("/tmp/nl-bob-loot").exists()
+    listed = box.cli_json(ALICE, "ls", "alice-ws", "--json")
+    assert [e["name"] for e in listed] == ["secret.txt"]
     # The log on disk is no back door around the API's check.
     log = workspace.parent / "attempt-1" / "output.log"
     assert log.exists()

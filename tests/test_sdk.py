@@ -119,8 +119,6 @@ def test_unbuilt_methods_raise_unsupported(daemon: testing.Daemon, method: str) 
         getattr(job, method)()
     with pytest.raises(nodus.errors.Unsupported, match="exec"):
         job.exec("ls")
-    with pytest.raises(nodus.errors.Unsupported, match="files"):
-        _ = job.files
 
 
 def test_no_daemon_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import click
 
 from noduslocal import errors
 from noduslocal.cli.daemon import daemon
+from noduslocal.cli.files import download, ls
 from noduslocal.cli.job import job
 
 
@@ -29,6 +30,8 @@ def cli() -> None:
 
 cli.add_command(daemon)
 cli.add_command(job)
+cli.add_command(ls)
+cli.add_command(download)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -88,6 +89,23 @@ class Client:
             query={"project": project, "follow": "1" if follow else None, "tail": tail,
                    "attempt": attempt, "stream": stream},
             timeout=None if follow else 120.0)
+
+    def list_files(self, name: str, project: str | None = None,
+                   path: str = "") -> list[dict[str, Any]]:
+        return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/files",
+                                      query={"project": project, "path": path})["entries"]
+
+    def download_file(self, name: str, project: str | None, path: str,
+                      dest: str | os.PathLike[str]) -> Path:
+        """Save a workspace file at DEST (into it, when DEST is a directory): written to a
+        temporary file beside it, checked against X-Nodus-SHA256, then renamed in. A
+        mismatch leaves nothing behind and raises ChecksumMismatch."""
+        target = Path(dest)
+        if target.is_dir():
+            target = target / (path.rstrip("/").rsplit("/", 1)[-1] or "download")
+        return self.transport.download(
+            f"/v1/jobs/{_quote(name)}/files/content", target,
+            query={"project": project, "path": path})
 
     def events(self, *, since: int = 0, job: str | None = None, project: str | None = None,
                follow: bool = False) -> Iterator[bytes]:

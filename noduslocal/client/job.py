@@ -6,7 +6,9 @@ not implement yet raise `errors.Unsupported` naming themselves.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
@@ -192,12 +194,33 @@ class Job:
         raise errors.Unsupported("Job.resume")
 
     @property
-    def files(self) -> Any:
-        raise errors.Unsupported("Job.files", "workspaces are served from the next release")
+    def files(self) -> Files:
+        """The job's kept workspace: `list(path)`, `read(path)`, `download(path, dest)`."""
+        return Files(self)
 
     @property
     def outputs(self) -> Any:
         raise errors.Unsupported("Job.outputs")
+
+
+class Files:
+    """A job's workspace, kept after it ends (paths are workspace-relative; a leading
+    /workspace/ is accepted). Only the job's owner or an admin may read it."""
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+
+    def list(self, path: str = "") -> list[View]:
+        entries = self._job._client.list_files(self._job.name, self._job.project, path)
+        return [View(e) for e in entries]
+
+    def download(self, path: str, dest: str | os.PathLike[str]) -> Path:
+        """Save a file at DEST (into it if DEST is a directory), verified by sha256."""
+        return self._job._client.download_file(self._job.name, self._job.project, path, dest)
+
+    def read(self, path: str) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="noduslocal-") as tmp:
+            return self.download(path, Path(tmp) / "file").read_bytes()
 
 
 def _check_log_params(params: Mapping[str, Any]) -> None:

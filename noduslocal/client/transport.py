@@ -5,6 +5,7 @@ responses, and retries while a daemon restarts when the caller allows it.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -45,6 +46,11 @@ class _UnixConnection(http.client.HTTPConnection):
             raise errors.PermissionDenied(
                 f"{self._path} is served by uid {uid}, neither root nor you; refusing it")
         self.sock = sock
+
+
+def _url(path: str, query: Mapping[str, Any] | None) -> str:
+    items = [(k, v) for k, v in (query or {}).items() if v is not None]
+    return f"{path}?{urllib.parse.urlencode(items, doseq=True)}" if items else path
 
 
 def unavailable(paths: list[Path]) -> errors.DaemonUnavailable:
@@ -97,10 +103,7 @@ class Transport:
     def _send(self, method: str, path: str, query: Mapping[str, Any] | None,
               body: Any, headers: Mapping[str, str] | None,
               timeout: float) -> http.client.HTTPResponse:
-        url = path
-        if query:
-            items = [(k, v) for k, v in query.items() if v is not None]
-            url += "?" + urllib.parse.urlencode(items, doseq=True)
+        url = _url(path, query)
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
         hdrs.update(headers or {})
@@ -150,16 +153,46 @@ class Transport:
             raise errors.from_wire(resp.status, decoded)
         return decoded
 
+    def download(self, path: str, target: Path, *,
+                 query: Mapping[str, Any] | None = None) -> Path:
+        """GET PATH into TARGET, verified against the X-Nodus-SHA256 header, atomically."""
+        conn = _UnixConnection(str(self.socket_path), DEFAULT_TIMEOUT)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+        try:
+            conn.request("GET", _url(path, query))
+            resp = conn.getresponse()
+            if resp.status >= 400:
+                payload = resp.read()
+                raise errors.from_wire(resp.status, json.loads(payload) if payload else None)
+            expected = resp.getheader("X-Nodus-SHA256")
+            digest = hashlib.sha256()
+            with open(tmp, "wb") as out:
+                while chunk := resp.read1(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if expected is None or digest.hexdigest() != expected:
+                raise errors.ChecksumMismatch(
+                    f"{target.name}: sha256 {digest.hexdigest()} does not match the "
+                    f"daemon's {expected}; nothing was saved")
+            os.replace(tmp, target)
+            return target
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            if isinstance(exc, FileNotFoundError) and exc.filename is not None:
+                raise
+            raise unavailable([self.socket_path]) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+            conn.close()
+
     def stream(self, path: str, *, query: Mapping[str, Any] | None = None,
                timeout: float | None = None) -> Iterator[bytes]:
         """Chunks of a streamed response, on a connection of its own."""
         conn = _UnixConnection(str(self.socket_path), timeout or DEFAULT_TIMEOUT)
         if timeout is None:
             conn.timeout = None
-        url = path
-        if query:
-            items = [(k, v) for k, v in query.items() if v is not None]
-            url += "?" + urllib.parse.urlencode(items, doseq=True)
+        url = _url(path, query)
         try:
             try:
                 conn.request("GET", url)

@@ -1,0 +1,52 @@
+"""A job's kept workspace: list a directory and download a file (with X-Nodus-SHA256),
+for the job's owner or an admin."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from aiohttp import web
+
+from noduslocal import workspace
+from noduslocal.api.app import SERVICES
+from noduslocal.api.jobs import lookup, require_control
+
+routes = web.RouteTableDef()
+SHA256_HEADER = "X-Nodus-SHA256"
+
+
+@routes.get("/v1/jobs/{name}/files")
+async def list_files(request: web.Request) -> web.Response:
+    job = await lookup(request)
+    require_control(request, job, "read the files of")
+    root = request.app[SERVICES].supervisor.layout.workspace(job.id)
+    path = request.query.get("path", "")
+    entries = await asyncio.to_thread(workspace.list_path, root, path)
+    return web.json_response({"path": "/".join(workspace.components(path)),
+                              "entries": entries})
+
+
+@routes.get("/v1/jobs/{name}/files/content")
+async def download_file(request: web.Request) -> web.StreamResponse:
+    job = await lookup(request)
+    require_control(request, job, "read the files of")
+    root = request.app[SERVICES].supervisor.layout.workspace(job.id)
+    fd, size, digest = await asyncio.to_thread(
+        workspace.open_file, root, request.query.get("path", ""), job.owner_uid)
+    try:
+        resp = web.StreamResponse(headers={
+            "Content-Type": "application/octet-stream", "Content-Length": str(size),
+            SHA256_HEADER: digest})
+        await resp.prepare(request)
+        sent = 0
+        while sent < size:
+            chunk = await asyncio.to_thread(os.read, fd, min(1 << 20, size - sent))
+            if not chunk:
+                break  # shrank under us: the client's hash check catches it
+            await resp.write(chunk)
+            sent += len(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        os.close(fd)

@@ -1,0 +1,40 @@
+"""`noduslocal ls` and `noduslocal download`: a job's kept workspace, as `super ls` and
+`super download` show a session's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from noduslocal.cli import output
+from noduslocal.client.api import Client
+
+
+@click.command("ls")
+@click.argument("job")
+@click.argument("path", default="")
+@click.option("--project", "-p", help="Project (default: your user name).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def ls(job: str, path: str, project: str | None, as_json: bool) -> None:
+    """List PATH (default: the top) of JOB's workspace."""
+    entries = Client().list_files(job, project, path)
+    if as_json:
+        output.print_json(entries)
+        return
+    output.print_table(
+        ("MODE", "SIZE", "MODIFIED", "NAME"),
+        [(e["mode"], e["size"] if e["type"] != "dir" else "-", e["mtime"],
+          e["name"] + ("/" if e["type"] == "dir" else "")
+          + (f" -> {e['target']}" if e.get("target") else "")) for e in entries])
+
+
+@click.command("download")
+@click.argument("job")
+@click.argument("path")
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--project", "-p", help="Project (default: your user name).")
+def download(job: str, path: str, dest: Path, project: str | None) -> None:
+    """Save the file PATH of JOB's workspace at DEST, verified by its sha256."""
+    saved = Client().download_file(job, project, path, dest)
+    click.echo(str(saved))
