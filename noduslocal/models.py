@@ -25,7 +25,7 @@ MAX_DURATION = 10 * 365 * 86400.0
 # `--retries`, which the reference has on `super job run` only).
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
-     "region", "labels", "retries"}
+     "region", "labels", "retries", "secrets"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
@@ -35,7 +35,6 @@ NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "source": (None,),
     "gpu": (None, 0),
     "disk": (None,),
-    "secrets": (None, []),
     "volumes": (None, {}),
     "network": (None,),
     "checkpoint": (None,),
@@ -202,6 +201,7 @@ class JobSpec:
     workdir: str | None = None
     timeout: float | None = None
     retries: int = 0
+    secrets: list[str] = field(default_factory=list)  # env names; values never travel
 
     @property
     def argv(self) -> list[str]:
@@ -217,6 +217,7 @@ class JobSpec:
             "workdir": self.workdir,
             "timeout": self.timeout,
             "retries": self.retries,
+            "secrets": self.secrets,
         }
 
     @classmethod
@@ -230,7 +231,18 @@ class JobSpec:
             workdir=data.get("workdir"),
             timeout=data.get("timeout"),
             retries=int(data.get("retries", 0)),
+            secrets=list(data.get("secrets") or []),
         )
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """One entry of a job's `secrets`: the env variable it fills, and either the name of
+    the caller's stored secret or (`--secret KEY=VALUE`) a value given with the job."""
+
+    env: str
+    name: str | None = None
+    value: str | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +253,43 @@ class CreateRequest:
     name: str | None
     project: str | None
     labels: dict[str, str]
+    secrets: list[SecretRef] = field(default_factory=list)
+
+
+def validate_secret_value(value: Any, field_name: str) -> str:
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise InvalidArgument(f"{field_name}: a secret's value is a non-empty string",
+                              field=field_name)
+    return value
+
+
+def _secret_refs(value: Any, env: Mapping[str, str]) -> list[SecretRef]:
+    """["NAME", {"name": "NAME", "env": "VAR"}, {"env": "VAR", "value": "..."}]."""
+    if not isinstance(value, list):
+        raise InvalidArgument("secrets: expected a list of secret names", field="secrets")
+    refs: list[SecretRef] = []
+    for item in value:
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, Mapping) or set(item) - {"name", "env", "value"} or (
+                ("name" in item) == ("value" in item)):
+            raise InvalidArgument(
+                "secrets: each entry is a name, {\"name\": N, \"env\": VAR} or "
+                "{\"env\": VAR, \"value\": V}", field="secrets")
+        target = item.get("env", item.get("name"))
+        if not isinstance(target, str) or not ENV_KEY_RE.match(target):
+            raise InvalidArgument(f"secrets: {target!r} is not a valid variable name",
+                                  field="secrets")
+        if "name" in item and (not isinstance(item["name"], str)
+                               or not ENV_KEY_RE.match(item["name"])):
+            raise InvalidArgument(f"secrets: {item['name']!r} is not a secret name",
+                                  field="secrets")
+        if target in env or any(r.env == target for r in refs):
+            raise InvalidArgument(f"secrets: {target} is set twice (env or secrets)",
+                                  field="secrets")
+        refs.append(SecretRef(target, item.get("name"), None if "value" not in item
+                              else validate_secret_value(item["value"], "secrets")))
+    return refs
 
 
 def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
@@ -281,19 +330,22 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
     ):
         raise InvalidArgument(f"retries: expected an integer from 0 to {MAX_RETRIES}",
                               field="retries")
+    env = _env(body.get("env") or {})
+    secrets = _secret_refs(body.get("secrets") or [], env)
     spec = JobSpec(
         command=command,
         args=args,
-        env=_env(body.get("env") or {}),
+        env=env,
         cpu_m=1000 if body.get("cpu") is None else parse_cpu(body["cpu"]),
         memory=None if body.get("memory") is None else parse_size(body["memory"], "memory"),
         workdir=workdir,
         timeout=None if body.get("timeout") is None else parse_duration(body["timeout"],
                                                                            "timeout"),
         retries=retries,
+        secrets=[ref.env for ref in secrets],
     )
     return CreateRequest(spec=spec, name=name, project=project,
-                         labels=_labels(body.get("labels") or {}))
+                         labels=_labels(body.get("labels") or {}), secrets=secrets)
 
 
 def iso(ts: float | None) -> str | None:

@@ -242,9 +242,11 @@ class Supervisor:
                 await self._finish(attempt, NeverStarted())
                 return
             attempt.directory = self.layout.prepare(job, attempt.number)
+            secret_values = (await self.store.job_secret_values(job.id)
+                             if job.spec.secrets else {})
             try:
                 attempt.shim_pid = await self.runtime.launch(
-                    self.layout.launch_request(job, attempt.number))
+                    self.layout.launch_request(job, attempt.number, secret_values))
             except SpawnError:
                 log.exception("spawning job %s failed", job.name)
                 state = await settled_inspect(attempt.directory)

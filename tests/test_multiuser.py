@@ -156,7 +156,8 @@ class Box:
         return next(u for u in self.users() if u.name == name)
 
     def as_user(self, user: str, *argv: str, timeout: float = DEADLINE,
-                socket: Path | None = None) -> subprocess.CompletedProcess[str]:
+                socket: Path | None = None,
+                input: str | None = None) -> subprocess.CompletedProcess[str]:
         """ARGV as USER, with a clean environment and cwd in the library copy (so that the
         checkout in /work/main, which others can read too, is never imported by accident)."""
         home = "/root" if user == "root" else self.user(user).home
@@ -164,7 +165,8 @@ class Box:
                f"{SOCKET_ENV}={socket or self.daemon.socket}", f"PYTHONPATH={self.lib}",
                "PYTHONDONTWRITEBYTECODE=1"]
         return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *env, *argv],
-                              capture_output=True, text=True, timeout=timeout, cwd=self.lib)
+                              capture_output=True, text=True, timeout=timeout, cwd=self.lib,
+                              input=input)
 
     def cli(self, user: str, *args: str, timeout: float = DEADLINE,
             socket: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -548,6 +550,19 @@ def test_client_refuses_a_socket_served_by_another_user(box: Box, tmp_path: Path
         server.kill()
         server.wait()
         shutil.rmtree(trap_dir, ignore_errors=True)
+
+
+def test_secrets_are_per_user(box: Box) -> None:
+    made = box.as_user(ALICE, SYSTEM_PYTHON, "-m", "noduslocal.cli", "secret", "set",
+                       "ALICE_TOKEN", input="alice-only-value")
+    assert made.returncode == 0, made.stderr
+    assert box.cli_json(BOB, "secret", "ls", "--json") == []
+    used = box.cli(BOB, "job", "run", "--cpu", SMALL, "--secret", "ALICE_TOKEN", "--",
+                   "/bin/true")
+    assert used.returncode == 2 and "no secret named 'ALICE_TOKEN'" in used.stderr
+    mine = box.cli(ALICE, "job", "run", "--cpu", SMALL, "--secret", "ALICE_TOKEN", "--",
+                   "/bin/sh", "-c", 'echo "got $ALICE_TOKEN"')
+    assert (mine.returncode, mine.stdout) == (0, "got ***\n")
 
 
 # --- the admin group (last: it changes alice's groups) ------------------------------------

@@ -442,3 +442,25 @@ def test_shim_notices_a_main_process_that_exited_before_pumping(tmp_path: Path,
     state = run(with_runtime(body))
     assert state is not None, "the shim kept waiting for a background child"
     assert isinstance(state, Exited) and state.exit_code == 0
+
+
+@pytest.mark.parametrize(("secrets", "chunks", "expected"), [
+    ([b"secret"], [b"a secret b"], b"a *** b"),
+    ([b"secret"], [b"a sec", b"ret b"], b"a *** b"),
+    ([b"secret"], [b"a s", b"e", b"c", b"r", b"e", b"t"], b"a ***"),
+    ([b"secret"], [b"a sec", b"onds"], b"a seconds"),
+    ([b"abc", b"abcdef"], [b"xabcdefx"], b"x***x"),
+    ([b"abc", b"abcdef"], [b"xab", b"cx"], b"x***x"),
+    ([b"secret"], [b"sec"], b"sec"),  # the end of the stream flushes what was held
+    ([], [b"plain"], b"plain"),
+])
+def test_masker(secrets: list[bytes], chunks: list[bytes], expected: bytes) -> None:
+    masker = shim.Masker(secrets)
+    out = b"".join(masker.feed(chunk) for chunk in chunks) + masker.feed(b"", final=True)
+    assert out == expected
+
+
+def test_masker_holds_back_only_a_possible_start() -> None:
+    masker = shim.Masker([b"secret"])
+    assert masker.feed(b"line one\n") == b"line one\n"  # nothing held: no secret starts here
+    assert masker.feed(b"tail se") == b"tail "

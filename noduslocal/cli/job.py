@@ -43,6 +43,8 @@ def job() -> None:
 @click.option("--name", help="Job name (default: job-<8 hex>).")
 @project_option
 @click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
+@click.option("--secret", "secrets", multiple=True, metavar="KEY[=VALUE]",
+              help="Your secret KEY as variable KEY, or VALUE as secret variable KEY.")
 @click.option("--cpu", help="CPUs to reserve (default 1), e.g. 2 or 500m.")
 @click.option("--memory", help="Memory to reserve, e.g. 512M or 4GiB.")
 @click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
@@ -53,7 +55,8 @@ def job() -> None:
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
 @json_option
 @click.argument("command", nargs=-1, required=True)
-def run(name: str | None, project: str | None, envs: tuple[str, ...], cpu: str | None,
+def run(name: str | None, project: str | None, envs: tuple[str, ...],
+        secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
         labels: tuple[str, ...], detach: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
@@ -69,6 +72,10 @@ def run(name: str | None, project: str | None, envs: tuple[str, ...], cpu: str |
             body[key] = value
     if envs:
         body["env"] = _pairs(envs, "--env")
+    if secrets:
+        body["secrets"] = [
+            {"env": key, "value": value} if sep else key
+            for key, sep, value in (item.partition("=") for item in secrets)]
     if labels:
         body["labels"] = _pairs(labels, "--label")
     if retries:
@@ -154,6 +161,7 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("command", " ".join([*spec["command"], *spec["args"]])),
         ("cpu", spec["cpu"]), ("memory", spec.get("memory")), ("timeout", spec.get("timeout")),
         ("labels", ", ".join(f"{k}={v}" for k, v in doc["labels"].items())),
+        ("secrets", ", ".join(spec.get("secrets") or [])),
     ]
     for key, value in lines:
         if value not in (None, ""):

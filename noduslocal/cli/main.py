@@ -11,6 +11,7 @@ from noduslocal import errors
 from noduslocal.cli.daemon import daemon
 from noduslocal.cli.files import download, ls
 from noduslocal.cli.job import job
+from noduslocal.cli.secrets import secret
 
 
 class Root(click.Group):
@@ -32,6 +33,7 @@ cli.add_command(daemon)
 cli.add_command(job)
 cli.add_command(ls)
 cli.add_command(download)
+cli.add_command(secret)
 
 
 def main() -> None:

@@ -90,6 +90,17 @@ class Client:
                    "attempt": attempt, "stream": stream},
             timeout=None if follow else 120.0)
 
+    def set_secret(self, name: str, value: str) -> bool:
+        """Create or replace one of your secrets; True when it is new."""
+        return self.transport.request("PUT", f"/v1/secrets/{_quote(name)}",
+                                      body={"value": value})["created"]
+
+    def list_secrets(self) -> list[dict[str, Any]]:
+        return self.transport.request("GET", "/v1/secrets")["secrets"]
+
+    def delete_secret(self, name: str) -> None:
+        self.transport.request("DELETE", f"/v1/secrets/{_quote(name)}")
+
     def list_files(self, name: str, project: str | None = None,
                    path: str = "") -> list[dict[str, Any]]:
         return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/files",

@@ -68,7 +68,10 @@ class JobLayout:
         directory.mkdir(mode=0o700)
         return directory
 
-    def launch_request(self, job: JobRecord, number: int) -> dict[str, Any]:
+    def launch_request(self, job: JobRecord, number: int,
+                       secrets: dict[str, str] | None = None) -> dict[str, Any]:
+        """What the shim needs; `secrets` are added to the environment, and their values
+        masked in the stored log."""
         workspace = self.workspace(job.id)
         home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
         env = {
@@ -83,6 +86,7 @@ class JobLayout:
             "NODUS_ATTEMPT": str(number),
             "NODUS_WORKSPACE": str(workspace),
             **job.spec.env,
+            **(secrets or {}),
         }
         request: dict[str, Any] = {
             "dir": str(self.attempt_dir(job.id, number)),
@@ -90,6 +94,7 @@ class JobLayout:
             "env": env,
             "cwd": job.spec.workdir or str(workspace),
             "uid": None,
+            "mask": sorted(set((secrets or {}).values())),
         }
         if os.getuid() == 0:
             request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)

@@ -140,7 +140,39 @@ def _spawn_job(req: dict, out_w: int, err_w: int) -> int:
         os.close(null)
 
 
-def _pump(out_r: int, err_r: int, directory: str, pid: int) -> int:
+class Masker:
+    """Replaces secret values with *** in one output stream. An end of the output that could
+    be the start of a secret is held back until more output (or the end of the stream)
+    shows whether it is, so a value split across two writes is masked too."""
+
+    def __init__(self, secrets: list[bytes]) -> None:
+        self.secrets = [s for s in secrets if s]
+        self.keep = max((len(s) for s in self.secrets), default=1) - 1
+        self.held = b""
+
+    def feed(self, chunk: bytes, final: bool = False) -> bytes:
+        if not self.secrets:
+            return chunk
+        data, out, pos = self.held + chunk, bytearray(), 0
+        while True:
+            found = [(i, s) for s in self.secrets if (i := data.find(s, pos)) >= 0]
+            if not found:
+                break
+            index, secret = min(found, key=lambda f: (f[0], -len(f[1])))
+            out += data[pos:index] + b"***"
+            pos = index + len(secret)
+        cut = len(data)
+        if not final:
+            for size in range(min(self.keep, len(data) - pos), 0, -1):
+                if any(s.startswith(data[-size:]) for s in self.secrets):
+                    cut -= size
+                    break
+        out += data[pos:cut]
+        self.held = data[cut:]
+        return bytes(out)
+
+
+def _pump(out_r: int, err_r: int, directory: str, pid: int, mask: list[bytes]) -> int:
     """Copy output into the logs until the job exits and its pipes close; return the
     wait status."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
@@ -150,8 +182,8 @@ def _pump(out_r: int, err_r: int, directory: str, pid: int) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel = selectors.DefaultSelector()
-    sel.register(out_r, selectors.EVENT_READ, (combined,))
-    sel.register(err_r, selectors.EVENT_READ, (combined, errors))
+    sel.register(out_r, selectors.EVENT_READ, ((combined,), Masker(mask)))
+    sel.register(err_r, selectors.EVENT_READ, ((combined, errors), Masker(mask)))
     sel.register(wake_r, selectors.EVENT_READ, None)
     status: int | None = None
     deadline: float | None = None
@@ -176,14 +208,20 @@ def _pump(out_r: int, err_r: int, directory: str, pid: int) -> int:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
                 continue
+            targets, masker = key.data
             chunk = os.read(key.fd, 65536)
             if not chunk:
                 sel.unregister(key.fd)
                 os.close(key.fd)
                 open_pipes -= 1
-                continue
-            for fd in key.data:
+            chunk = masker.feed(chunk, final=not chunk)
+            for fd in targets:
                 os.write(fd, chunk)
+    for key in list(sel.get_map().values()):
+        if key.data is not None:  # a pipe still held open: write what the masker held back
+            targets, masker = key.data
+            for fd in targets:
+                os.write(fd, masker.feed(b"", final=True))
     if status is None:
         _, status = os.waitpid(pid, 0)
         with contextlib.suppress(ProcessLookupError):
@@ -236,7 +274,8 @@ def run_shim(req: dict) -> None:
         write_json_atomic(directory, PID, {"shim_pid": os.getpid(), "pid": pid, "pgid": pid,
                                            "started_at": started, "boot_id": req["boot_id"],
                                            "start_ticks": start_ticks(pid)})
-        status = _pump(out_r, err_r, directory, pid)
+        status = _pump(out_r, err_r, directory, pid,
+                       [value.encode() for value in req.get("mask", ())])
         result: dict = {"started_at": started, "ended_at": time.time(), "exit_code": None,
                         "signal": None}
         if os.WIFSIGNALED(status):

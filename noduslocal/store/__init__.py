@@ -143,3 +143,15 @@ class Store:
             "ORDER BY e.seq LIMIT ?",
             (*params, limit))
         return [Event(*row) for row in rows]
+
+    async def secrets(self, owner_uid: int) -> list[tuple[str, float, float]]:
+        """(name, created_at, updated_at) of a user's secrets; never their values."""
+        rows = await self._fetchall(
+            "SELECT name, created_at, updated_at FROM secrets WHERE owner_uid = ? "
+            "ORDER BY name", (owner_uid,))
+        return [tuple(row) for row in rows]  # type: ignore[misc]
+
+    async def job_secret_values(self, job_id: int) -> dict[str, str]:
+        rows = await self._fetchall("SELECT env, value FROM job_secrets WHERE job_id = ?",
+                                    (job_id,))
+        return {env: value for env, value in rows}

@@ -125,6 +125,18 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
          idempotency_key, request_hash, now),
     )
     job_id = cur.lastrowid or 0
+    for ref in req.secrets:
+        value = ref.value
+        if value is None:
+            row = conn.execute("SELECT value FROM secrets WHERE owner_uid = ? AND name = ?",
+                               (owner.uid, ref.name)).fetchone()
+            if row is None:
+                raise errors.InvalidArgument(
+                    f"secrets: you have no secret named {ref.name!r}; set it with "
+                    f"`noduslocal secret set {ref.name}`", field="secrets")
+            value = row[0]
+        conn.execute("INSERT INTO job_secrets (job_id, env, value) VALUES (?,?,?)",
+                     (job_id, ref.env, value))
     event = _event(conn, (job_id, project, name), now, Phase.PENDING.value,
                    Reason.CREATED.value, None, None)
     job = JobRecord(id=job_id, project=project, name=name, owner_uid=owner.uid,
@@ -209,3 +221,25 @@ def fail_job(conn: sqlite3.Connection, job_id: int, now: float, reason: str,
     """End a job that never got an attempt running (Pending or Starting) as Failed."""
     return None, [_transition(conn, job_id, Phase.FAILED, now, reason, message,
                               ended_at=now)]
+
+
+def set_secret(conn: sqlite3.Connection, owner_uid: int, name: str, value: str,
+               now: float) -> tuple[bool, list[Event]]:
+    """Create or replace a secret; True when it is new."""
+    cur = conn.execute(
+        "UPDATE secrets SET value = ?, updated_at = ? WHERE owner_uid = ? AND name = ?",
+        (value, now, owner_uid, name))
+    if cur.rowcount:
+        return False, []
+    conn.execute("INSERT INTO secrets (owner_uid, name, value, created_at, updated_at) "
+                 "VALUES (?,?,?,?,?)", (owner_uid, name, value, now, now))
+    return True, []
+
+
+def delete_secret(conn: sqlite3.Connection, owner_uid: int,
+                  name: str) -> tuple[None, list[Event]]:
+    cur = conn.execute("DELETE FROM secrets WHERE owner_uid = ? AND name = ?",
+                       (owner_uid, name))
+    if not cur.rowcount:
+        raise errors.NotFound(f"you have no secret named {name!r}")
+    return None, []

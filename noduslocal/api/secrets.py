@@ -1,0 +1,57 @@
+"""The caller's secrets: set, list (names and dates only) and remove. Values go in and
+never come out of the API; jobs receive them as environment variables."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from noduslocal import errors
+from noduslocal.api.app import SERVICES
+from noduslocal.api.identity import Caller
+from noduslocal.models import ENV_KEY_RE, iso, validate_secret_value
+from noduslocal.store import ops
+
+routes = web.RouteTableDef()
+
+
+def secret_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not ENV_KEY_RE.match(name) or len(name) > 128:
+        raise errors.InvalidArgument(
+            f"name: {name!r} is not a secret name; use letters, digits and '_', not "
+            "starting with a digit (it is also the variable a job gets)", field="name")
+    return name
+
+
+@routes.get("/v1/secrets")
+async def list_secrets(request: web.Request) -> web.Response:
+    caller: Caller = request["caller"]
+    rows = await request.app[SERVICES].store.secrets(caller.uid)
+    return web.json_response({"secrets": [
+        {"name": name, "created_at": iso(created), "updated_at": iso(updated)}
+        for name, created, updated in rows]})
+
+
+@routes.put("/v1/secrets/{name}")
+async def set_secret(request: web.Request) -> web.Response:
+    caller: Caller = request["caller"]
+    name = secret_name(request)
+    body: Any = json.loads(await request.read() or b"null")
+    if not isinstance(body, dict) or set(body) != {"value"}:
+        raise errors.InvalidArgument('body: expected {"value": "..."}', field="body")
+    value = validate_secret_value(body["value"], "value")
+    created = await request.app[SERVICES].store.write(
+        lambda c: ops.set_secret(c, caller.uid, name, value, time.time()))
+    return web.json_response({"name": name, "created": created}, status=201 if created else 200)
+
+
+@routes.delete("/v1/secrets/{name}")
+async def delete_secret(request: web.Request) -> web.Response:
+    caller: Caller = request["caller"]
+    name = secret_name(request)
+    await request.app[SERVICES].store.write(lambda c: ops.delete_secret(c, caller.uid, name))
+    return web.json_response({"name": name, "deleted": True})
