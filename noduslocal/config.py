@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.errors import InvalidArgument
-from noduslocal.models import parse_cpu, parse_duration, parse_size
+from noduslocal.units import parse_cpu, parse_duration, parse_size
 
 SYSTEM_SOCKET = Path("/run/noduslocal/api.sock")
 SYSTEM_DATA_DIR = Path("/var/lib/noduslocal")

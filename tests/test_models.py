@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 
 from noduslocal import errors
-from noduslocal.models import (
+from noduslocal.units import parse_cpu, parse_duration, parse_size
+from noduslocal.validation import (
     JOB_CREATE_FIELDS,
     NOT_YET_FIELDS,
-    parse_cpu,
     parse_create,
-    parse_duration,
-    parse_size,
     validate_name,
 )
 

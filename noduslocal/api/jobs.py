@@ -13,8 +13,9 @@ from aiohttp import web
 from noduslocal import errors
 from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
-from noduslocal.models import JobRecord, parse_create, validate_name
+from noduslocal.models import JobRecord
 from noduslocal.states import TERMINAL, Phase
+from noduslocal.validation import parse_create, validate_name
 
 routes = web.RouteTableDef()
 IDEMPOTENCY_HEADER = "Idempotency-Key"

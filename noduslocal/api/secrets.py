@@ -12,8 +12,9 @@ from aiohttp import web
 from noduslocal import errors
 from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
-from noduslocal.models import ENV_KEY_RE, iso, validate_secret_value
+from noduslocal.models import iso
 from noduslocal.store import ops
+from noduslocal.validation import ENV_KEY_RE, validate_secret_value
 
 routes = web.RouteTableDef()
 

@@ -10,8 +10,8 @@ import click
 from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.client.api import Client
-from noduslocal.models import parse_duration
 from noduslocal.states import TERMINAL, Phase
+from noduslocal.units import parse_duration
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")

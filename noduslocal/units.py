@@ -1,0 +1,93 @@
+"""Durations, sizes and CPU counts as people write them ("15m", "4GiB", "500m"), turned
+into seconds, bytes and millicores, with one-line errors that name the field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from noduslocal.errors import InvalidArgument
+
+MAX_DURATION = 10 * 365 * 86400.0
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_duration(value: Any, field_name: str) -> float:
+    """Seconds from 90, "90", "90s", "15m", "2h", "1h30m" or "1d"."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{field_name}: expected a duration like 90, 90s, 15m, 2h",
+                              field=field_name)
+    if isinstance(value, int | float):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
+    elif isinstance(value, str) and value.strip():
+        text = value.strip().replace(" ", "")
+        pos, seconds = 0, 0.0
+        for match in _DURATION_RE.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+            pos = match.end()
+        if pos != len(text) or pos == 0:
+            raise InvalidArgument(
+                f"{field_name}: {value!r} is not a duration; use 90, 90s, 15m, 2h or 1h30m",
+                field=field_name,
+            )
+    else:
+        raise InvalidArgument(f"{field_name}: expected a duration like 90, 90s, 15m, 2h",
+                              field=field_name)
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_DURATION:
+        raise InvalidArgument(f"{field_name}: must be a positive duration of at most 10 years",
+                              field=field_name)
+    return seconds
+
+
+def parse_size(value: Any, field_name: str) -> int:
+    """Bytes from 1048576, "512M", "512MiB", "4G" or "4GiB" (binary units, as docker)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{field_name}: expected a size like 512M or 4GiB",
+                              field=field_name)
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, float) and value.is_integer():
+        size = int(value)
+    elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
+        number, unit, binary, byte = match.groups()
+        if binary and not unit:
+            raise InvalidArgument(f"{field_name}: {value!r} is not a size", field=field_name)
+        size = int(float(number) * 1024 ** _SIZE_POWERS[unit.lower()])
+        del byte
+    else:
+        raise InvalidArgument(
+            f"{field_name}: {value!r} is not a size; use bytes or 512M, 4G, 4GiB",
+            field=field_name,
+        )
+    if size <= 0:
+        raise InvalidArgument(f"{field_name}: must be a positive size", field=field_name)
+    return size
+
+
+def parse_cpu(value: Any, field_name: str = "cpu") -> int:
+    """Millicores from 2, 0.5, "2" or "500m"."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{field_name}: expected a CPU count like 2, 0.5 or 500m",
+                              field=field_name)
+    millis: float
+    plain = isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value)
+    if isinstance(value, int | float) or plain:
+        millis = float(value) * 1000
+    elif isinstance(value, str) and re.fullmatch(r"\s*\d+m\s*", value):
+        millis = float(value.strip()[:-1])
+    else:
+        raise InvalidArgument(f"{field_name}: {value!r} is not a CPU count; use 2, 0.5 or 500m",
+                              field=field_name)
+    if not math.isfinite(millis) or millis < 1:
+        raise InvalidArgument(f"{field_name}: must be at least 1m (0.001 CPU)", field=field_name)
+    return round(millis)
