@@ -25,6 +25,7 @@ class JobSpec:
     timeout: float | None = None
     retries: int = 0
     secrets: list[str] = field(default_factory=list)  # env names; values never travel
+    outputs: dict[str, str] = field(default_factory=dict)  # name -> workspace-relative path
 
     @property
     def argv(self) -> list[str]:
@@ -41,6 +42,7 @@ class JobSpec:
             "timeout": self.timeout,
             "retries": self.retries,
             "secrets": self.secrets,
+            "outputs": self.outputs,
         }
 
     @classmethod
@@ -55,6 +57,7 @@ class JobSpec:
             timeout=data.get("timeout"),
             retries=int(data.get("retries", 0)),
             secrets=list(data.get("secrets") or []),
+            outputs=dict(data.get("outputs") or {}),
         )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.config import Settings
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
+from noduslocal.outputs import BlobStore, Collected
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -108,6 +109,7 @@ class Supervisor:
         self.store = store
         self.runtime = runtime
         self.layout = JobLayout(settings.data_dir)
+        self.blobs = BlobStore(settings.data_dir / "blobs")
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
         self.active: dict[int, Attempt] = {}
         self._pending_jobs: dict[int, JobRecord] = {}
@@ -307,8 +309,12 @@ class Supervisor:
         outcome = outcome_of(state, attempt)
         if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
             kill_leftovers(attempt.directory, attempt.shim_pid, attempt.boot_id)
+        collected = []
+        if isinstance(state, Exited) and job.spec.outputs:
+            # Before the end is committed, so a wait() that returns finds them.
+            collected = await asyncio.to_thread(self._collect, job)
         ended = self.store.write(lambda c: ops.finish_attempt(
-            c, job.id, attempt.number, outcome, time.time()))
+            c, job.id, attempt.number, outcome, time.time(), collected))
         if outcome.job_phase == Phase.PENDING:
             # Back in the queue at its old place before its CPUs are handed on; any start
             # this allows is committed after the end above (the writer keeps order).
@@ -325,6 +331,19 @@ class Supervisor:
             await ended
         finally:
             self._finishing.discard(job.id)
+
+    def _collect(self, job: JobRecord) -> list[Collected]:
+        workspace = self.layout.workspace(job.id)
+        collected = []
+        for name, path in job.spec.outputs.items():
+            try:
+                out = self.blobs.collect(workspace, name, path, job.owner_uid)
+            except OSError:
+                log.exception("collecting output %s of job %s failed", name, job.name)
+                continue
+            if out is not None:
+                collected.append(out)
+        return collected
 
     async def _request_stop(self, attempt: Attempt, reason: str) -> None:
         if attempt.stop_reason is not None:

@@ -12,17 +12,19 @@ from typing import Any
 from noduslocal.errors import InvalidArgument, Unsupported
 from noduslocal.models import CreateRequest, JobSpec, SecretRef
 from noduslocal.units import parse_cpu, parse_duration, parse_size
+from noduslocal.workspace import components
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 MAX_RETRIES = 100
+OUTPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*$")
 
 # The keyword arguments of the reference `Job.create`, plus `retries` (the CLI's
 # `--retries`, which the reference has on `super job run` only).
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
-     "region", "labels", "retries", "secrets"}
+     "region", "labels", "retries", "secrets", "outputs"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
@@ -42,7 +44,6 @@ NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "completions": (None, 1),
     "parallelism": (None, 1),
     "distributed": (None,),
-    "outputs": (None, {}),
     "allow_large_source": (None, False),
 }
 JOB_CREATE_FIELDS = SUPPORTED_FIELDS | frozenset(NOT_YET_FIELDS)
@@ -191,6 +192,39 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
                                                                            "timeout"),
         retries=retries,
         secrets=[ref.env for ref in secrets],
+        outputs=_outputs(body.get("outputs") or {}),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)
+
+
+def _outputs(value: Any) -> dict[str, str]:
+    """{name: path}; a host job's outputs are files or directories of its workspace,
+    named relative to it or under /workspace, as a container sees it."""
+    if not isinstance(value, Mapping):
+        raise InvalidArgument("outputs: expected a mapping of name to path", field="outputs")
+    outputs: dict[str, str] = {}
+    for name, path in value.items():
+        if (not isinstance(name, str) or len(name) > 128 or not OUTPUT_NAME_RE.match(name)
+                or ".." in name.split("/")):
+            raise InvalidArgument(
+                f"outputs: {name!r} is not an output name; use letters, digits, '_', '.', "
+                "'-' and '/' between parts", field="outputs")
+        if not isinstance(path, str):
+            raise InvalidArgument(f"outputs: the path of {name} must be a string",
+                                  field="outputs")
+        if path.startswith("/") and not (path == "/workspace"
+                                         or path.startswith("/workspace/")):
+            raise InvalidArgument(
+                f"outputs: {name} = {path!r}: a host job's outputs are collected from its "
+                "workspace; use a path under /workspace or relative to it", field="outputs")
+        try:
+            parts = components(path)
+        except InvalidArgument:
+            raise InvalidArgument(f"outputs: {name} = {path!r} may not contain '..'",
+                                  field="outputs") from None
+        if not parts:
+            raise InvalidArgument(f"outputs: {name} names the whole workspace; name a file "
+                                  "or directory in it", field="outputs")
+        outputs[name] = "/".join(parts)
+    return outputs

@@ -17,7 +17,7 @@ from noduslocal import errors
 from noduslocal.models import iso
 
 CONTAINER_ROOT = "/workspace"  # the same paths work for jobs that see it mounted there
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def components(path: str) -> list[str]:
@@ -32,15 +32,15 @@ def components(path: str) -> list[str]:
     return parts
 
 
-def _open_parent(root: Path, parts: list[str]) -> int:
+def open_parent(root: Path, parts: list[str]) -> int:
     """A descriptor of the directory that holds the last part (the root for no parts)."""
     try:
-        fd = os.open(root, _DIR_FLAGS)
+        fd = os.open(root, DIR_FLAGS)
     except FileNotFoundError:
         raise errors.NotFound("the job has no workspace yet (it has not started)") from None
     try:
         for part in parts[:-1]:
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
     except (FileNotFoundError, NotADirectoryError, OSError) as exc:
@@ -65,7 +65,7 @@ def _entry(name: str, path: str, info: os.stat_result, dir_fd: int) -> dict[str,
 def list_path(root: Path, path: str) -> list[dict[str, Any]]:
     """The entries of a directory (sorted by name), or the one entry of a file or link."""
     parts = components(path)
-    parent = _open_parent(root, parts)
+    parent = open_parent(root, parts)
     try:
         if parts:
             try:
@@ -74,7 +74,7 @@ def list_path(root: Path, path: str) -> list[dict[str, Any]]:
                 raise errors.NotFound(f"{path}: not in the workspace") from None
             if not stat.S_ISDIR(info.st_mode):
                 return [_entry(parts[-1], "/".join(parts), info, parent)]
-            fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
+            fd = os.open(parts[-1], DIR_FLAGS, dir_fd=parent)
         else:
             fd = os.dup(parent)
         try:
@@ -99,7 +99,7 @@ def open_file(root: Path, path: str, owner_uid: int) -> tuple[int, int, str]:
     parts = components(path)
     if not parts:
         raise errors.InvalidArgument("path: name a file in the workspace", field="path")
-    parent = _open_parent(root, parts)
+    parent = open_parent(root, parts)
     try:
         fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                      dir_fd=parent)

@@ -682,3 +682,21 @@ def test_empty_pid_json_does_not_stop_the_daemon_from_starting(
     job = wait_until(lambda: (j := c.get_job("torn"))["attempts"] == 2 and j, "a retry")
     assert c.attempts("torn")[0]["phase"] == "Lost"
     assert job["phase"] in ("Starting", "Running")
+
+
+def test_outputs_are_collected_for_a_job_that_ended_while_the_daemon_was_down(
+        fresh: Callable[..., testing.Daemon], tmp_path: Path) -> None:
+    d = fresh(cpus=2)
+    c = d.client()
+    gate = tmp_path / "gate"
+    c.create_job({"name": "out", "outputs": {"result": "result.txt"}, "command": [
+        "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; echo 42 > result.txt"]})
+    wait_until(lambda: phase(c, "out") == "Running", "the job to run")
+    d.kill()
+    gate.touch()
+    wait_until(lambda: recorded_exits(d), "the job to end while the daemon is down")
+    d.start()
+    assert c.wait_job("out", timeout=DEADLINE)["phase"] == "Succeeded"
+    [row] = c.list_outputs("out")
+    assert (row["collected"], row["size"]) == (True, 3)
+    assert c.download_output("out", None, "result", tmp_path / "r").read_text() == "42\n"

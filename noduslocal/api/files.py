@@ -34,10 +34,16 @@ async def download_file(request: web.Request) -> web.StreamResponse:
     root = request.app[SERVICES].supervisor.layout.workspace(job.id)
     fd, size, digest = await asyncio.to_thread(
         workspace.open_file, root, request.query.get("path", ""), job.owner_uid)
+    return await send_fd(request, fd, size, digest)
+
+
+async def send_fd(request: web.Request, fd: int, size: int, digest: str,
+                  headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Stream an open file with its sha256 in X-Nodus-SHA256, then close it."""
     try:
         resp = web.StreamResponse(headers={
             "Content-Type": "application/octet-stream", "Content-Length": str(size),
-            SHA256_HEADER: digest})
+            SHA256_HEADER: digest, **(headers or {})})
         await resp.prepare(request)
         sent = 0
         while sent < size:

@@ -52,13 +52,16 @@ def job() -> None:
 @click.option("--timeout", help="Stop the job after this long: 90, 90s, 15m, 2h.")
 @click.option("--workdir", help="Working directory (default: the job's workspace).")
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
+@click.option("--output", "outputs", multiple=True, metavar="NAME=PATH",
+              help="Collect PATH (in the workspace) as output NAME after each attempt.")
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
 @json_option
 @click.argument("command", nargs=-1, required=True)
 def run(name: str | None, project: str | None, envs: tuple[str, ...],
         secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
-        labels: tuple[str, ...], detach: bool, as_json: bool, command: tuple[str, ...]) -> None:
+        labels: tuple[str, ...], outputs: tuple[str, ...], detach: bool, as_json: bool,
+        command: tuple[str, ...]) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
     if timeout is not None:
         try:
@@ -78,6 +81,8 @@ def run(name: str | None, project: str | None, envs: tuple[str, ...],
             for key, sep, value in (item.partition("=") for item in secrets)]
     if labels:
         body["labels"] = _pairs(labels, "--label")
+    if outputs:
+        body["outputs"] = _pairs(outputs, "--output")
     if retries:
         body["retries"] = retries
     client = Client()

@@ -11,6 +11,7 @@ from noduslocal import errors
 from noduslocal.cli.daemon import daemon
 from noduslocal.cli.files import download, ls
 from noduslocal.cli.job import job
+from noduslocal.cli.outputs import download_output, outputs
 from noduslocal.cli.secrets import secret
 
 
@@ -31,6 +32,8 @@ def cli() -> None:
 
 cli.add_command(daemon)
 cli.add_command(job)
+job.add_command(outputs)
+job.add_command(download_output)
 cli.add_command(ls)
 cli.add_command(download)
 cli.add_command(secret)

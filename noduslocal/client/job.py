@@ -199,8 +199,55 @@ class Job:
         return Files(self)
 
     @property
-    def outputs(self) -> Any:
-        raise errors.Unsupported("Job.outputs")
+    def outputs(self) -> Outputs:
+        """`job.outputs["model"].download("./model")`, `outputs.list()`,
+        `outputs.download(dir, prefix=...)`."""
+        return Outputs(self)
+
+
+class Output:
+    """One declared output of a Job."""
+
+    def __init__(self, parent: Any, name: str, kind: str = "Job") -> None:
+        if kind != "Job":
+            raise errors.Unsupported("kind", "outputs of Jobs only")
+        self.parent = parent
+        self.name = name
+
+    def download(self, path: str | os.PathLike[str], index: int | None = None) -> Path:
+        """Save the output at `path`: the sha256 from X-Nodus-SHA256 is verified, then the
+        file (or, for a directory output, the directory) is renamed in."""
+        if index is not None:
+            raise errors.Unsupported("index", "indexed jobs are not supported yet")
+        job = self.parent
+        return job._client.download_output(job.name, job.project, self.name, path)
+
+
+class Outputs:
+    """Declared and collected outputs of a Job."""
+
+    def __init__(self, parent: Any, kind: str = "Job") -> None:
+        if kind != "Job":
+            raise errors.Unsupported("kind", "outputs of Jobs only")
+        self.parent = parent
+
+    def __getitem__(self, name: str) -> Output:
+        return Output(self.parent, name)
+
+    def list(self) -> list[View]:
+        return [View(o) for o in self.parent._client.list_outputs(self.parent.name,
+                                                                  self.parent.project)]
+
+    def download(self, path: str | os.PathLike[str], prefix: str = "") -> Path:
+        """Save every collected output named under `prefix` into the directory `path`, each
+        verified, at its name below `prefix`."""
+        root = Path(path)
+        for out in self.list():
+            if out.collected and out.name.startswith(prefix):
+                target = root / out.name[len(prefix):].lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self[out.name].download(target)
+        return root
 
 
 class Files:

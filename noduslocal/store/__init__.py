@@ -155,3 +155,11 @@ class Store:
         rows = await self._fetchall("SELECT env, value FROM job_secrets WHERE job_id = ?",
                                     (job_id,))
         return {env: value for env, value in rows}
+
+    async def outputs(self, job_id: int) -> dict[str, dict[str, Any]]:
+        rows = await self._fetchall(
+            "SELECT name, attempt, path, kind, size, sha256, collected_at FROM outputs "
+            "WHERE job_id = ?", (job_id,))
+        return {row[0]: {"name": row[0], "attempt": row[1], "path": row[2], "kind": row[3],
+                         "size": row[4], "sha256": row[5], "collected_at": row[6]}
+                for row in rows}

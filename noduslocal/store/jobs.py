@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from noduslocal import errors
 from noduslocal.models import AttemptRecord, CreateRequest, Event, JobRecord, JobSpec
+from noduslocal.outputs import Collected
 from noduslocal.states import (
     AttemptPhase,
     Phase,
@@ -195,7 +197,14 @@ class Outcome:
 
 
 def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
-                   now: float) -> tuple[None, list[Event]]:
+                   now: float, outputs: Sequence[Collected] = ()) -> tuple[None, list[Event]]:
+    """The attempt's end, the job's transition, and the outputs collected from it (which
+    replace those of an earlier attempt), in one transaction."""
+    for out in outputs:
+        conn.execute(
+            "INSERT OR REPLACE INTO outputs (job_id, name, attempt, path, kind, size, sha256, "
+            "collected_at) VALUES (?,?,?,?,?,?,?,?)",
+            (job_id, out.name, number, out.path, out.kind, out.size, out.sha256, now))
     _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
                 exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
                 message=outcome.message)

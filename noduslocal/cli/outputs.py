@@ -1,0 +1,37 @@
+"""`noduslocal job outputs` and `noduslocal job download-output`: a job's declared outputs,
+collected after its latest attempt and downloaded verified by sha256."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from noduslocal.cli import output
+from noduslocal.client.api import Client
+
+
+@click.command("outputs")
+@click.argument("job")
+@click.option("--project", "-p", help="Project (default: your user name).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def outputs(job: str, project: str | None, as_json: bool) -> None:
+    """List JOB's declared outputs and what was collected."""
+    rows = Client().list_outputs(job, project)
+    if as_json:
+        output.print_json(rows)
+        return
+    output.print_table(
+        ("NAME", "PATH", "KIND", "SIZE", "SHA256", "ATTEMPT"),
+        [(o["name"], o["path"], o.get("kind", "not collected"), o.get("size"),
+          (o.get("sha256") or "")[:16], o.get("attempt")) for o in rows])
+
+
+@click.command("download-output")
+@click.argument("job")
+@click.argument("name")
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--project", "-p", help="Project (default: your user name).")
+def download_output(job: str, name: str, dest: Path, project: str | None) -> None:
+    """Save JOB's output NAME at DEST (a directory output becomes a directory)."""
+    click.echo(str(Client().download_output(job, project, name, dest)))

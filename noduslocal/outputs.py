@@ -1,0 +1,146 @@
+"""Collecting a job's declared outputs from its workspace after an attempt: a file is
+copied as it is, a directory as a tar, into a blob store named by sha256. Paths are walked
+from the workspace's descriptor without following any link, as workspace.py does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from noduslocal import errors
+from noduslocal.workspace import DIR_FLAGS, components, iter_chunks, open_parent
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Collected:
+    name: str
+    path: str
+    kind: str  # "file" or "dir" (a tar)
+    size: int
+    sha256: str
+
+
+class _HashingWriter(io.RawIOBase):
+    """A file that hashes what is written to it: the blob is hashed once, as it is made."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.digest.update(data)
+        self.size += len(data)
+        return len(data)
+
+
+class BlobStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, sha256: str) -> Path:
+        return self.root / sha256[:2] / sha256
+
+    def _new(self) -> tuple[int, Path]:
+        tmp = self.root / "tmp"
+        tmp.mkdir(parents=True, mode=0o700, exist_ok=True)
+        path = tmp / f"{os.getpid()}-{os.urandom(8).hex()}"
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+
+    def _keep(self, tmp: Path, writer: _HashingWriter) -> tuple[int, str]:
+        os.fsync(writer.fd)
+        digest = writer.digest.hexdigest()
+        final = self.path(digest)
+        final.parent.mkdir(mode=0o700, exist_ok=True)
+        os.replace(tmp, final)  # same content, same name: a second copy just replaces it
+        os.close(writer.fd)
+        return writer.size, digest
+
+    def collect(self, workspace: Path, name: str, rel: str, owner_uid: int) -> Collected | None:
+        """Copy one output into the store; None when the job did not leave it there (or
+        left a link, a device or a file another user owns, which are never read)."""
+        parts = components(rel)
+        try:
+            parent = open_parent(workspace, parts)
+        except errors.NotFound:
+            return None
+        try:
+            try:
+                info = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if stat.S_ISREG(info.st_mode):
+                fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=parent)
+                kind = "file"
+            elif stat.S_ISDIR(info.st_mode):
+                fd = os.open(parts[-1], DIR_FLAGS, dir_fd=parent)
+                kind = "dir"
+            else:
+                return None
+        finally:
+            os.close(parent)
+        out, tmp = self._new()
+        writer = _HashingWriter(out)
+        kept = False
+        try:
+            if kind == "file":
+                if not _owned(os.fstat(fd), owner_uid):
+                    return None
+                for chunk in iter_chunks(fd):
+                    writer.write(chunk)
+            else:
+                with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                    _add_tree(tar, fd, "", owner_uid)
+            size, digest = self._keep(tmp, writer)
+            kept = True
+            return Collected(name, rel, kind, size, digest)
+        finally:
+            os.close(fd)
+            if not kept:
+                os.close(out)
+                tmp.unlink(missing_ok=True)
+
+
+def _owned(info: os.stat_result, owner_uid: int) -> bool:
+    return owner_uid == 0 or info.st_uid == owner_uid
+
+
+def _add_tree(tar: tarfile.TarFile, dir_fd: int, prefix: str, owner_uid: int) -> None:
+    for name in sorted(os.listdir(dir_fd)):
+        arcname = f"{prefix}{name}"
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        entry = tarfile.TarInfo(arcname)
+        entry.mode, entry.mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
+        if stat.S_ISDIR(info.st_mode):
+            child = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+            try:
+                entry.type = tarfile.DIRTYPE
+                tar.addfile(entry)
+                _add_tree(tar, child, f"{arcname}/", owner_uid)
+            finally:
+                os.close(child)
+        elif stat.S_ISLNK(info.st_mode):
+            entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dir_fd)
+            tar.addfile(entry)  # kept as a link; what it points at is never read
+        elif stat.S_ISREG(info.st_mode) and _owned(info, owner_uid):
+            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+            with os.fdopen(fd, "rb") as file:
+                entry.size = os.fstat(file.fileno()).st_size
+                tar.addfile(entry, file)

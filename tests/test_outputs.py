@@ -1,0 +1,123 @@
+"""Outputs of host-process jobs: collected after each attempt into a store named by
+sha256, listed, downloaded verified (a file, or a directory from its tar), and never
+read through a link out of the job's workspace."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import noduslocal as nodus
+from noduslocal import errors, testing
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+MAKE = ("mkdir -p adapter/deep && printf 'W' > model.pt && printf 'cfg' > adapter/config.json"
+        " && printf 'deep' > adapter/deep/x.bin && ln -s /etc/shadow adapter/leak"
+        " && ln -s /etc/shadow shadow")
+OUTPUTS = {"model": "/workspace/model.pt", "adapter/all": "adapter", "leak": "shadow",
+           "missing": "nothing/here.txt"}
+
+
+@pytest.fixture
+def made(daemon: testing.Daemon) -> nodus.Job:
+    job = nodus.Job.run(name="maker", command=["sh", "-c", MAKE], outputs=OUTPUTS)
+    job.wait(timeout=30)
+    return job
+
+
+def test_collected_and_listed(made: nodus.Job) -> None:
+    listed = {o.name: o for o in made.outputs.list()}
+    assert set(listed) == set(OUTPUTS)
+    model = listed["model"]
+    assert (model.collected, model.kind, model.size, model.attempt) == (True, "file", 1, 1)
+    assert model.sha256 == hashlib.sha256(b"W").hexdigest()
+    assert (listed["adapter/all"].collected, listed["adapter/all"].kind) == (True, "dir")
+    assert listed["leak"].collected is False  # a link is never followed, so not collected
+    assert listed["missing"].collected is False
+
+
+@pytest.mark.filterwarnings("ignore:left out of the download")
+def test_file_and_directory_downloads(made: nodus.Job, tmp_path: Path) -> None:
+    assert made.outputs["model"].download(tmp_path / "m.pt").read_bytes() == b"W"
+    tree = made.outputs["adapter/all"].download(tmp_path / "adapter")
+    assert (tree / "config.json").read_text() == "cfg"
+    assert (tree / "deep" / "x.bin").read_text() == "deep"
+    assert not (tree / "leak").exists()  # a link to an absolute path is left out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "m.pt"]
+
+
+def test_a_link_inside_a_directory_output_is_kept_as_a_link(
+        daemon: testing.Daemon, made: nodus.Job) -> None:
+    blobs = list((daemon.data_dir / "blobs").glob("*/*"))
+    tars = [b for b in blobs if tarfile.is_tarfile(b)]
+    assert len(tars) == 1
+    with tarfile.open(tars[0]) as tar:
+        leak = tar.getmember("leak")
+        assert leak.issym() and leak.linkname == "/etc/shadow"
+    shadow = Path("/etc/shadow").read_bytes()
+    assert all(shadow not in b.read_bytes() for b in blobs)
+
+
+@pytest.mark.filterwarnings("ignore:left out of the download")
+def test_prefix_download(made: nodus.Job, tmp_path: Path) -> None:
+    made.outputs.download(tmp_path, prefix="adapter/")
+    assert (tmp_path / "all" / "config.json").read_text() == "cfg"
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_not_collected_is_404(made: nodus.Job, tmp_path: Path) -> None:
+    with pytest.raises(errors.NotFound, match="was not collected"):
+        made.outputs["missing"].download(tmp_path / "x")
+    with pytest.raises(errors.NotFound, match="declares no output"):
+        made.outputs["undeclared"].download(tmp_path / "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tampered_store_raises_and_leaves_nothing(daemon: testing.Daemon, made: nodus.Job,
+                                                  tmp_path: Path) -> None:
+    blob = daemon.data_dir / "blobs" / hashlib.sha256(b"W").hexdigest()[:2] / \
+        hashlib.sha256(b"W").hexdigest()
+    blob.write_bytes(b"X")
+    with pytest.raises(errors.ChecksumMismatch):
+        made.outputs["model"].download(tmp_path / "m.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_job_still_has_its_outputs(daemon: testing.Daemon, tmp_path: Path) -> None:
+    job = nodus.Job.run(command=["sh", "-c", "echo partial > log.txt; exit 3"],
+                        outputs={"log": "log.txt"})
+    with pytest.raises(errors.JobFailed):
+        job.wait(timeout=30)
+    assert job.outputs["log"].download(tmp_path).read_text() == "partial\n"
+
+
+@pytest.mark.parametrize(("outputs", "message"), [
+    ({"x": "../etc/passwd"}, "may not contain '..'"),
+    ({"x": "/etc/passwd"}, "collected from its workspace"),
+    ({"../x": "a"}, "not an output name"),
+    ({"x": "/workspace"}, "whole workspace"),
+    ({"x": 3}, "must be a string"),
+])
+def test_bad_outputs_are_400(daemon: testing.Daemon, outputs: dict[str, object],
+                             message: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message):
+        nodus.Job.create(command=["true"], outputs=outputs)  # type: ignore[arg-type]
+    assert daemon.client().list_jobs(all=True) == []
+
+
+def test_cli(cli: Cli, tmp_path: Path) -> None:
+    run = cli("job", "run", "--name", "c", "--output", "result=out.txt", "--", "sh", "-c",
+              "echo 42 > out.txt")
+    assert run.returncode == 0, run.stderr
+    listed = json.loads(cli("job", "outputs", "c", "--json").stdout)
+    assert [(o["name"], o["collected"], o["size"]) for o in listed] == [("result", True, 3)]
+    got = cli("job", "download-output", "c", "result", str(tmp_path / "r.txt"))
+    assert got.returncode == 0 and (tmp_path / "r.txt").read_text() == "42\n"
+    assert "result" in cli("job", "outputs", "c").stdout
