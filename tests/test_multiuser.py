@@ -565,6 +565,22 @@ def test_secrets_are_per_user(box: Box) -> None:
     assert (mine.returncode, mine.stdout) == (0, "got ***\n")
 
 
+def test_exec_runs_as_the_owner_and_only_for_owner_or_admin(box: Box) -> None:
+    created = box.cli_json(ALICE, "job", "run", "--cpu", SMALL, "--detach", "--json", "--",
+                           "/bin/sleep", "60")
+    name = created["name"]
+    root = box.daemon.client()
+    wait_phase(root, name, ALICE, {Phase.RUNNING})
+    try:
+        as_admin = root.exec_job(name, ALICE, ["id", "-u"])  # root asks; alice runs it
+        assert as_admin["stdout"].split() == [str(box.alice.uid)]
+        assert_denied(box.cli(BOB, "job", "exec", name, "--project", ALICE, "--", "id"))
+        mine = box.cli(ALICE, "job", "exec", name, "--", "id", "-u")
+        assert (mine.returncode, mine.stdout.split()) == (0, [str(box.alice.uid)])
+    finally:
+        cancel_quietly(root, name, ALICE)
+
+
 # --- the admin group (last: it changes alice's groups) ------------------------------------
 
 

@@ -117,8 +117,6 @@ def test_unbuilt_methods_raise_unsupported(daemon: testing.Daemon, method: str) 
     job = nodus.Job.run(command=["true"])
     with pytest.raises(nodus.errors.Unsupported, match=method):
         getattr(job, method)()
-    with pytest.raises(nodus.errors.Unsupported, match="exec"):
-        job.exec("ls")
 
 
 def test_no_daemon_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,10 +15,12 @@ from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
 from noduslocal.models import JobRecord
 from noduslocal.states import TERMINAL, Phase
+from noduslocal.units import parse_duration
 from noduslocal.validation import parse_create, validate_name
 
 routes = web.RouteTableDef()
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+EXEC_TIMEOUT = 300.0  # seconds an exec may run unless the request says otherwise
 
 
 def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
@@ -169,3 +171,30 @@ async def job_attempts(request: web.Request) -> web.Response:
     job = await lookup(request)
     attempts = await services.store.attempts(job.id)
     return web.json_response({"attempts": [a.to_wire() for a in attempts]})
+
+
+@routes.post("/v1/jobs/{name}/exec")
+async def exec_in_job(request: web.Request) -> web.Response:
+    """Run a command beside a running job, as its owner, with its environment and workdir."""
+    from noduslocal.runtime.execute import run_in_job
+
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, "exec in")
+    body: Any = json.loads(await request.read() or b"null")
+    if not isinstance(body, dict) or set(body) - {"command", "timeout"}:
+        raise errors.InvalidArgument('body: expected {"command": [...], "timeout": S}',
+                                     field="body")
+    command = body.get("command")
+    if (not isinstance(command, list) or not command or not command[0]
+            or not all(isinstance(c, str) and "\0" not in c for c in command)):
+        raise errors.InvalidArgument("command: expected a non-empty list of strings",
+                                     field="command")
+    timeout = parse_duration(body.get("timeout", EXEC_TIMEOUT), "timeout")
+    attempt = services.supervisor.active.get(job.id)
+    if job.phase != Phase.RUNNING or attempt is None or not attempt.running:
+        raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
+    secrets = await services.store.job_secret_values(job.id) if job.spec.secrets else {}
+    launch = services.supervisor.layout.launch_request(job, attempt.number, secrets)
+    result = await run_in_job(launch, command, timeout)
+    return web.json_response(result.to_wire())

@@ -254,3 +254,26 @@ def attempts(name: str, project: str | None, as_json: bool) -> None:
         ("#", "PHASE", "STARTED", "ENDED", "EXIT", "SIGNAL", "REASON", "MESSAGE"),
         [(a["number"], a["phase"], a.get("started_at"), a.get("ended_at"), a.get("exit_code"),
           a.get("signal"), a.get("reason"), a.get("message")) for a in rows])
+
+
+@job.command("exec")
+@click.argument("name")
+@project_option
+@click.option("--timeout", default="5m", show_default=True, help="Kill it after this long.")
+@click.argument("command", nargs=-1, required=True)
+def exec_(name: str, project: str | None, timeout: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND beside the running job NAME, as its owner, in its workdir:
+    noduslocal job exec NAME [--project P] -- CMD ARGS..."""
+    try:
+        seconds = parse_duration(timeout, "timeout")
+    except errors.InvalidArgument as exc:
+        raise click.BadParameter(exc.message, param_hint="--timeout") from None
+    argv = list(command[1:] if command[0] == "--" else command)
+    if not argv:
+        raise click.UsageError("give the command to run after NAME")
+    result = Client().exec_job(name, project, argv, seconds)
+    sys.stdout.write(result["stdout"])
+    sys.stderr.write(result["stderr"])
+    if result["truncated"]:
+        click.echo("noduslocal: output truncated at 16 MiB", err=True)
+    sys.exit(result["returncode"] if 0 <= result["returncode"] < 256 else 1)

@@ -132,6 +132,12 @@ class Client:
             f"/v1/jobs/{_quote(name)}/files/content", target,
             query={"project": project, "path": path})
 
+    def exec_job(self, name: str, project: str | None, command: list[str],
+                 timeout: float = 300.0) -> dict[str, Any]:
+        return self.transport.request(
+            "POST", f"/v1/jobs/{_quote(name)}/exec", query={"project": project},
+            body={"command": command, "timeout": timeout}, timeout=timeout + 30)
+
     def list_outputs(self, name: str, project: str | None = None) -> list[dict[str, Any]]:
         return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/outputs",
                                       query={"project": project})["outputs"]

@@ -184,8 +184,18 @@ class Job:
         raise errors.Unsupported("Job.estimate", "start and cost estimates come with GPUs")
 
     def exec(self, *command: str, pty: bool = False, rank: int | None = None,
-             index: int | None = None) -> Any:
-        raise errors.Unsupported("Job.exec")
+             index: int | None = None) -> View:
+        """Run COMMAND beside the running job, as its owner, with its environment and
+        workdir; returns a Process with stdout, stderr and returncode."""
+        if pty:
+            raise errors.Unsupported("pty", "exec runs to completion without a terminal")
+        if rank is not None:
+            raise errors.Unsupported("rank", "gangs (Distributed) are not supported yet")
+        if index is not None:
+            raise errors.Unsupported("index", "indexed jobs are not supported yet")
+        if not command:
+            raise errors.InvalidArgument("command: give the command to run", field="command")
+        return View(self._client.exec_job(self.name, self.project, list(command)))
 
     def suspend(self) -> None:
         raise errors.Unsupported("Job.suspend")
