@@ -8,14 +8,15 @@ from pathlib import Path
 import click
 
 from noduslocal.cli import output
+from noduslocal.cli.job import json_option, project_option
 from noduslocal.client.api import Client
 
 
 @click.command("ls")
 @click.argument("job")
 @click.argument("path", default="")
-@click.option("--project", "-p", help="Project (default: your user name).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@project_option
+@json_option
 def ls(job: str, path: str, project: str | None, as_json: bool) -> None:
     """List PATH (default: the top) of JOB's workspace."""
     entries = Client().list_files(job, project, path)
@@ -33,7 +34,7 @@ def ls(job: str, path: str, project: str | None, as_json: bool) -> None:
 @click.argument("job")
 @click.argument("path")
 @click.argument("dest", type=click.Path(path_type=Path))
-@click.option("--project", "-p", help="Project (default: your user name).")
+@project_option
 def download(job: str, path: str, dest: Path, project: str | None) -> None:
     """Save the file PATH of JOB's workspace at DEST, verified by its sha256."""
     saved = Client().download_file(job, project, path, dest)

@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 
 from noduslocal.cli import output
+from noduslocal.cli.job import json_option, project_option
 from noduslocal.client.api import Client
 
 
 @click.command("outputs")
 @click.argument("job")
-@click.option("--project", "-p", help="Project (default: your user name).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@project_option
+@json_option
 def outputs(job: str, project: str | None, as_json: bool) -> None:
     """List JOB's declared outputs and what was collected."""
     rows = Client().list_outputs(job, project)
@@ -31,7 +32,7 @@ def outputs(job: str, project: str | None, as_json: bool) -> None:
 @click.argument("job")
 @click.argument("name")
 @click.argument("dest", type=click.Path(path_type=Path))
-@click.option("--project", "-p", help="Project (default: your user name).")
+@project_option
 def download_output(job: str, name: str, dest: Path, project: str | None) -> None:
     """Save JOB's output NAME at DEST (a directory output becomes a directory)."""
     click.echo(str(Client().download_output(job, project, name, dest)))

@@ -8,6 +8,7 @@ import sys
 import click
 
 from noduslocal.cli import output
+from noduslocal.cli.job import json_option
 from noduslocal.client.api import Client
 
 
@@ -32,7 +33,7 @@ def set_(name: str) -> None:
 
 
 @secret.command("ls")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 def ls(as_json: bool) -> None:
     """List your secrets' names."""
     rows = Client().list_secrets()

@@ -1,0 +1,83 @@
+"""An attempt as the supervisor holds it, and what its end means for the job: the next
+phase and reason for an exit, a lost shim, an attempt that never started, or a stop we
+asked for; retries are spent here and only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from noduslocal.models import JobRecord
+from noduslocal.runtime.attempts import Alive, AttemptState, Exited, NeverStarted, Vanished, inspect
+from noduslocal.scheduler.queue import Request
+from noduslocal.states import AttemptPhase, Phase, Reason
+from noduslocal.store.jobs import Outcome
+
+
+@dataclass
+class Attempt:
+    """A job that holds resources: being launched, running, or being stopped."""
+
+    job: JobRecord
+    request: Request
+    number: int = 0
+    directory: Path | None = None
+    started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
+    running: bool = False  # a shim was started (the attempt row says Running)
+    shim_pid: int | None = None
+    boot_id: str | None = None
+    stop_reason: str | None = None
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+
+def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
+    job, stop = attempt.job, attempt.stop_reason
+    if isinstance(state, NeverStarted) and attempt.running:
+        state = Vanished()  # a shim was started: whether the job ran, nobody knows
+    if isinstance(state, Exited):
+        code, sig = state.exit_code, state.signal
+        if stop == Reason.CANCELLED:
+            return Outcome(AttemptPhase.EXITED, Phase.CANCELLED, Reason.CANCELLED,
+                               "cancelled on request", code, sig)
+        if stop == Reason.TIMEOUT:
+            return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.TIMEOUT,
+                               f"stopped after its timeout of {job.spec.timeout:g}s", code, sig)
+        if code == 0:
+            return Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED, None, 0)
+        if sig is not None:
+            return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.SIGNALED,
+                               f"killed by signal {sig} ({signal.Signals(sig).name})", code, sig)
+        return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.ERROR,
+                           f"exited with code {code}", code)
+    if isinstance(state, NeverStarted):
+        if stop is not None:
+            return Outcome(AttemptPhase.NOT_STARTED, Phase.CANCELLED, Reason.CANCELLED,
+                               "cancelled before it started")
+        return Outcome(AttemptPhase.NOT_STARTED, Phase.PENDING, Reason.REQUEUED,
+                           "the daemon stopped before the process ran; queued again")
+    if stop is not None:  # vanished while we were stopping it: that is what we asked for
+        phase = Phase.CANCELLED if stop == Reason.CANCELLED else Phase.FAILED
+        return Outcome(AttemptPhase.LOST, phase, stop, "stopped; no exit status recorded")
+    if job.retries_used < job.spec.retries:
+        left = job.spec.retries - job.retries_used - 1
+        return Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST,
+                           f"attempt {attempt.number} lost (no exit status); retrying, "
+                           f"{left} retr{'y' if left == 1 else 'ies'} left", spend_retry=True)
+    return Outcome(AttemptPhase.LOST, Phase.FAILED, Reason.LOST,
+                       f"attempt {attempt.number} lost (no exit status) and no retries left")
+
+
+async def settled_inspect(directory: Path) -> AttemptState:
+    """inspect(), waiting out a shim that holds its lock but has not written pid.json yet
+    (it does so right after starting the job)."""
+    state = inspect(directory)
+    for _ in range(500):
+        if not (isinstance(state, Alive) and state.shim_pid == 0):
+            break
+        await asyncio.sleep(0.01)
+        state = inspect(directory)
+    return state
