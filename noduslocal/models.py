@@ -26,6 +26,7 @@ class JobSpec:
     retries: int = 0
     secrets: list[str] = field(default_factory=list)  # env names; values never travel
     outputs: dict[str, str] = field(default_factory=dict)  # name -> workspace-relative path
+    checkpoint: str | None = None  # workspace-relative directory
 
     @property
     def argv(self) -> list[str]:
@@ -43,6 +44,7 @@ class JobSpec:
             "retries": self.retries,
             "secrets": self.secrets,
             "outputs": self.outputs,
+            "checkpoint": self.checkpoint,
         }
 
     @classmethod
@@ -58,6 +60,7 @@ class JobSpec:
             retries=int(data.get("retries", 0)),
             secrets=list(data.get("secrets") or []),
             outputs=dict(data.get("outputs") or {}),
+            checkpoint=data.get("checkpoint"),
         )
 
 

@@ -24,7 +24,7 @@ OUTPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*$")
 # `--retries`, which the reference has on `super job run` only).
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
-     "region", "labels", "retries", "secrets", "outputs"}
+     "region", "labels", "retries", "secrets", "outputs", "checkpoint"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
@@ -36,7 +36,6 @@ NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "disk": (None,),
     "volumes": (None, {}),
     "network": (None,),
-    "checkpoint": (None,),
     "expected_duration": (None,),
     "interruptible": (None, False),
     "profile": (None,),
@@ -193,6 +192,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         retries=retries,
         secrets=[ref.env for ref in secrets],
         outputs=_outputs(body.get("outputs") or {}),
+        checkpoint=_checkpoint(body.get("checkpoint")),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)
@@ -228,3 +228,31 @@ def _outputs(value: Any) -> dict[str, str]:
                                   "or directory in it", field="outputs")
         outputs[name] = "/".join(parts)
     return outputs
+
+
+def _checkpoint(value: Any) -> str | None:
+    """A host job's checkpoint directory: a path under /workspace (or relative to it), made
+    before the first attempt and kept, with the workspace, across every attempt."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        if "volume" in value:
+            raise Unsupported("checkpoint.volume", "volumes come with the containers release")
+        if set(value) != {"path"}:
+            raise InvalidArgument('checkpoint: expected a path or {"path": ...}',
+                                  field="checkpoint")
+        value = value["path"]
+    if not isinstance(value, str):
+        raise InvalidArgument("checkpoint: expected a path", field="checkpoint")
+    if value.startswith("/") and not (value == "/workspace" or value.startswith("/workspace/")):
+        raise InvalidArgument(
+            f"checkpoint: {value!r}: a host job keeps its checkpoint in its workspace; use a "
+            "path under /workspace (NODUS_CHECKPOINT_DIR names it)", field="checkpoint")
+    try:
+        parts = components(value)
+    except InvalidArgument:
+        raise InvalidArgument("checkpoint: may not contain '..'", field="checkpoint") from None
+    if not parts:
+        raise InvalidArgument("checkpoint: name a directory inside the workspace",
+                              field="checkpoint")
+    return "/".join(parts)

@@ -700,3 +700,20 @@ def test_outputs_are_collected_for_a_job_that_ended_while_the_daemon_was_down(
     [row] = c.list_outputs("out")
     assert (row["collected"], row["size"]) == (True, 3)
     assert c.download_output("out", None, "result", tmp_path / "r").read_text() == "42\n"
+
+
+def test_a_retried_attempt_sees_the_checkpoint_the_lost_one_wrote(
+        daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    script = ('if [ -e "$NODUS_CHECKPOINT_DIR/step" ]; then '
+              'echo "resumed at $(cat "$NODUS_CHECKPOINT_DIR/step")"; exit 0; fi; '
+              'echo 41 > "$NODUS_CHECKPOINT_DIR/step"; sleep 60')
+    c.create_job({"name": "ckpt", "retries": 1, "checkpoint": "/workspace/ckpt",
+                  "command": ["sh", "-c", script]})
+    _, pid = pid_json(daemon, "ckpt")
+    wait_until(lambda: list(daemon.data_dir.glob("jobs/*/workspace/ckpt/step")),
+               "the first attempt's checkpoint")
+    os.kill(pid["shim_pid"], signal.SIGKILL)  # the box is lost under the job
+    job = c.wait_job("ckpt", timeout=DEADLINE)
+    assert (job["phase"], job["attempts"]) == ("Succeeded", 2), job
+    assert b"".join(c.logs("ckpt")).decode() == "resumed at 41\n"

@@ -155,3 +155,19 @@ def test_create_fields_cover_the_reference_signature() -> None:
 def test_huge_durations_are_refused_not_a_500(huge: object) -> None:
     with pytest.raises(errors.InvalidArgument, match="at most 10 years"):
         parse_duration(huge, "timeout")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("/ckpt", "under /workspace"), ("../x", "'..'"), ("/workspace", "inside the workspace"),
+    (3, "expected a path"), ({"path": "x", "extra": 1}, "expected a path or"),
+])
+def test_bad_checkpoints(value: object, message: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message) as info:
+        parse_create({"command": ["true"], "checkpoint": value}, regions=REGIONS)
+    assert info.value.field == "checkpoint"
+
+
+def test_checkpoint_forms() -> None:
+    for value in ("/workspace/ckpt/a", "ckpt/a", {"path": "./ckpt/a"}):
+        assert parse_create({"command": ["true"], "checkpoint": value},
+                            regions=REGIONS).spec.checkpoint == "ckpt/a"

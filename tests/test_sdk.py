@@ -100,7 +100,7 @@ def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
 
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"image": "busybox"}, "image"), ({"gpu": "H100"}, "gpu"),
-    ({"checkpoint": "/ckpt"}, "checkpoint"),
+    ({"checkpoint": {"path": "/ckpt", "volume": "v"}}, "checkpoint.volume"),
     ({"distributed": nodus.Distributed(nodes=2)}, "distributed"),
     ({"source": "."}, "source"), ({"allow_large_source": True}, "allow_large_source"),
 ])

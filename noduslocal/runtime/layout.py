@@ -63,10 +63,22 @@ class JobLayout:
         except FileExistsError:
             pass  # kept from an earlier attempt
         else:
-            if os.getuid() == 0:
-                os.chown(workspace, job.owner_uid, job.owner_gid)
+            self._own(workspace, job)
+            if job.spec.checkpoint:
+                # Made only in the new, empty workspace: no link the job could have left
+                # there can lead these root mkdirs elsewhere. Later attempts find it kept.
+                path = workspace
+                for part in job.spec.checkpoint.split("/"):
+                    path = path / part
+                    path.mkdir(mode=0o700)
+                    self._own(path, job)
         directory.mkdir(mode=0o700)
         return directory
+
+    @staticmethod
+    def _own(path: Path, job: JobRecord) -> None:
+        if os.getuid() == 0:
+            os.chown(path, job.owner_uid, job.owner_gid, follow_symlinks=False)
 
     def launch_request(self, job: JobRecord, number: int,
                        secrets: dict[str, str] | None = None) -> dict[str, Any]:
@@ -85,6 +97,8 @@ class JobLayout:
             "NODUS_PROJECT": job.project,
             "NODUS_ATTEMPT": str(number),
             "NODUS_WORKSPACE": str(workspace),
+            **({"NODUS_CHECKPOINT_DIR": str(workspace / job.spec.checkpoint)}
+               if job.spec.checkpoint else {}),
             **job.spec.env,
             **(secrets or {}),
         }
