@@ -27,6 +27,7 @@ class JobSpec:
     secrets: list[str] = field(default_factory=list)  # env names; values never travel
     outputs: dict[str, str] = field(default_factory=dict)  # name -> workspace-relative path
     checkpoint: str | None = None  # workspace-relative directory
+    volumes: dict[str, str] = field(default_factory=dict)  # workspace-relative path -> name
 
     @property
     def argv(self) -> list[str]:
@@ -45,6 +46,7 @@ class JobSpec:
             "secrets": self.secrets,
             "outputs": self.outputs,
             "checkpoint": self.checkpoint,
+            "volumes": self.volumes,
         }
 
     @classmethod
@@ -61,6 +63,7 @@ class JobSpec:
             secrets=list(data.get("secrets") or []),
             outputs=dict(data.get("outputs") or {}),
             checkpoint=data.get("checkpoint"),
+            volumes=dict(data.get("volumes") or {}),
         )
 
 

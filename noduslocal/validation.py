@@ -24,7 +24,7 @@ OUTPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*$")
 # `--retries`, which the reference has on `super job run` only).
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
-     "region", "labels", "retries", "secrets", "outputs", "checkpoint"}
+     "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
@@ -34,7 +34,6 @@ NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "source": (None,),
     "gpu": (None, 0),
     "disk": (None,),
-    "volumes": (None, {}),
     "network": (None,),
     "expected_duration": (None,),
     "interruptible": (None, False),
@@ -193,6 +192,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         secrets=[ref.env for ref in secrets],
         outputs=_outputs(body.get("outputs") or {}),
         checkpoint=_checkpoint(body.get("checkpoint")),
+        volumes=_volumes(body.get("volumes") or {}),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)
@@ -256,3 +256,42 @@ def _checkpoint(value: Any) -> str | None:
         raise InvalidArgument("checkpoint: name a directory inside the workspace",
                               field="checkpoint")
     return "/".join(parts)
+
+
+def workspace_path(value: Any, field_name: str, what: str) -> str:
+    """A path a host job sees in its workspace: under /workspace or relative to it."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field_name}: expected a path", field=field_name)
+    if value.startswith("/") and not (value == "/workspace" or value.startswith("/workspace/")):
+        raise InvalidArgument(
+            f"{field_name}: {value!r}: a host job sees its {what} in its workspace; use a "
+            "path under /workspace", field=field_name)
+    try:
+        parts = components(value)
+    except InvalidArgument:
+        raise InvalidArgument(f"{field_name}: may not contain '..'", field=field_name) from None
+    if not parts:
+        raise InvalidArgument(f"{field_name}: name a directory inside the workspace",
+                              field=field_name)
+    return "/".join(parts)
+
+
+def _volumes(value: Any) -> dict[str, str]:
+    """{mount path: volume name or {"name": ...}} -> {workspace-relative path: name}."""
+    if not isinstance(value, Mapping):
+        raise InvalidArgument("volumes: expected a mapping of mount path to volume name",
+                              field="volumes")
+    volumes: dict[str, str] = {}
+    for path, ref in value.items():
+        if isinstance(ref, Mapping):
+            if set(ref) != {"name"}:
+                raise InvalidArgument('volumes: each entry is a name or {"name": ...}',
+                                      field="volumes")
+            ref = ref["name"]
+        name = validate_name(ref, "volumes")
+        rel = workspace_path(path, "volumes", "volumes")
+        if any(rel == other or rel.startswith(other + "/") or other.startswith(rel + "/")
+               for other in volumes):
+            raise InvalidArgument(f"volumes: {path!r} overlaps another mount", field="volumes")
+        volumes[rel] = name
+    return volumes

@@ -37,7 +37,7 @@ def open_parent(root: Path, parts: list[str]) -> int:
     try:
         fd = os.open(root, DIR_FLAGS)
     except FileNotFoundError:
-        raise errors.NotFound("the job has no workspace yet (it has not started)") from None
+        raise errors.NotFound(f"{root} does not exist") from None
     try:
         for part in parts[:-1]:
             nxt = os.open(part, DIR_FLAGS, dir_fd=fd)

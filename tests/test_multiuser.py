@@ -581,6 +581,24 @@ def test_exec_runs_as_the_owner_and_only_for_owner_or_admin(box: Box) -> None:
         cancel_quietly(root, name, ALICE)
 
 
+def test_volumes_belong_to_their_creator(box: Box) -> None:
+    assert box.cli(ALICE, "volume", "create", "alice-vol").returncode == 0
+    wrote = box.cli(ALICE, "job", "run", "--cpu", SMALL, "--volume", "alice-vol", "--",
+                    "/bin/sh", "-c", "echo mine > alice-vol/f.txt")
+    assert wrote.returncode == 0, wrote.stderr
+    mount = box.cli(BOB, "job", "run", "--cpu", SMALL, "--volume", "alice-vol", "--",
+                    "/bin/true")
+    assert mount.returncode == 1 and "belongs to nlalice" in mount.stderr
+    assert_denied(box.cli(BOB, "volume", "files", "alice-vol"))
+    assert_denied(box.cli(BOB, "volume", "download", "alice-vol", "f.txt", "/tmp/nl-bob-v"))
+    assert_denied(box.cli(BOB, "volume", "rm", "alice-vol"))
+    assert not Path("/tmp/nl-bob-v").exists()
+    volume_dir = box.daemon.data_dir / "volumes" / "alice-vol"
+    assert box.as_user(BOB, "ls", str(volume_dir)).returncode != 0
+    assert (volume_dir / "f.txt").stat().st_uid == box.alice.uid
+    assert box.cli(ALICE, "volume", "rm", "alice-vol").returncode == 0
+
+
 # --- the admin group (last: it changes alice's groups) ------------------------------------
 
 

@@ -8,7 +8,7 @@ import os
 
 from aiohttp import web
 
-from noduslocal import workspace
+from noduslocal import errors, workspace
 from noduslocal.api.app import SERVICES
 from noduslocal.api.jobs import lookup, require_control
 
@@ -21,6 +21,8 @@ async def list_files(request: web.Request) -> web.Response:
     job = await lookup(request)
     require_control(request, job, "read the files of")
     root = request.app[SERVICES].supervisor.layout.workspace(job.id)
+    if not root.exists():
+        raise errors.NotFound(f"job {job.name!r} has no workspace yet (it has not started)")
     path = request.query.get("path", "")
     entries = await asyncio.to_thread(workspace.list_path, root, path)
     return web.json_response({"path": "/".join(workspace.components(path)),
@@ -32,6 +34,8 @@ async def download_file(request: web.Request) -> web.StreamResponse:
     job = await lookup(request)
     require_control(request, job, "read the files of")
     root = request.app[SERVICES].supervisor.layout.workspace(job.id)
+    if not root.exists():
+        raise errors.NotFound(f"job {job.name!r} has no workspace yet (it has not started)")
     fd, size, digest = await asyncio.to_thread(
         workspace.open_file, root, request.query.get("path", ""), job.owner_uid)
     return await send_fd(request, fd, size, digest)

@@ -28,7 +28,7 @@ class Caller:
 
     @property
     def owner(self) -> Owner:
-        return Owner(self.uid, self.gid, self.name)
+        return Owner(self.uid, self.gid, self.name, self.admin)
 
     def may_control(self, owner_uid: int) -> bool:
         return self.admin or self.uid == owner_uid

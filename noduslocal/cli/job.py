@@ -52,6 +52,8 @@ def job() -> None:
 @click.option("--timeout", help="Stop the job after this long: 90, 90s, 15m, 2h.")
 @click.option("--workdir", help="Working directory (default: the job's workspace).")
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
+@click.option("--volume", "volumes", multiple=True, metavar="NAME[:MOUNT]",
+              help="Mount volume NAME at MOUNT (default /workspace/NAME).")
 @click.option("--output", "outputs", multiple=True, metavar="NAME=PATH",
               help="Collect PATH (in the workspace) as output NAME after each attempt.")
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
@@ -60,7 +62,8 @@ def job() -> None:
 def run(name: str | None, project: str | None, envs: tuple[str, ...],
         secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
-        labels: tuple[str, ...], outputs: tuple[str, ...], detach: bool, as_json: bool,
+        labels: tuple[str, ...], volumes: tuple[str, ...], outputs: tuple[str, ...],
+        detach: bool, as_json: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
     if timeout is not None:
@@ -83,6 +86,9 @@ def run(name: str | None, project: str | None, envs: tuple[str, ...],
         body["labels"] = _pairs(labels, "--label")
     if outputs:
         body["outputs"] = _pairs(outputs, "--output")
+    if volumes:
+        body["volumes"] = {mount or f"/workspace/{vol}": vol for vol, _, mount in
+                           (item.partition(":") for item in volumes)}
     if retries:
         body["retries"] = retries
     client = Client()

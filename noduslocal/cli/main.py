@@ -13,6 +13,7 @@ from noduslocal.cli.files import download, ls
 from noduslocal.cli.job import job
 from noduslocal.cli.outputs import download_output, outputs
 from noduslocal.cli.secrets import secret
+from noduslocal.cli.volumes import volume
 
 
 class Root(click.Group):
@@ -37,6 +38,7 @@ job.add_command(download_output)
 cli.add_command(ls)
 cli.add_command(download)
 cli.add_command(secret)
+cli.add_command(volume)
 
 
 def main() -> None:

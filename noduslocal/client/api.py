@@ -115,6 +115,27 @@ class Client:
     def delete_secret(self, name: str) -> None:
         self.transport.request("DELETE", f"/v1/secrets/{_quote(name)}")
 
+    def create_volume(self, name: str) -> dict[str, Any]:
+        return self.transport.request("POST", "/v1/volumes", body={"name": name})
+
+    def list_volumes(self) -> list[dict[str, Any]]:
+        return self.transport.request("GET", "/v1/volumes")["volumes"]
+
+    def delete_volume(self, name: str) -> None:
+        self.transport.request("DELETE", f"/v1/volumes/{_quote(name)}")
+
+    def volume_files(self, name: str, path: str = "") -> list[dict[str, Any]]:
+        return self.transport.request("GET", f"/v1/volumes/{_quote(name)}/files",
+                                      query={"path": path})["entries"]
+
+    def download_volume_file(self, name: str, path: str,
+                             dest: str | os.PathLike[str]) -> Path:
+        target = Path(dest)
+        if target.is_dir():
+            target = target / (path.rstrip("/").rsplit("/", 1)[-1] or "download")
+        return self.transport.download(f"/v1/volumes/{_quote(name)}/files/content", target,
+                                       query={"path": path})
+
     def list_files(self, name: str, project: str | None = None,
                    path: str = "") -> list[dict[str, Any]]:
         return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/files",

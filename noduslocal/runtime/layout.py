@@ -35,10 +35,15 @@ def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
 class JobLayout:
     def __init__(self, data_dir: Path) -> None:
         self.jobs_dir = data_dir / "jobs"
+        self.volumes_dir = data_dir / "volumes"
 
     def create_root(self) -> None:
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.jobs_dir, 0o711)
+        for directory in (self.jobs_dir, self.volumes_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, 0o711)
+
+    def volume_dir(self, name: str) -> Path:
+        return self.volumes_dir / name
 
     def job_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
@@ -64,16 +69,26 @@ class JobLayout:
             pass  # kept from an earlier attempt
         else:
             self._own(workspace, job)
+            # Made only in the new, empty workspace: no link the job could have left there
+            # can lead these root mkdirs elsewhere. Later attempts find them kept.
             if job.spec.checkpoint:
-                # Made only in the new, empty workspace: no link the job could have left
-                # there can lead these root mkdirs elsewhere. Later attempts find it kept.
-                path = workspace
-                for part in job.spec.checkpoint.split("/"):
-                    path = path / part
-                    path.mkdir(mode=0o700)
-                    self._own(path, job)
+                self._make_dirs(workspace, job.spec.checkpoint, job)
+            for rel, volume in job.spec.volumes.items():
+                parent = self._make_dirs(workspace, rel.rpartition("/")[0], job)
+                link = parent / rel.rpartition("/")[2]
+                link.symlink_to(self.volume_dir(volume))
+                self._own(link, job)
         directory.mkdir(mode=0o700)
         return directory
+
+    def _make_dirs(self, base: Path, rel: str, job: JobRecord) -> Path:
+        path = base
+        for part in filter(None, rel.split("/")):
+            path = path / part
+            if not path.is_dir():
+                path.mkdir(mode=0o700)
+                self._own(path, job)
+        return path
 
     @staticmethod
     def _own(path: Path, job: JobRecord) -> None:
@@ -99,6 +114,8 @@ class JobLayout:
             "NODUS_WORKSPACE": str(workspace),
             **({"NODUS_CHECKPOINT_DIR": str(workspace / job.spec.checkpoint)}
                if job.spec.checkpoint else {}),
+            **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": str(workspace / rel)
+               for rel, name in job.spec.volumes.items()},
             **job.spec.env,
             **(secrets or {}),
         }

@@ -14,7 +14,6 @@ from typing import Any
 import aiosqlite
 
 from noduslocal.models import AttemptRecord, Event, JobRecord
-from noduslocal.states import TERMINAL
 from noduslocal.store import jobs as ops
 from noduslocal.store.migrate import migrate
 from noduslocal.store.writer import OnCommit, Operation, Writer
@@ -27,7 +26,6 @@ _PRAGMAS = (
     "PRAGMA busy_timeout = 5000",
     "PRAGMA foreign_keys = ON",
 )
-_TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 
 
 class Store:
@@ -103,7 +101,7 @@ class Store:
             where.append(f"phase IN ({','.join('?' * len(phases))})")
             params.extend(phases)
         if active_only:
-            where.append(f"phase NOT IN ({_TERMINAL_SQL})")
+            where.append(f"phase NOT IN ({ops.TERMINAL_SQL})")
         if owner is not None:
             where.append("owner = ?")
             params.append(owner)
@@ -163,3 +161,11 @@ class Store:
         return {row[0]: {"name": row[0], "attempt": row[1], "path": row[2], "kind": row[3],
                          "size": row[4], "sha256": row[5], "collected_at": row[6]}
                 for row in rows}
+
+    async def volumes(self, name: str | None = None) -> list[dict[str, Any]]:
+        rows = await self._fetchall(
+            "SELECT name, owner_uid, owner, created_at FROM volumes "
+            + ("WHERE name = ? " if name is not None else "") + "ORDER BY name",
+            (name,) if name is not None else ())
+        return [{"name": r[0], "owner_uid": r[1], "owner": r[2], "created_at": r[3]}
+                for r in rows]

@@ -17,6 +17,7 @@ from noduslocal import errors
 from noduslocal.models import AttemptRecord, CreateRequest, Event, JobRecord, JobSpec
 from noduslocal.outputs import Collected
 from noduslocal.states import (
+    TERMINAL,
     AttemptPhase,
     Phase,
     Reason,
@@ -28,6 +29,7 @@ JOB_COLUMNS = (
     "id, project, name, owner_uid, owner_gid, owner, phase, reason, message, spec, labels, "
     "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used"
 )
+TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
     "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
     "message, stop_reason, shim_pid, boot_id"
@@ -53,6 +55,7 @@ class Owner:
     uid: int
     gid: int
     name: str
+    admin: bool = False  # may use other users' volumes
 
 
 @dataclass
@@ -139,6 +142,17 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
             value = row[0]
         conn.execute("INSERT INTO job_secrets (job_id, env, value) VALUES (?,?,?)",
                      (job_id, ref.env, value))
+    for path, volume in req.spec.volumes.items():
+        row = conn.execute("SELECT owner_uid, owner FROM volumes WHERE name = ?",
+                           (volume,)).fetchone()
+        if row is None:
+            raise errors.InvalidArgument(
+                f"volumes: there is no volume {volume!r}; create it with "
+                f"`noduslocal volume create {volume}`", field="volumes")
+        if row[0] != owner.uid and not owner.admin:
+            raise errors.PermissionDenied(f"volumes: volume {volume!r} belongs to {row[1]}")
+        conn.execute("INSERT INTO job_volumes (job_id, path, volume) VALUES (?,?,?)",
+                     (job_id, path, volume))
     event = _event(conn, (job_id, project, name), now, Phase.PENDING.value,
                    Reason.CREATED.value, None, None)
     job = JobRecord(id=job_id, project=project, name=name, owner_uid=owner.uid,
@@ -251,4 +265,27 @@ def delete_secret(conn: sqlite3.Connection, owner_uid: int,
                        (owner_uid, name))
     if not cur.rowcount:
         raise errors.NotFound(f"you have no secret named {name!r}")
+    return None, []
+
+
+def create_volume(conn: sqlite3.Connection, name: str, owner: Owner,
+                  now: float) -> tuple[None, list[Event]]:
+    if conn.execute("SELECT 1 FROM volumes WHERE name = ?", (name,)).fetchone():
+        raise errors.AlreadyExists(f"name: volume {name!r} already exists", field="name")
+    conn.execute("INSERT INTO volumes (name, owner_uid, owner, created_at) VALUES (?,?,?,?)",
+                 (name, owner.uid, owner.name, now))
+    return None, []
+
+
+def delete_volume(conn: sqlite3.Connection, name: str) -> tuple[None, list[Event]]:
+    """Forget a volume no unfinished job uses (its directory goes after the commit)."""
+    users = conn.execute(
+        f"SELECT j.name FROM job_volumes v JOIN jobs j ON j.id = v.job_id "
+        f"WHERE v.volume = ? AND j.phase NOT IN ({TERMINAL_SQL}) LIMIT 3", (name,)).fetchall()
+    if users:
+        raise errors.Conflict(f"volume {name!r} is used by unfinished jobs: "
+                              f"{', '.join(u[0] for u in users)}")
+    conn.execute("DELETE FROM job_volumes WHERE volume = ?", (name,))
+    if not conn.execute("DELETE FROM volumes WHERE name = ?", (name,)).rowcount:
+        raise errors.NotFound(f"there is no volume {name!r}")
     return None, []

@@ -1,0 +1,70 @@
+"""`noduslocal volume create|ls|files|download|rm`: named directories, owned by their
+creator, that jobs mount (`job run --volume NAME[:MOUNT]`) and that outlive them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from noduslocal.cli import output
+from noduslocal.cli.job import json_option
+from noduslocal.client.api import Client
+
+
+@click.group()
+def volume() -> None:
+    """Named volumes that jobs mount and that outlive them."""
+
+
+@volume.command("create")
+@click.argument("name")
+def create(name: str) -> None:
+    """Create volume NAME, owned by you."""
+    Client().create_volume(name)
+    click.echo(name)
+
+
+@volume.command("ls")
+@json_option
+def ls(as_json: bool) -> None:
+    """List volumes (everyone's, with their owners)."""
+    rows = Client().list_volumes()
+    if as_json:
+        output.print_json(rows)
+        return
+    output.print_table(("NAME", "OWNER", "CREATED"),
+                       [(r["name"], r["owner"], r["created_at"]) for r in rows])
+
+
+@volume.command("files")
+@click.argument("name")
+@click.argument("path", default="")
+@json_option
+def files(name: str, path: str, as_json: bool) -> None:
+    """List PATH (default: the top) of volume NAME."""
+    entries = Client().volume_files(name, path)
+    if as_json:
+        output.print_json(entries)
+        return
+    output.print_table(
+        ("MODE", "SIZE", "MODIFIED", "NAME"),
+        [(e["mode"], e["size"] if e["type"] != "dir" else "-", e["mtime"],
+          e["name"] + ("/" if e["type"] == "dir" else "")) for e in entries])
+
+
+@volume.command("download")
+@click.argument("name")
+@click.argument("path")
+@click.argument("dest", type=click.Path(path_type=Path))
+def download(name: str, path: str, dest: Path) -> None:
+    """Save file PATH of volume NAME at DEST, verified by its sha256."""
+    click.echo(str(Client().download_volume_file(name, path, dest)))
+
+
+@volume.command("rm")
+@click.argument("name")
+def rm(name: str) -> None:
+    """Remove volume NAME and its files (refused while an unfinished job uses it)."""
+    Client().delete_volume(name)
+    click.echo(f"{name}: removed")
