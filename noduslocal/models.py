@@ -28,6 +28,7 @@ class JobSpec:
     outputs: dict[str, str] = field(default_factory=dict)  # name -> workspace-relative path
     checkpoint: str | None = None  # workspace-relative directory
     volumes: dict[str, str] = field(default_factory=dict)  # workspace-relative path -> name
+    source: str | None = None  # sha256 of an uploaded tar, unpacked into the workspace
 
     @property
     def argv(self) -> list[str]:
@@ -47,6 +48,7 @@ class JobSpec:
             "outputs": self.outputs,
             "checkpoint": self.checkpoint,
             "volumes": self.volumes,
+            "source": self.source,
         }
 
     @classmethod
@@ -64,6 +66,7 @@ class JobSpec:
             outputs=dict(data.get("outputs") or {}),
             checkpoint=data.get("checkpoint"),
             volumes=dict(data.get("volumes") or {}),
+            source=data.get("source"),
         )
 
 

@@ -28,7 +28,7 @@ class Collected:
     sha256: str
 
 
-class _HashingWriter(io.RawIOBase):
+class HashingWriter(io.RawIOBase):
     """A file that hashes what is written to it: the blob is hashed once, as it is made."""
 
     def __init__(self, fd: int) -> None:
@@ -55,13 +55,15 @@ class BlobStore:
     def path(self, sha256: str) -> Path:
         return self.root / sha256[:2] / sha256
 
-    def _new(self) -> tuple[int, Path]:
+    def new(self) -> tuple[int, Path]:
+        """A temporary file in the store: write it through a HashingWriter, then keep()."""
         tmp = self.root / "tmp"
         tmp.mkdir(parents=True, mode=0o700, exist_ok=True)
         path = tmp / f"{os.getpid()}-{os.urandom(8).hex()}"
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
 
-    def _keep(self, tmp: Path, writer: _HashingWriter) -> tuple[int, str]:
+    def keep(self, tmp: Path, writer: HashingWriter) -> tuple[int, str]:
+        """Sync the temporary file and move it to its name; (size, sha256)."""
         os.fsync(writer.fd)
         digest = writer.digest.hexdigest()
         final = self.path(digest)
@@ -93,8 +95,8 @@ class BlobStore:
                 return None
         finally:
             os.close(parent)
-        out, tmp = self._new()
-        writer = _HashingWriter(out)
+        out, tmp = self.new()
+        writer = HashingWriter(out)
         kept = False
         try:
             if kind == "file":
@@ -105,7 +107,7 @@ class BlobStore:
             else:
                 with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                     _add_tree(tar, fd, "", owner_uid)
-            size, digest = self._keep(tmp, writer)
+            size, digest = self.keep(tmp, writer)
             kept = True
             return Collected(name, rel, kind, size, digest)
         finally:

@@ -18,7 +18,7 @@ from noduslocal import errors
 from noduslocal.config import Settings
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
 from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
-from noduslocal.outputs import BlobStore, Collected
+from noduslocal.outputs import Collected
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -42,7 +42,7 @@ class Supervisor:
         self.store = store
         self.runtime = runtime
         self.layout = JobLayout(settings.data_dir)
-        self.blobs = BlobStore(settings.data_dir / "blobs")
+        self.blobs = self.layout.blobs
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
         self.active: dict[int, Attempt] = {}
         self._pending_jobs: dict[int, JobRecord] = {}
@@ -176,7 +176,10 @@ class Supervisor:
             if attempt.stop_reason is not None:
                 await self._finish(attempt, NeverStarted())
                 return
-            attempt.directory = self.layout.prepare(job, attempt.number)
+            if job.spec.source and attempt.number == 1:  # unpacking may take a while
+                attempt.directory = await asyncio.to_thread(self.layout.prepare, job, 1)
+            else:
+                attempt.directory = self.layout.prepare(job, attempt.number)
             secret_values = (await self.store.job_secret_values(job.id)
                              if job.spec.secrets else {})
             try:

@@ -24,14 +24,14 @@ OUTPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*$")
 # `--retries`, which the reference has on `super job run` only).
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
-     "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes"}
+     "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
+     "allow_large_source"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "image": (None,),
-    "source": (None,),
     "gpu": (None, 0),
     "disk": (None,),
     "network": (None,),
@@ -42,7 +42,6 @@ NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "completions": (None, 1),
     "parallelism": (None, 1),
     "distributed": (None,),
-    "allow_large_source": (None, False),
 }
 JOB_CREATE_FIELDS = SUPPORTED_FIELDS | frozenset(NOT_YET_FIELDS)
 
@@ -193,6 +192,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         outputs=_outputs(body.get("outputs") or {}),
         checkpoint=_checkpoint(body.get("checkpoint")),
         volumes=_volumes(body.get("volumes") or {}),
+        source=_source(body.get("source"), body.get("allow_large_source", False)),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)
@@ -295,3 +295,27 @@ def _volumes(value: Any) -> dict[str, str]:
             raise InvalidArgument(f"volumes: {path!r} overlaps another mount", field="volumes")
         volumes[rel] = name
     return volumes
+
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _source(value: Any, allow_large: Any) -> str | None:
+    """{"sha256": ...} of a source the caller uploaded (the SDK and CLI pack and upload a
+    path first); returns the sha256."""
+    if not isinstance(allow_large, bool):
+        raise InvalidArgument("allow_large_source: expected true or false",
+                              field="allow_large_source")
+    if value is None:
+        if allow_large:
+            raise InvalidArgument("allow_large_source: only means something with a source",
+                                  field="allow_large_source")
+        return None
+    if isinstance(value, str):
+        raise InvalidArgument("source: upload it first and pass {\"sha256\": ...} (the SDK "
+                              "and `job run --upload` do that for you)", field="source")
+    if (not isinstance(value, Mapping) or set(value) != {"sha256"}
+            or not isinstance(value["sha256"], str) or not SHA256_RE.match(value["sha256"])):
+        raise InvalidArgument('source: expected {"sha256": "<64 hex digits>"}',
+                              field="source")
+    return value["sha256"]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import pathspec
 import pytest
 
 import noduslocal
@@ -226,6 +227,7 @@ def box() -> Iterator[Box]:
 
         _copy_tree(Path(noduslocal.__file__).parent, lib / "noduslocal")
         _copy_tree(Path(click.__file__).parent, lib / "click")
+        _copy_tree(Path(pathspec.__file__).parent, lib / "pathspec")  # for --upload
         (lib / "nl_raw.py").write_text(RAW_HTTP)
         _open_up(lib)
         probe = _run("runuser", "-u", BOB, "--", "env", "-i", f"PYTHONPATH={lib}",
@@ -597,6 +599,20 @@ def test_volumes_belong_to_their_creator(box: Box) -> None:
     assert box.as_user(BOB, "ls", str(volume_dir)).returncode != 0
     assert (volume_dir / "f.txt").stat().st_uid == box.alice.uid
     assert box.cli(ALICE, "volume", "rm", "alice-vol").returncode == 0
+
+
+def test_an_uploaded_source_becomes_the_owners_files(box: Box, tmp_path: Path) -> None:
+    src = Path(tempfile.mkdtemp(prefix="nl-src-", dir="/tmp"))
+    try:
+        (src / "train.py").write_text("print('hi')\n")
+        os.chmod(src, 0o755)
+        os.chmod(src / "train.py", 0o644)
+        run = box.cli(ALICE, "job", "run", "--cpu", SMALL, "--upload", str(src / "train.py"),
+                      "--", "/usr/bin/stat", "-c", "%U %a", "train.py")
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split()[0] == ALICE
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
 
 
 # --- the admin group (last: it changes alice's groups) ------------------------------------

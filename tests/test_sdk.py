@@ -102,7 +102,6 @@ def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
     ({"image": "busybox"}, "image"), ({"gpu": "H100"}, "gpu"),
     ({"checkpoint": {"path": "/ckpt", "volume": "v"}}, "checkpoint.volume"),
     ({"distributed": nodus.Distributed(nodes=2)}, "distributed"),
-    ({"source": "."}, "source"), ({"allow_large_source": True}, "allow_large_source"),
 ])
 def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dict[str, object],
                                              field: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -52,6 +53,10 @@ def job() -> None:
 @click.option("--timeout", help="Stop the job after this long: 90, 90s, 15m, 2h.")
 @click.option("--workdir", help="Working directory (default: the job's workspace).")
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
+@click.option("--upload", "--include", "uploads", multiple=True, metavar="PATH",
+              type=click.Path(exists=True, path_type=Path),
+              help="Copy PATH into the workspace (at its name) before the job starts.")
+@click.option("--allow-large-source", is_flag=True, help="Allow uploads over 100 MiB.")
 @click.option("--volume", "volumes", multiple=True, metavar="NAME[:MOUNT]",
               help="Mount volume NAME at MOUNT (default /workspace/NAME).")
 @click.option("--output", "outputs", multiple=True, metavar="NAME=PATH",
@@ -62,7 +67,9 @@ def job() -> None:
 def run(name: str | None, project: str | None, envs: tuple[str, ...],
         secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
-        labels: tuple[str, ...], volumes: tuple[str, ...], outputs: tuple[str, ...],
+        labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
+        volumes: tuple[str, ...],
+        outputs: tuple[str, ...],
         detach: bool, as_json: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
@@ -92,6 +99,11 @@ def run(name: str | None, project: str | None, envs: tuple[str, ...],
     if retries:
         body["retries"] = retries
     client = Client()
+    if uploads:
+        body["source"] = client.upload_source(list(uploads), contents_of_single_dir=False,
+                                              allow_large=allow_large_source)
+        if allow_large_source:
+            body["allow_large_source"] = True
     created = client.create_job(body)
     if detach:
         if as_json:

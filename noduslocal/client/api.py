@@ -115,6 +115,25 @@ class Client:
     def delete_secret(self, name: str) -> None:
         self.transport.request("DELETE", f"/v1/secrets/{_quote(name)}")
 
+    def upload_source(self, paths: list[Path], *, contents_of_single_dir: bool,
+                      allow_large: bool = False) -> dict[str, str]:
+        """Pack PATHS (client/source.py) and send them unless the daemon has them from us
+        already; returns the `source` value for a job create."""
+        from noduslocal.client.source import pack
+
+        packed = pack(paths, contents_of_single_dir=contents_of_single_dir,
+                      allow_large=allow_large)
+        try:
+            try:
+                self.transport.request("GET", f"/v1/sources/{packed.sha256}")
+            except errors.NotFound:
+                self.transport.upload(
+                    f"/v1/sources/{packed.sha256}", packed.path, packed.size,
+                    {"X-Nodus-Allow-Large": "true"} if allow_large else None)
+        finally:
+            packed.path.unlink(missing_ok=True)
+        return {"sha256": packed.sha256}
+
     def create_volume(self, name: str) -> dict[str, Any]:
         return self.transport.request("POST", "/v1/volumes", body={"name": name})
 

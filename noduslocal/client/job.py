@@ -93,9 +93,14 @@ class Job:
                allow_large_source: bool = False, project: str | None = None) -> Job:
         given = dict(locals())
         del given["cls"]
+        client = default_client()
+        if isinstance(source, str | os.PathLike):
+            # A path is packed and uploaded here; the daemon receives its sha256.
+            given["source"] = client.upload_source(
+                [Path(source)], contents_of_single_dir=True, allow_large=allow_large_source)
         body = {key: _wire(value) for key, value in given.items()
                 if value is not None and not (key == "allow_large_source" and value is False)}
-        return cls(default_client().create_job(body))
+        return cls(client.create_job(body))
 
     @classmethod
     def run(cls, **kwargs: Any) -> Job:

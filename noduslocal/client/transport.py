@@ -153,6 +153,26 @@ class Transport:
             raise errors.from_wire(resp.status, decoded)
         return decoded
 
+    def upload(self, path: str, source: Path, size: int,
+               headers: Mapping[str, str] | None = None) -> Any:
+        """PUT a file's bytes, streamed from disk, on a connection of its own."""
+        conn = _UnixConnection(str(self.socket_path), DEFAULT_TIMEOUT)
+        try:
+            with source.open("rb") as body:
+                conn.request("PUT", path, body=body, headers={
+                    "Content-Type": "application/x-tar", "Content-Length": str(size),
+                    **(headers or {})})
+                resp = conn.getresponse()
+                payload = resp.read()
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise unavailable([self.socket_path]) from exc
+        finally:
+            conn.close()
+        decoded = json.loads(payload) if payload else None
+        if resp.status >= 400:
+            raise errors.from_wire(resp.status, decoded)
+        return decoded
+
     def download(self, path: str, target: Path, *,
                  query: Mapping[str, Any] | None = None) -> Path:
         """GET PATH into TARGET, verified against the X-Nodus-SHA256 header, atomically."""

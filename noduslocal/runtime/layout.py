@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import pwd
+import tarfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from noduslocal.models import JobRecord
+from noduslocal.outputs import BlobStore
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -36,6 +38,7 @@ class JobLayout:
     def __init__(self, data_dir: Path) -> None:
         self.jobs_dir = data_dir / "jobs"
         self.volumes_dir = data_dir / "volumes"
+        self.blobs = BlobStore(data_dir / "blobs")
 
     def create_root(self) -> None:
         for directory in (self.jobs_dir, self.volumes_dir):
@@ -69,6 +72,8 @@ class JobLayout:
             pass  # kept from an earlier attempt
         else:
             self._own(workspace, job)
+            if job.spec.source:
+                self._unpack(workspace, job)
             # Made only in the new, empty workspace: no link the job could have left there
             # can lead these root mkdirs elsewhere. Later attempts find them kept.
             if job.spec.checkpoint:
@@ -80,6 +85,17 @@ class JobLayout:
                 self._own(link, job)
         directory.mkdir(mode=0o700)
         return directory
+
+    def _unpack(self, workspace: Path, job: JobRecord) -> None:
+        """The job's source into its new workspace: tarfile's 'data' filter keeps every
+        member inside it (no absolute or escaping links, no devices, no set-id bits), and
+        everything becomes the owner's."""
+        assert job.spec.source is not None
+        with tarfile.open(self.blobs.path(job.spec.source)) as tar:
+            tar.extractall(workspace, filter="data")
+        for current, dirs, files in os.walk(workspace):
+            for name in (*dirs, *files):
+                self._own(Path(current) / name, job)
 
     def _make_dirs(self, base: Path, rel: str, job: JobRecord) -> Path:
         path = base

@@ -142,6 +142,11 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
             value = row[0]
         conn.execute("INSERT INTO job_secrets (job_id, env, value) VALUES (?,?,?)",
                      (job_id, ref.env, value))
+    if req.spec.source is not None and not conn.execute(
+            "SELECT 1 FROM sources WHERE sha256 = ? AND owner_uid = ?",
+            (req.spec.source, owner.uid)).fetchone():
+        raise errors.InvalidArgument(f"source: you have uploaded no source {req.spec.source}",
+                                     field="source")
     for path, volume in req.spec.volumes.items():
         row = conn.execute("SELECT owner_uid, owner FROM volumes WHERE name = ?",
                            (volume,)).fetchone()
@@ -288,4 +293,11 @@ def delete_volume(conn: sqlite3.Connection, name: str) -> tuple[None, list[Event
     conn.execute("DELETE FROM job_volumes WHERE volume = ?", (name,))
     if not conn.execute("DELETE FROM volumes WHERE name = ?", (name,)).rowcount:
         raise errors.NotFound(f"there is no volume {name!r}")
+    return None, []
+
+
+def record_source(conn: sqlite3.Connection, sha256: str, owner_uid: int, size: int,
+                  now: float) -> tuple[None, list[Event]]:
+    conn.execute("INSERT OR IGNORE INTO sources (sha256, owner_uid, size, created_at) "
+                 "VALUES (?,?,?,?)", (sha256, owner_uid, size, now))
     return None, []

@@ -1,0 +1,70 @@
+"""Uploaded sources: the client sends a tar once (by its sha256); jobs name it with
+source={"sha256": ...} and it is unpacked into their workspace before the first attempt."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from aiohttp import web
+
+from noduslocal import errors
+from noduslocal.api.app import SERVICES
+from noduslocal.api.identity import Caller
+from noduslocal.client.source import LARGE_SOURCE
+from noduslocal.outputs import HashingWriter
+from noduslocal.store import ops
+from noduslocal.validation import SHA256_RE
+
+routes = web.RouteTableDef()
+ALLOW_LARGE_HEADER = "X-Nodus-Allow-Large"
+HARD_LIMIT = 64 * 1024**3  # bytes; even allow_large_source stops here
+
+
+def source_sha(request: web.Request) -> str:
+    sha = request.match_info["sha256"]
+    if not SHA256_RE.match(sha):
+        raise errors.InvalidArgument("sha256: expected 64 lowercase hex digits", field="sha256")
+    return sha
+
+
+@routes.get("/v1/sources/{sha256}")
+async def get_source(request: web.Request) -> web.Response:
+    caller: Caller = request["caller"]
+    sha = source_sha(request)
+    size = await request.app[SERVICES].store.source(sha, caller.uid)
+    if size is None:
+        raise errors.NotFound(f"you have uploaded no source {sha}")
+    return web.json_response({"sha256": sha, "size": size})
+
+
+@routes.put("/v1/sources/{sha256}")
+async def put_source(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    sha = source_sha(request)
+    limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
+    blobs = services.supervisor.blobs
+    fd, tmp = blobs.new()
+    writer = HashingWriter(fd)
+    kept = False
+    try:
+        async for chunk in request.content.iter_chunked(1 << 20):
+            if writer.size + len(chunk) > limit:
+                raise errors.PayloadTooLarge(
+                    f"source: more than {limit // 2**20} MiB; pass allow_large_source=True "
+                    "for a larger one", field="source")
+            writer.write(chunk)
+        if writer.digest.hexdigest() != sha:
+            raise errors.InvalidArgument(f"sha256: the upload hashes to "
+                                         f"{writer.digest.hexdigest()}, not {sha}",
+                                         field="sha256")
+        size, _ = blobs.keep(tmp, writer)
+        kept = True
+    finally:
+        if not kept:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+    await services.store.write(lambda c: ops.record_source(c, sha, caller.uid, size,
+                                                           time.time()))
+    return web.json_response({"sha256": sha, "size": size}, status=201)

@@ -1,0 +1,110 @@
+"""Sources: packed by the client with .nodusignore honoured, sent once by sha256, unpacked
+into the workspace (as the owner's files) before the first attempt, and nothing outside it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import noduslocal as nodus
+from noduslocal import errors, testing
+from noduslocal.client.source import pack
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "data").mkdir()
+    (root / "train.py").write_text("print('training')\n")
+    (root / "pkg" / "util.py").write_text("X = 1\n")
+    (root / "pkg" / "cache.pyc").write_bytes(b"\0")
+    (root / "data" / "big.bin").write_bytes(b"x" * 1000)
+    (root / ".nodusignore").write_text("*.pyc\ndata/\n")
+    return root
+
+
+def test_sdk_source_dir_lands_in_the_workspace(daemon: testing.Daemon, project: Path) -> None:
+    job = nodus.Job.run(command=["sh", "-c", "find . -type f | sort; python3 train.py"],
+                        source=project)
+    job.wait(timeout=30)
+    assert list(job.iter_logs()) == ["./.nodusignore", "./pkg/util.py", "./train.py",
+                                     "training"]
+
+
+def test_cli_upload_puts_each_path_at_its_name(cli: Cli, project: Path) -> None:
+    run = cli("job", "run", "--upload", str(project / "train.py"), "--include",
+              str(project / "pkg"), "--", "sh", "-c", "find . -type f | sort")
+    assert run.returncode == 0, run.stderr
+    # proj/.nodusignore is not at the top of the uploaded pkg/, so it does not apply there.
+    assert run.stdout.split() == ["./pkg/cache.pyc", "./pkg/util.py", "./train.py"]
+    assert cli("job", "run", "--upload", "/nonexistent", "--", "true").returncode == 2
+
+
+def test_sent_once(daemon: testing.Daemon, project: Path) -> None:
+    client = daemon.client()
+    first = client.upload_source([project], contents_of_single_dir=True)
+    second = client.upload_source([project], contents_of_single_dir=True)
+    assert first == second
+    assert len(list((daemon.data_dir / "blobs").glob("*/*"))) == 1
+
+
+def test_a_source_can_only_be_used_by_who_sent_it(daemon: testing.Daemon) -> None:
+    with pytest.raises(errors.InvalidArgument, match="uploaded no source"):
+        nodus.Job.create(command=["true"], source={"sha256": "0" * 64})
+    with pytest.raises(errors.InvalidArgument, match=r'expected \{"sha256"'):
+        nodus.Job.create(command=["true"], source={"path": "x"})
+    with pytest.raises(errors.InvalidArgument, match="only means something with a source"):
+        nodus.Job.create(command=["true"], allow_large_source=True)
+    assert daemon.client().list_jobs(all=True) == []
+
+
+def test_a_hostile_tar_stays_inside_the_workspace(daemon: testing.Daemon,
+                                                  tmp_path: Path) -> None:
+    """A tar made by hand (not by our packer) with an escaping path and a link out."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        escape = tarfile.TarInfo("../../escaped.txt")
+        escape.size = 3
+        tar.addfile(escape, io.BytesIO(b"bad"))
+        link = tarfile.TarInfo("shadow")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+        tar.addfile(link)
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    archive = tmp_path / "evil.tar"
+    archive.write_bytes(data)
+    client = daemon.client()
+    client.transport.upload(f"/v1/sources/{sha}", archive, len(data))
+    job = nodus.Job.run(command=["true"], source={"sha256": sha})
+    with pytest.raises(errors.JobFailed) as info:
+        job.wait(timeout=30)
+    assert info.value.reason == "StartFailed"
+    assert not list(daemon.data_dir.glob("**/escaped.txt"))
+
+
+def test_upload_must_match_its_hash(daemon: testing.Daemon, tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(b"not what the name says")
+    with pytest.raises(errors.InvalidArgument, match="hashes to"):
+        daemon.client().transport.upload(f"/v1/sources/{'a' * 64}", archive, 22)
+
+
+def test_large_sources_need_allow_large(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import noduslocal.client.source as source
+
+    monkeypatch.setattr(source, "LARGE_SOURCE", 10_000)
+    (tmp_path / "big.bin").write_bytes(b"x" * 20_000)
+    with pytest.raises(errors.InvalidArgument, match="allow_large_source=True"):
+        pack([tmp_path], contents_of_single_dir=True)
+    packed = pack([tmp_path], contents_of_single_dir=True, allow_large=True)
+    assert packed.size > 20_000
+    packed.path.unlink()
