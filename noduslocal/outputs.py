@@ -141,8 +141,10 @@ def _add_tree(tar: tarfile.TarFile, dir_fd: int, prefix: str, owner_uid: int) ->
         elif stat.S_ISLNK(info.st_mode):
             entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dir_fd)
             tar.addfile(entry)  # kept as a link; what it points at is never read
-        elif stat.S_ISREG(info.st_mode) and _owned(info, owner_uid):
+        elif stat.S_ISREG(info.st_mode):
             fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
             with os.fdopen(fd, "rb") as file:
-                entry.size = os.fstat(file.fileno()).st_size
-                tar.addfile(entry, file)
+                opened = os.fstat(file.fileno())  # what was opened, not what was looked at
+                if stat.S_ISREG(opened.st_mode) and _owned(opened, owner_uid):
+                    entry.size = opened.st_size
+                    tar.addfile(entry, file)

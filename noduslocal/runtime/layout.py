@@ -71,40 +71,40 @@ class JobLayout:
         except FileExistsError:
             pass  # kept from an earlier attempt
         else:
-            self._own(workspace, job)
+            # Built as root while only root can enter it, then handed to the owner: no
+            # process of the owner can slip a link in while root writes there.
             if job.spec.source:
                 self._unpack(workspace, job)
-            # Made only in the new, empty workspace: no link the job could have left there
-            # can lead these root mkdirs elsewhere. Later attempts find them kept.
             if job.spec.checkpoint:
-                self._make_dirs(workspace, job.spec.checkpoint, job)
+                self._make_dirs(workspace, job.spec.checkpoint)
             for rel, volume in job.spec.volumes.items():
-                parent = self._make_dirs(workspace, rel.rpartition("/")[0], job)
-                link = parent / rel.rpartition("/")[2]
-                link.symlink_to(self.volume_dir(volume))
-                self._own(link, job)
+                parent = self._make_dirs(workspace, rel.rpartition("/")[0])
+                (parent / rel.rpartition("/")[2]).symlink_to(self.volume_dir(volume))
+            self._own_tree(workspace, job)
         directory.mkdir(mode=0o700)
         return directory
 
     def _unpack(self, workspace: Path, job: JobRecord) -> None:
         """The job's source into its new workspace: tarfile's 'data' filter keeps every
-        member inside it (no absolute or escaping links, no devices, no set-id bits), and
-        everything becomes the owner's."""
+        member inside it (no absolute or escaping links, no devices, no set-id bits)."""
         assert job.spec.source is not None
         with tarfile.open(self.blobs.path(job.spec.source)) as tar:
             tar.extractall(workspace, filter="data")
-        for current, dirs, files in os.walk(workspace):
-            for name in (*dirs, *files):
-                self._own(Path(current) / name, job)
 
-    def _make_dirs(self, base: Path, rel: str, job: JobRecord) -> Path:
+    @staticmethod
+    def _make_dirs(base: Path, rel: str) -> Path:
         path = base
         for part in filter(None, rel.split("/")):
             path = path / part
             if not path.is_dir():
                 path.mkdir(mode=0o700)
-                self._own(path, job)
         return path
+
+    def _own_tree(self, workspace: Path, job: JobRecord) -> None:
+        self._own(workspace, job)
+        for current, dirs, files in os.walk(workspace):  # links are not followed
+            for name in (*dirs, *files):
+                self._own(Path(current) / name, job)
 
     @staticmethod
     def _own(path: Path, job: JobRecord) -> None:
