@@ -100,13 +100,14 @@ class BlobStore:
         kept = False
         try:
             if kind == "file":
-                if not _owned(os.fstat(fd), owner_uid):
+                opened = os.fstat(fd)
+                if not stat.S_ISREG(opened.st_mode) or not _owned(opened, owner_uid):
                     return None
                 for chunk in iter_chunks(fd):
                     writer.write(chunk)
             else:
                 with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                    _add_tree(tar, fd, "", owner_uid)
+                    _add_tree(tar, fd, owner_uid)
             size, digest = self.keep(tmp, writer)
             kept = True
             return Collected(name, rel, kind, size, digest)
@@ -121,30 +122,47 @@ def _owned(info: os.stat_result, owner_uid: int) -> bool:
     return owner_uid == 0 or info.st_uid == owner_uid
 
 
-def _add_tree(tar: tarfile.TarFile, dir_fd: int, prefix: str, owner_uid: int) -> None:
-    for name in sorted(os.listdir(dir_fd)):
-        arcname = f"{prefix}{name}"
-        try:
-            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        entry = tarfile.TarInfo(arcname)
-        entry.mode, entry.mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
-        if stat.S_ISDIR(info.st_mode):
-            child = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+MAX_DEPTH = 256  # directory levels in a directory output; deeper ones are left out
+
+
+def _add_tree(tar: tarfile.TarFile, top_fd: int, owner_uid: int) -> None:
+    """Everything under the directory open at top_fd, walked without recursion (a job may
+    leave a tree deeper than Python's stack) and without following links."""
+    stack: list[tuple[int, str, int]] = [(os.dup(top_fd), "", 0)]
+    try:
+        while stack:
+            dir_fd, prefix, depth = stack.pop()
             try:
-                entry.type = tarfile.DIRTYPE
-                tar.addfile(entry)
-                _add_tree(tar, child, f"{arcname}/", owner_uid)
+                for name in sorted(os.listdir(dir_fd)):
+                    _add_entry(tar, dir_fd, name, f"{prefix}{name}", owner_uid, depth, stack)
             finally:
-                os.close(child)
-        elif stat.S_ISLNK(info.st_mode):
-            entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dir_fd)
-            tar.addfile(entry)  # kept as a link; what it points at is never read
-        elif stat.S_ISREG(info.st_mode):
-            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-            with os.fdopen(fd, "rb") as file:
-                opened = os.fstat(file.fileno())  # what was opened, not what was looked at
-                if stat.S_ISREG(opened.st_mode) and _owned(opened, owner_uid):
-                    entry.size = opened.st_size
-                    tar.addfile(entry, file)
+                os.close(dir_fd)
+    finally:
+        for dir_fd, _, _ in stack:
+            os.close(dir_fd)
+
+
+def _add_entry(tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, owner_uid: int,
+               depth: int, stack: list[tuple[int, str, int]]) -> None:
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    entry = tarfile.TarInfo(arcname)
+    entry.mode, entry.mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
+    if stat.S_ISDIR(info.st_mode):
+        if depth >= MAX_DEPTH:
+            return
+        entry.type = tarfile.DIRTYPE
+        tar.addfile(entry)
+        stack.append((os.open(name, DIR_FLAGS, dir_fd=dir_fd), f"{arcname}/", depth + 1))
+    elif stat.S_ISLNK(info.st_mode):
+        entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dir_fd)
+        tar.addfile(entry)  # kept as a link; what it points at is never read
+    elif stat.S_ISREG(info.st_mode):
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as file:
+            opened = os.fstat(file.fileno())  # what was opened, not what was looked at
+            if stat.S_ISREG(opened.st_mode) and _owned(opened, owner_uid):
+                entry.size = opened.st_size
+                tar.addfile(entry, file)

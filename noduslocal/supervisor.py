@@ -274,7 +274,7 @@ class Supervisor:
         for name, path in job.spec.outputs.items():
             try:
                 out = self.blobs.collect(workspace, name, path, job.owner_uid)
-            except OSError:
+            except Exception:  # one bad output never fails the job or the others
                 log.exception("collecting output %s of job %s failed", name, job.name)
                 continue
             if out is not None:

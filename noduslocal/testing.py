@@ -158,7 +158,10 @@ class Daemon:
         if self.proc is not None:
             self.kill()
         self.kill_jobs()
-        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            shutil.rmtree(self.root, ignore_errors=True)
+        except RecursionError:  # a job left a tree deeper than Python's stack
+            subprocess.run(["rm", "-rf", "--", str(self.root)], check=False)
 
 
 @contextlib.contextmanager

@@ -121,3 +121,14 @@ def test_cli(cli: Cli, tmp_path: Path) -> None:
     got = cli("job", "download-output", "c", "result", str(tmp_path / "r.txt"))
     assert got.returncode == 0 and (tmp_path / "r.txt").read_text() == "42\n"
     assert "result" in cli("job", "outputs", "c").stdout
+
+
+def test_deep_and_empty_directory_outputs(daemon: testing.Daemon, tmp_path: Path) -> None:
+    job = nodus.Job.run(command=["sh", "-c",
+                                 "mkdir empty; d=deep; for i in $(seq 1100); do d=$d/x; done;"
+                                 " mkdir -p $d && echo ok > deep/top.txt"],
+                        outputs={"empty": "empty", "deep": "deep"})
+    assert job.wait(timeout=60).phase == "Succeeded"  # a deep tree never fails the job
+    assert list((job.outputs["empty"].download(tmp_path / "e")).iterdir()) == []
+    deep = job.outputs["deep"].download(tmp_path / "d")
+    assert (deep / "top.txt").read_text() == "ok\n"

@@ -464,3 +464,9 @@ def test_masker_holds_back_only_a_possible_start() -> None:
     masker = shim.Masker([b"secret"])
     assert masker.feed(b"line one\n") == b"line one\n"  # nothing held: no secret starts here
     assert masker.feed(b"tail se") == b"tail "
+
+
+def test_masker_merges_overlapping_secrets() -> None:
+    masker = shim.Masker([b"ab", b"bSECRETVALUE"])
+    assert masker.feed(b"xabSECRETVALUEy", final=True) == b"x***y"
+    assert shim.Masker([b"aa"]).feed(b"aaaa-aaa", final=True) == b"***-***"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +23,7 @@ from noduslocal.store import ops
 from noduslocal.validation import validate_name
 
 routes = web.RouteTableDef()
+log = logging.getLogger(__name__)
 
 
 async def owned_volume(request: web.Request, action: str) -> dict[str, Any]:
@@ -43,23 +46,32 @@ async def create_volume(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or set(body) != {"name"}:
         raise errors.InvalidArgument('body: expected {"name": ...}', field="body")
     name = validate_name(body["name"], "name")
-    if await services.store.volumes(name):
-        raise errors.AlreadyExists(f"name: volume {name!r} already exists", field="name")
+    # The row first: its unique key decides between two creates of one name, and only the
+    # winner touches the directory.
+    await services.store.write(lambda c: ops.create_volume(c, name, caller.owner,
+                                                           time.time()))
     directory = services.supervisor.layout.volume_dir(name)
-    # A directory without a row is left by a crash between the two steps below: not anyone's.
-    await asyncio.to_thread(shutil.rmtree, directory, True)
-    directory.mkdir(mode=0o700)
-    if os.getuid() == 0:
-        os.chown(directory, caller.uid, caller.gid)
     try:
-        await services.store.write(lambda c: ops.create_volume(c, name, caller.owner,
-                                                               time.time()))
-    except errors.AlreadyExists:
-        raise
+        if directory.exists():  # left by a crash or a failed removal: the name is ours now
+            await asyncio.to_thread(discard, directory)
+        directory.mkdir(mode=0o700)
+        if os.getuid() == 0:
+            os.chown(directory, caller.uid, caller.gid)
     except Exception:
-        await asyncio.to_thread(shutil.rmtree, directory, True)
+        await services.store.write(lambda c: ops.delete_volume(c, name))
         raise
     return web.json_response({"name": name, "owner": caller.name}, status=201)
+
+
+def discard(directory: Path) -> None:
+    """Move a directory out of the way at once, then delete it (shutil.rmtree is fd-based,
+    so safe against links; a tree too deep for it stays behind, renamed, and is logged)."""
+    trash = directory.with_name(f".trash-{directory.name}-{os.urandom(4).hex()}")
+    os.rename(directory, trash)
+    try:
+        shutil.rmtree(trash)
+    except (OSError, RecursionError):
+        log.exception("could not delete %s", trash)
 
 
 @routes.get("/v1/volumes")
@@ -75,8 +87,9 @@ async def delete_volume(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     volume = await owned_volume(request, "remove")
     await services.store.write(lambda c: ops.delete_volume(c, volume["name"]))
-    await asyncio.to_thread(shutil.rmtree, services.supervisor.layout.volume_dir(
-        volume["name"]), True)
+    directory = services.supervisor.layout.volume_dir(volume["name"])
+    if directory.exists():
+        await asyncio.to_thread(discard, directory)
     return web.json_response({"name": volume["name"], "deleted": True})
 
 

@@ -203,6 +203,7 @@ class Client:
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
             archive = self.transport.download(url, Path(tmp) / "output.tar", query=query)
             unpacked = Path(tmp) / "tree"
+            unpacked.mkdir()  # an empty directory output is an empty tar
             with tarfile.open(archive) as tar:
                 tar.extractall(unpacked, filter=_safe_member)
             if target.exists():

@@ -49,18 +49,35 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float)
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         return ExecResult(code, "", f"noduslocal: cannot execute {command[0]!r}: "
                                     f"{exc.strerror}\n", False)
+    mask = [v.encode() for v in launch.get("mask", ())]
+    # Read as it comes and keep at most the limit (plus enough to mask a secret that
+    # crosses it): a command that prints without end must not fill the daemon's memory.
+    keep = OUTPUT_LIMIT + max((len(m) for m in mask), default=0)
+    assert proc.stdout is not None and proc.stderr is not None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        (out, out_more), (err, err_more), _ = await asyncio.wait_for(asyncio.gather(
+            _read_capped(proc.stdout, keep), _read_capped(proc.stderr, keep), proc.wait()),
+            timeout)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         raise errors.WaitTimeout(f"the command did not end within {timeout:g}s; "
                                  "it was killed") from None
-    mask = [v.encode() for v in launch.get("mask", ())]
-    truncated = len(out) > OUTPUT_LIMIT or len(err) > OUTPUT_LIMIT
+    truncated = out_more or err_more or len(out) > OUTPUT_LIMIT or len(err) > OUTPUT_LIMIT
     return ExecResult(
         proc.returncode if proc.returncode is not None else -1,
-        Masker(mask).feed(out[:OUTPUT_LIMIT], final=True).decode("utf-8", "replace"),
-        Masker(mask).feed(err[:OUTPUT_LIMIT], final=True).decode("utf-8", "replace"),
+        Masker(mask).feed(out, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
+        Masker(mask).feed(err, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
         truncated)
+
+
+async def _read_capped(stream: asyncio.StreamReader, keep: int) -> tuple[bytes, bool]:
+    """Up to `keep` bytes of a stream, reading (and dropping) the rest to its end."""
+    data, more = bytearray(), False
+    while chunk := await stream.read(1 << 16):
+        room = keep - len(data)
+        if room > 0:
+            data += chunk[:room]
+        more = more or len(chunk) > room
+    return bytes(data), more

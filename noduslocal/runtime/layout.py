@@ -4,9 +4,10 @@ and what a host-process attempt is started with: environment, workdir and identi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
-import tarfile
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,20 @@ from noduslocal.models import JobRecord
 from noduslocal.outputs import BlobStore
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
+# Run as the job's owner in its new workspace: $1 = 1 to unpack the tar on stdin, $2 = the
+# checkpoint directory (or empty), then pairs of (mount path, volume directory) to link.
+POPULATE = """set -e
+cd -- "$1"
+if [ "$2" = 1 ]; then tar -x --no-same-owner --no-same-permissions -f -; fi
+if [ -n "$3" ]; then mkdir -p -- "$3"; fi
+shift 3
+while [ $# -gt 1 ]; do
+    mkdir -p -- "$(dirname -- "$1")"
+    ln -s -- "$2" "$1"
+    shift 2
+done
+"""
 
 
 @lru_cache(maxsize=256)
@@ -71,40 +86,34 @@ class JobLayout:
         except FileExistsError:
             pass  # kept from an earlier attempt
         else:
-            # Built as root while only root can enter it, then handed to the owner: no
-            # process of the owner can slip a link in while root writes there.
-            if job.spec.source:
-                self._unpack(workspace, job)
-            if job.spec.checkpoint:
-                self._make_dirs(workspace, job.spec.checkpoint)
-            for rel, volume in job.spec.volumes.items():
-                parent = self._make_dirs(workspace, rel.rpartition("/")[0])
-                (parent / rel.rpartition("/")[2]).symlink_to(self.volume_dir(volume))
-            self._own_tree(workspace, job)
+            self._own(workspace, job)
+            if job.spec.source or job.spec.checkpoint or job.spec.volumes:
+                self._populate(workspace, job)
         directory.mkdir(mode=0o700)
         return directory
 
-    def _unpack(self, workspace: Path, job: JobRecord) -> None:
-        """The job's source into its new workspace: tarfile's 'data' filter keeps every
-        member inside it (no absolute or escaping links, no devices, no set-id bits)."""
-        assert job.spec.source is not None
-        with tarfile.open(self.blobs.path(job.spec.source)) as tar:
-            tar.extractall(workspace, filter="data")
-
-    @staticmethod
-    def _make_dirs(base: Path, rel: str) -> Path:
-        path = base
-        for part in filter(None, rel.split("/")):
-            path = path / part
-            if not path.is_dir():
-                path.mkdir(mode=0o700)
-        return path
-
-    def _own_tree(self, workspace: Path, job: JobRecord) -> None:
-        self._own(workspace, job)
-        for current, dirs, files in os.walk(workspace):  # links are not followed
-            for name in (*dirs, *files):
-                self._own(Path(current) / name, job)
+    def _populate(self, workspace: Path, job: JobRecord) -> None:
+        """Fill the new workspace as its owner, never as root: the source unpacked by tar,
+        the checkpoint directory, the volume links. Whatever a hostile tar or a race by the
+        owner's other processes could do, it does with the owner's rights only."""
+        links = [arg for rel, volume in job.spec.volumes.items()
+                 for arg in (rel, str(self.volume_dir(volume)))]
+        argv = ["/bin/sh", "-c", POPULATE, "populate", str(workspace),
+                "1" if job.spec.source else "0", job.spec.checkpoint or "", *links]
+        kwargs: dict[str, Any] = {}
+        if os.getuid() == 0 and job.owner_uid != 0:
+            _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)
+            kwargs = {"user": job.owner_uid, "group": job.owner_gid, "extra_groups": groups}
+        with contextlib.ExitStack() as stack:
+            stdin = (stack.enter_context(self.blobs.path(job.spec.source).open("rb"))
+                     if job.spec.source else subprocess.DEVNULL)
+            done = subprocess.run(argv, stdin=stdin, capture_output=True, text=True,
+                                  env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
+                                  timeout=POPULATE_TIMEOUT, **kwargs)
+        if done.returncode != 0:
+            detail = (done.stderr.strip().splitlines() or ["exit status "
+                                                           f"{done.returncode}"])[-1]
+            raise RuntimeError(f"preparing the workspace failed: {detail}")
 
     @staticmethod
     def _own(path: Path, job: JobRecord) -> None:

@@ -140,6 +140,14 @@ def _spawn_job(req: dict, out_w: int, err_w: int) -> int:
         os.close(null)
 
 
+def _occurrences(data: bytes, needle: bytes) -> list[int]:
+    found, index = [], data.find(needle)
+    while index >= 0:
+        found.append(index)
+        index = data.find(needle, index + 1)
+    return found
+
+
 class Masker:
     """Replaces secret values with *** in one output stream. An end of the output that could
     be the start of a secret is held back until more output (or the end of the stream)
@@ -154,13 +162,16 @@ class Masker:
         if not self.secrets:
             return chunk
         data, out, pos = self.held + chunk, bytearray(), 0
-        while True:
-            found = [(i, s) for s in self.secrets if (i := data.find(s, pos)) >= 0]
-            if not found:
-                break
-            index, secret = min(found, key=lambda f: (f[0], -len(f[1])))
-            out += data[pos:index] + b"***"
-            pos = index + len(secret)
+        # Every occurrence of every secret, overlapping ones merged, becomes one ***.
+        spans = sorted((i, i + len(s)) for s in self.secrets
+                       for i in _occurrences(data, s))
+        for start, end in spans:
+            if start < pos:  # overlaps the span just masked: extend it
+                if end > pos:
+                    pos = end
+                continue
+            out += data[pos:start] + b"***"
+            pos = end
         cut = len(data)
         if not final:
             for size in range(min(self.keep, len(data) - pos), 0, -1):
