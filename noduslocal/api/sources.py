@@ -3,6 +3,7 @@ source={"sha256": ...} and it is unpacked into their workspace before the first 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -54,12 +55,12 @@ async def put_source(request: web.Request) -> web.Response:
                 raise errors.PayloadTooLarge(
                     f"source: more than {limit // 2**20} MiB; pass allow_large_source=True "
                     "for a larger one", field="source")
-            writer.write(chunk)
+            await asyncio.to_thread(writer.write, chunk)  # disk writes off the event loop
         if writer.digest.hexdigest() != sha:
             raise errors.InvalidArgument(f"sha256: the upload hashes to "
                                          f"{writer.digest.hexdigest()}, not {sha}",
                                          field="sha256")
-        size, _ = blobs.keep(tmp, writer)
+        size, _ = await asyncio.to_thread(blobs.keep, tmp, writer)
         kept = True
     finally:
         if not kept:
