@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 from aiohttp import web
 
@@ -16,29 +17,38 @@ routes = web.RouteTableDef()
 SHA256_HEADER = "X-Nodus-SHA256"
 
 
-@routes.get("/v1/jobs/{name}/files")
-async def list_files(request: web.Request) -> web.Response:
+async def job_workspace(request: web.Request) -> tuple[Path, int]:
+    """The workspace of the job the request names, and its owner, for owner or admin."""
     job = await lookup(request)
     require_control(request, job, "read the files of")
     root = request.app[SERVICES].supervisor.layout.workspace(job.id)
     if not root.exists():
         raise errors.NotFound(f"job {job.name!r} has no workspace yet (it has not started)")
+    return root, job.owner_uid
+
+
+async def list_response(request: web.Request, root: Path) -> web.Response:
     path = request.query.get("path", "")
     entries = await asyncio.to_thread(workspace.list_path, root, path)
     return web.json_response({"path": "/".join(workspace.components(path)),
                               "entries": entries})
 
 
+async def file_response(request: web.Request, root: Path, owner_uid: int) -> web.StreamResponse:
+    fd, size, digest = await asyncio.to_thread(
+        workspace.open_file, root, request.query.get("path", ""), owner_uid)
+    return await send_fd(request, fd, size, digest)
+
+
+@routes.get("/v1/jobs/{name}/files")
+async def list_files(request: web.Request) -> web.Response:
+    root, _ = await job_workspace(request)
+    return await list_response(request, root)
+
+
 @routes.get("/v1/jobs/{name}/files/content")
 async def download_file(request: web.Request) -> web.StreamResponse:
-    job = await lookup(request)
-    require_control(request, job, "read the files of")
-    root = request.app[SERVICES].supervisor.layout.workspace(job.id)
-    if not root.exists():
-        raise errors.NotFound(f"job {job.name!r} has no workspace yet (it has not started)")
-    fd, size, digest = await asyncio.to_thread(
-        workspace.open_file, root, request.query.get("path", ""), job.owner_uid)
-    return await send_fd(request, fd, size, digest)
+    return await file_response(request, *await job_workspace(request))
 
 
 async def send_fd(request: web.Request, fd: int, size: int, digest: str,

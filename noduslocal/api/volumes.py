@@ -14,9 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
-from noduslocal import errors, workspace
+from noduslocal import errors
 from noduslocal.api.app import SERVICES
-from noduslocal.api.files import send_fd
+from noduslocal.api.files import file_response, list_response
 from noduslocal.api.identity import Caller
 from noduslocal.models import iso
 from noduslocal.store import ops
@@ -97,16 +97,11 @@ async def delete_volume(request: web.Request) -> web.Response:
 async def volume_files(request: web.Request) -> web.Response:
     volume = await owned_volume(request, "read")
     root = request.app[SERVICES].supervisor.layout.volume_dir(volume["name"])
-    path = request.query.get("path", "")
-    entries = await asyncio.to_thread(workspace.list_path, root, path)
-    return web.json_response({"path": "/".join(workspace.components(path)),
-                              "entries": entries})
+    return await list_response(request, root)
 
 
 @routes.get("/v1/volumes/{name}/files/content")
 async def volume_download(request: web.Request) -> web.StreamResponse:
     volume = await owned_volume(request, "read")
     root = request.app[SERVICES].supervisor.layout.volume_dir(volume["name"])
-    fd, size, digest = await asyncio.to_thread(
-        workspace.open_file, root, request.query.get("path", ""), volume["owner_uid"])
-    return await send_fd(request, fd, size, digest)
+    return await file_response(request, root, volume["owner_uid"])

@@ -23,11 +23,7 @@ def ls(job: str, path: str, project: str | None, as_json: bool) -> None:
     if as_json:
         output.print_json(entries)
         return
-    output.print_table(
-        ("MODE", "SIZE", "MODIFIED", "NAME"),
-        [(e["mode"], e["size"] if e["type"] != "dir" else "-", e["mtime"],
-          e["name"] + ("/" if e["type"] == "dir" else "")
-          + (f" -> {e['target']}" if e.get("target") else "")) for e in entries])
+    output.print_entries(entries)
 
 
 @click.command("download")

@@ -58,3 +58,12 @@ def summary(job: dict[str, Any]) -> str:
     elif job.get("hold"):
         text += f": {job['hold']}"
     return text
+
+
+def print_entries(entries: Sequence[dict[str, Any]]) -> None:
+    """A directory listing (of a workspace or a volume), as `ls -l` would show it."""
+    print_table(
+        ("MODE", "SIZE", "MODIFIED", "NAME"),
+        [(e["mode"], e["size"] if e["type"] != "dir" else "-", e["mtime"],
+          e["name"] + ("/" if e["type"] == "dir" else "")
+          + (f" -> {e['target']}" if e.get("target") else "")) for e in entries])

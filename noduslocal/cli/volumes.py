@@ -47,10 +47,7 @@ def files(name: str, path: str, as_json: bool) -> None:
     if as_json:
         output.print_json(entries)
         return
-    output.print_table(
-        ("MODE", "SIZE", "MODIFIED", "NAME"),
-        [(e["mode"], e["size"] if e["type"] != "dir" else "-", e["mtime"],
-          e["name"] + ("/" if e["type"] == "dir" else "")) for e in entries])
+    output.print_entries(entries)
 
 
 @volume.command("download")
