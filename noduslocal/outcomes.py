@@ -30,12 +30,17 @@ class Attempt:
     shim_pid: int | None = None
     boot_id: str | None = None
     stop_reason: str | None = None
+    # Whether the stop's SIGTERM reached the job: False while it has not (a job that ends on
+    # its own meanwhile was not stopped), None when unknown (adopted after a restart).
+    stop_sent: bool | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
 
 
 def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
     job, stop = attempt.job, attempt.stop_reason
+    if isinstance(state, Exited) and attempt.stop_sent is False:
+        stop = None  # it ended before our signal reached it: as it ended, not as we asked
     if isinstance(state, NeverStarted) and attempt.running:
         state = Vanished()  # a shim was started: whether the job ran, nobody knows
     if isinstance(state, Exited):

@@ -285,6 +285,8 @@ class Supervisor:
         if attempt.stop_reason is not None:
             return
         attempt.stop_reason = reason
+        if attempt.running:
+            attempt.stop_sent = False  # until the signal lands; an exit before it is the job's
         if not attempt.number and attempt.started is not None:
             # Acknowledged only once it is durable: wait for the start commit so the stop
             # can be recorded on the attempt (_run_attempt then ends it unstarted).
@@ -299,6 +301,8 @@ class Supervisor:
         assert attempt.directory is not None
         directory = attempt.directory
         delivered = await self.runtime.signal_group(directory, signal.SIGTERM)
+        if delivered:
+            attempt.stop_sent = True  # no await since the kill: the exit cannot be seen yet
         if delivered and self.active.get(attempt.job.id) is attempt:
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 self.settings.kill_grace, lambda: asyncio.ensure_future(

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import struct
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -176,8 +177,13 @@ class Transport:
     def download(self, path: str, target: Path, *,
                  query: Mapping[str, Any] | None = None) -> Path:
         """GET PATH into TARGET, verified against the X-Nodus-SHA256 header, atomically."""
+        # No read timeout: the daemon hashes a large file before its first byte.
         conn = _UnixConnection(str(self.socket_path), DEFAULT_TIMEOUT)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+        conn.timeout = None
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part",
+                                    dir=target.parent)  # a fresh name, never a planted link
+        os.close(fd)
+        tmp = Path(name)
         try:
             conn.request("GET", _url(path, query))
             resp = conn.getresponse()

@@ -217,8 +217,11 @@ class Outcome:
 
 def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
                    now: float, outputs: Sequence[Collected] = ()) -> tuple[None, list[Event]]:
-    """The attempt's end, the job's transition, and the outputs collected from it (which
-    replace those of an earlier attempt), in one transaction."""
+    """The attempt's end, the job's transition, and the outputs collected from it, in one
+    transaction. An attempt that exited replaces every output of an earlier one, so what is
+    listed is always one attempt's."""
+    if outcome.attempt_phase == AttemptPhase.EXITED:
+        conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
     for out in outputs:
         conn.execute(
             "INSERT OR REPLACE INTO outputs (job_id, name, attempt, path, kind, size, sha256, "
