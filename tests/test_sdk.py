@@ -42,6 +42,10 @@ def test_run_wait_and_view(daemon: testing.Daemon) -> None:
     assert again.status().spec.command == ["sh", "-c"]
     with pytest.raises(AttributeError):
         _ = done.no_such_field
+    plain = done.to_dict()  # a plain, independent copy of the JSON
+    assert plain["labels"] == {"kind": "demo"} and isinstance(plain["labels"], dict)
+    plain["labels"]["kind"] = "changed"
+    assert done.labels.kind == "demo"
 
 
 def test_wait_raises_jobfailed_with_exit_code_and_tail(daemon: testing.Daemon) -> None:

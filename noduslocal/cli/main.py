@@ -3,8 +3,6 @@ one-line message and the exit code errors.py gives them."""
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from noduslocal import errors
@@ -47,4 +45,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)
