@@ -71,6 +71,10 @@ class Settings:
     max_body: int = 1024 * 1024
     max_wait_poll: float = 60.0  # longest a single wait long-poll is held
     commit_batch: int = 256  # most operations grouped into one commit
+    docker_host: str | None = None  # None: $DOCKER_HOST, else unix:///var/run/docker.sock
+    shm_size: int | None = None  # a container's /dev/shm; None: half its memory, else 8 GiB
+    pids_limit: int = 8192  # processes and threads one container may hold
+    image_pull: bool = True  # try `docker pull` for an image dockerd does not have
 
     @property
     def user_mode(self) -> bool:
@@ -87,6 +91,10 @@ _TOML_KEYS = {
     "admin_group": ("admin_group", str),
     "socket_group": ("socket_group", str),
     "max_wait_poll": ("max_wait_poll", lambda v: parse_duration(v, "max_wait_poll")),
+    "docker_host": ("docker_host", str),
+    "shm_size": ("shm_size", lambda v: parse_size(v, "shm_size")),
+    "pids_limit": ("pids_limit", int),
+    "image_pull": ("image_pull", bool),
 }
 
 

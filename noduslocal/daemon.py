@@ -151,6 +151,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     # Imported here so `noduslocald --help` and the CLI stay fast.
     from noduslocal.api.app import Services, build_app
     from noduslocal.events import EventHub
+    from noduslocal.runtime.container_spec import instance_id
+    from noduslocal.runtime.containers import ContainerRuntime
     from noduslocal.runtime.process import ProcessRuntime
     from noduslocal.store import Store
     from noduslocal.supervisor import Supervisor
@@ -166,7 +168,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await store.open(hub.publish, settings.commit_batch)
     runtime = ProcessRuntime()
     await runtime.start()
-    supervisor = Supervisor(settings, store, runtime)
+    containers = ContainerRuntime(settings.docker_host, instance_id(settings.data_dir),
+                                  settings.image_pull, lambda: supervisor.docker_changed())
+    supervisor = Supervisor(settings, store, runtime, containers)
+    supervisor.docker_changed()
+    await containers.start()
     runner: web.AppRunner | None = None
     try:
         await supervisor.start()
@@ -192,6 +198,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
             await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             settings.socket.unlink()
+        await containers.close()
         await runtime.close()
         await store.close()
         os.close(lock_fd)

@@ -29,6 +29,8 @@ class JobSpec:
     checkpoint: str | None = None  # workspace-relative directory
     volumes: dict[str, str] = field(default_factory=dict)  # workspace-relative path -> name
     source: str | None = None  # sha256 of an uploaded tar, unpacked into the workspace
+    image: str | None = None  # runs as a docker container when set, else as a host process
+    network: str | None = None  # containers: None (docker's default bridge) or "none"
 
     @property
     def argv(self) -> list[str]:
@@ -49,6 +51,8 @@ class JobSpec:
             "checkpoint": self.checkpoint,
             "volumes": self.volumes,
             "source": self.source,
+            "image": self.image,
+            "network": self.network,
         }
 
     @classmethod
@@ -67,6 +71,8 @@ class JobSpec:
             checkpoint=data.get("checkpoint"),
             volumes=dict(data.get("volumes") or {}),
             source=data.get("source"),
+            image=data.get("image"),
+            network=data.get("network"),
         )
 
 
@@ -178,12 +184,14 @@ class AttemptRecord:
     stop_reason: str | None = None
     shim_pid: int | None = None
     boot_id: str | None = None
+    container_id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "kind": "Attempt",
             "number": self.number,
             "phase": self.phase,
+            "container": self.container_id[:12] if self.container_id else None,
             "created_at": iso(self.created_at),
             "started_at": iso(self.started_at),
             "ended_at": iso(self.ended_at),

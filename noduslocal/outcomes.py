@@ -29,6 +29,8 @@ class Attempt:
     running: bool = False  # a shim was started (the attempt row says Running)
     shim_pid: int | None = None
     boot_id: str | None = None
+    container_id: str | None = None
+    ended: asyncio.Future[AttemptState] | None = None  # a container's end, from its runtime
     stop_reason: str | None = None
     # Whether the stop's SIGTERM reached the job: False while it has not (a job that ends on
     # its own meanwhile was not stopped), None when unknown (adopted after a restart).
@@ -51,6 +53,15 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
         if stop == Reason.TIMEOUT:
             return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.TIMEOUT,
                                f"stopped after its timeout of {job.spec.timeout:g}s", code, sig)
+        if state.oom_killed:
+            limit = job.spec.memory
+            return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.OOM_KILLED,
+                           "killed by the kernel: out of memory" + (
+                               f" (limit {limit / 2**20:.0f} MiB)" if limit else ""), code, sig)
+        if state.oom_killed is None:
+            return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.OOM_KILLED,
+                           f"killed (exit status {code}), likely OOM: docker did not report "
+                           "it, and nobody here sent the kill", code, sig)
         if code == 0:
             return Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED, None, 0)
         if sig is not None:
@@ -67,13 +78,14 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
     if stop is not None:  # vanished while we were stopping it: that is what we asked for
         phase = Phase.CANCELLED if stop == Reason.CANCELLED else Phase.FAILED
         return Outcome(AttemptPhase.LOST, phase, stop, "stopped; no exit status recorded")
+    why = (state.detail if isinstance(state, Vanished) else None) or "no exit status"
     if job.retries_used < job.spec.retries:
         left = job.spec.retries - job.retries_used - 1
         return Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST,
-                           f"attempt {attempt.number} lost (no exit status); retrying, "
-                           f"{left} retr{'y' if left == 1 else 'ies'} left", spend_retry=True)
+                       f"attempt {attempt.number} lost ({why}); retrying, "
+                       f"{left} retr{'y' if left == 1 else 'ies'} left", spend_retry=True)
     return Outcome(AttemptPhase.LOST, Phase.FAILED, Reason.LOST,
-                       f"attempt {attempt.number} lost (no exit status) and no retries left")
+                   f"attempt {attempt.number} lost ({why}) and no retries left")
 
 
 async def settled_inspect(directory: Path) -> AttemptState:

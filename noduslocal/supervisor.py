@@ -19,6 +19,7 @@ from noduslocal.config import Settings
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
 from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
 from noduslocal.outputs import Collected
+from noduslocal.runtime import container_spec
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -27,6 +28,7 @@ from noduslocal.runtime.attempts import (
     kill_leftovers,
     read_pid,
 )
+from noduslocal.runtime.containers import ContainerRuntime, DockerUnavailable, LaunchError
 from noduslocal.runtime.layout import JobLayout
 from noduslocal.runtime.process import ProcessRuntime, SpawnError
 from noduslocal.scheduler.queue import Capacity, Queue, Request
@@ -37,10 +39,12 @@ log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime) -> None:
+    def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime,
+                 containers: ContainerRuntime | None = None) -> None:
         self.settings = settings
         self.store = store
         self.runtime = runtime
+        self.containers = containers
         self.layout = JobLayout(settings.data_dir)
         self.blobs = self.layout.blobs
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
@@ -59,11 +63,21 @@ class Supervisor:
     def hold(self, job_id: int) -> str | None:
         return self.queue.hold(job_id)
 
+    def docker_changed(self) -> None:
+        """dockerd came or went: container jobs wait (with the reason as their hold) or
+        may start again."""
+        if self.containers is not None and self.containers.available:
+            self.queue.blocked.pop("docker", None)
+            self._kick()
+        else:
+            why = self.containers.unavailable_reason if self.containers else "not configured"
+            self.queue.blocked["docker"] = f"dockerd unreachable: {why}"
+
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
         if self._stopping:
             raise errors.Conflict("the daemon is shutting down; submit again once it is back")
-        request = Request(0, req.spec.cpu_m, req.spec.memory or 0)
+        request = _request(0, req.spec)
         if (why := self.queue.capacity.refusal(request)) is not None:
             raise errors.InvalidArgument(why, field=why.split(":")[0])
         project = req.project or owner.name
@@ -131,7 +145,7 @@ class Supervisor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _enqueue(self, job: JobRecord) -> None:
-        request = Request(job.id, job.spec.cpu_m, job.spec.memory or 0)
+        request = _request(job.id, job.spec)
         if (why := self.queue.capacity.refusal(request)) is not None:
             # Admitted by a daemon with more CPUs or memory than this one: it would wait
             # at the head of the queue forever, and everything behind it too.
@@ -182,6 +196,9 @@ class Supervisor:
                 attempt.directory = self.layout.prepare(job, attempt.number)
             secret_values = (await self.store.job_secret_values(job.id)
                              if job.spec.secrets else {})
+            if job.spec.image is not None:
+                await self._run_container(attempt, secret_values)
+                return
             try:
                 attempt.shim_pid = await self.runtime.launch(
                     self.layout.launch_request(job, attempt.number, secret_values))
@@ -205,13 +222,43 @@ class Supervisor:
             log.exception("supervising job %s failed", job.name)
             await self._give_up(attempt, f"the daemon could not run it: {exc}")
 
+    async def _run_container(self, attempt: Attempt, secret_values: dict[str, str]) -> None:
+        job = attempt.job
+        assert self.containers is not None and job.spec.image is not None
+        assert attempt.directory is not None
+        kwargs = container_spec.create_kwargs(self.settings, self.layout,
+                                              self.containers.instance, job, attempt.number,
+                                              secret_values)
+        try:
+            attempt.container_id, attempt.ended = await self.containers.launch(
+                job.spec.image, kwargs, job.id, attempt.directory,
+                sorted(set(secret_values.values())))
+        except DockerUnavailable:
+            await self._finish(attempt, NeverStarted())  # queued again, no retry spent
+            return
+        except LaunchError as exc:
+            await self._give_up(attempt, str(exc))
+            return
+        attempt.running = True
+        now = time.time()
+        running = self.store.write(lambda c: ops.attempt_running(
+            c, job.id, attempt.number, now, container_id=attempt.container_id))
+        await self._watch(attempt, now, running)
+
+    async def _signal(self, attempt: Attempt, sig: int) -> bool:
+        if attempt.container_id is not None:
+            assert self.containers is not None
+            return await self.containers.signal(attempt.container_id, sig)
+        assert attempt.directory is not None
+        return await self.runtime.signal_group(attempt.directory, sig)
+
     async def _give_up(self, attempt: Attempt, message: str) -> None:
         """End a job whose attempt broke in the daemon itself, so it is never left
         Starting or Running with nobody watching it."""
         job = attempt.job
         try:
             if attempt.running and attempt.directory is not None:
-                await self.runtime.signal_group(attempt.directory, signal.SIGKILL)
+                await self._signal(attempt, signal.SIGKILL)
             if attempt.number:
                 phase = AttemptPhase.LOST if attempt.running else AttemptPhase.NOT_STARTED
                 outcome = ops.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
@@ -227,8 +274,12 @@ class Supervisor:
 
     async def _watch(self, attempt: Attempt, started_at: float,
                      running: asyncio.Future[Any] | None = None) -> None:
-        assert attempt.directory is not None and attempt.shim_pid is not None
-        exited = self.runtime.watch(attempt.directory, attempt.shim_pid)
+        assert attempt.directory is not None
+        if attempt.ended is not None:
+            exited = attempt.ended
+        else:
+            assert attempt.shim_pid is not None
+            exited = self.runtime.watch(attempt.directory, attempt.shim_pid)
         timeout = attempt.job.spec.timeout
         if attempt.stop_reason is not None:
             await self._send_stop(attempt)
@@ -243,7 +294,8 @@ class Supervisor:
                       running: asyncio.Future[Any] | None = None) -> None:
         job = attempt.job
         outcome = outcome_of(state, attempt)
-        if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
+        if (outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None
+                and attempt.container_id is None):  # a container's go with its next attempt
             kill_leftovers(attempt.directory, attempt.shim_pid, attempt.boot_id)
         collected = []
         if isinstance(state, Exited) and job.spec.outputs:
@@ -298,19 +350,17 @@ class Supervisor:
             await self._send_stop(attempt)
 
     async def _send_stop(self, attempt: Attempt) -> None:
-        assert attempt.directory is not None
-        directory = attempt.directory
-        delivered = await self.runtime.signal_group(directory, signal.SIGTERM)
+        delivered = await self._signal(attempt, signal.SIGTERM)
         if delivered:
             attempt.stop_sent = True  # no await since the kill: the exit cannot be seen yet
         if delivered and self.active.get(attempt.job.id) is attempt:
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 self.settings.kill_grace, lambda: asyncio.ensure_future(
-                    self.runtime.signal_group(directory, signal.SIGKILL))))
+                    self._signal(attempt, signal.SIGKILL))))
 
     async def _reconcile(self, job: JobRecord) -> None:
         last: AttemptRecord = (await self.store.attempts(job.id))[-1]
-        attempt = Attempt(job, Request(job.id, job.spec.cpu_m, job.spec.memory or 0),
+        attempt = Attempt(job, _request(job.id, job.spec),
                           number=last.number, directory=self.attempt_dir(job.id, last.number),
                           running=last.phase == AttemptPhase.RUNNING,
                           shim_pid=last.shim_pid, boot_id=last.boot_id,
@@ -318,6 +368,10 @@ class Supervisor:
         self.active[job.id] = attempt
         self.queue.capacity.take(attempt.request)
         assert attempt.directory is not None
+        if job.spec.image is not None:
+            # dockerd may be away: the attempt holds its CPUs until it is back and says.
+            attempt.task = asyncio.create_task(self._reconcile_container(attempt, last))
+            return
         state = await settled_inspect(attempt.directory)
         if isinstance(state, Alive):
             log.info("adopting job %s attempt %d (shim %d)", job.name, last.number,
@@ -327,6 +381,30 @@ class Supervisor:
         else:
             attempt.task = asyncio.create_task(self._finish(attempt, state))
 
+    async def _reconcile_container(self, attempt: Attempt, last: AttemptRecord) -> None:
+        job = attempt.job
+        assert self.containers is not None and attempt.directory is not None
+        try:
+            secret_values = (await self.store.job_secret_values(job.id)
+                             if job.spec.secrets else {})
+            state, container_id = await self.containers.adopt(
+                job.id, last.number, attempt.directory, sorted(set(secret_values.values())),
+                recorded_running=attempt.running, stopping=attempt.stop_reason is not None)
+            if not isinstance(state, Alive):
+                await self._finish(attempt, state)
+                return
+            assert container_id is not None
+            log.info("adopting job %s attempt %d (container %s)", job.name, last.number,
+                     container_id[:12])
+            attempt.container_id = container_id
+            attempt.ended = self.containers.watched(container_id)
+            await self._adopt(attempt, last)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("reconciling job %s failed", job.name)
+            await self._give_up(attempt, f"the daemon could not adopt it: {exc}")
+
     async def _adopt(self, attempt: Attempt, last: AttemptRecord) -> None:
         job = attempt.job
         started = last.started_at
@@ -335,8 +413,15 @@ class Supervisor:
             pid = read_pid(attempt.directory)
             started = pid["started_at"] if pid else time.time()
             attempt.running = True
-            attempt.boot_id = self.runtime.boot_id
+            if attempt.container_id is None:
+                attempt.boot_id = self.runtime.boot_id
             await self.store.write(lambda c: ops.attempt_running(
-                c, job.id, attempt.number, started, attempt.shim_pid, attempt.boot_id))
+                c, job.id, attempt.number, started, attempt.shim_pid, attempt.boot_id,
+                attempt.container_id))
         assert started is not None
         await self._watch(attempt, started)
+
+
+def _request(job_id: int, spec: Any) -> Request:
+    return Request(job_id, spec.cpu_m, spec.memory or 0,
+                   "process" if spec.image is None else "docker")

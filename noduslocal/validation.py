@@ -9,32 +9,29 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from noduslocal import job_paths
 from noduslocal.errors import InvalidArgument, Unsupported
 from noduslocal.models import CreateRequest, JobSpec, SecretRef
 from noduslocal.units import parse_cpu, parse_duration, parse_size
-from noduslocal.workspace import components
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 MAX_RETRIES = 100
-OUTPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*$")
 
 # The keyword arguments of the reference `Job.create`, plus `retries` (the CLI's
 # `--retries`, which the reference has on `super job run` only).
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
-     "allow_large_source"}
+     "allow_large_source", "image", "network"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
-    "image": (None,),
     "gpu": (None, 0),
     "disk": (None,),
-    "network": (None,),
     "expected_duration": (None,),
     "interruptible": (None, False),
     "profile": (None,),
@@ -160,13 +157,25 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
             f"region: {region!r} is not a region of this host; valid: {', '.join(regions)}",
             field="region",
         )
+    image = _image(body.get("image"))
     command = _string_list(body.get("command") or [], "command")
-    if not command or not command[0]:
+    if (command and not command[0]) or (not command and image is None):
         raise InvalidArgument(
             "command: required for a job without an image, e.g. [\"python\", \"train.py\"]",
             field="command",
         )
     args = _string_list(body.get("args") or [], "args")
+    container = image is not None
+    checkpoint, checkpoint_volume = job_paths.checkpoint(body.get("checkpoint"), container)
+    volumes = {path: validate_name(ref, "volumes") for path, ref in
+               job_paths.volumes(body.get("volumes") or {}, container).items()}
+    if checkpoint is not None and checkpoint_volume is not None:
+        if any(job_paths.overlaps(checkpoint, path) for path in volumes):
+            raise InvalidArgument("checkpoint: its path overlaps a volume's", field="checkpoint")
+        volumes[checkpoint] = validate_name(checkpoint_volume, "checkpoint.volume")
+    elif checkpoint is not None and any(job_paths.overlaps(checkpoint, p) for p in volumes):
+        raise InvalidArgument("checkpoint: its path overlaps a volume's; keep it in a volume "
+                              'with {"path": P, "volume": NAME}', field="checkpoint")
     workdir = body.get("workdir")
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
         raise InvalidArgument("workdir: expected an absolute path", field="workdir")
@@ -189,112 +198,46 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
                                                                            "timeout"),
         retries=retries,
         secrets=[ref.env for ref in secrets],
-        outputs=_outputs(body.get("outputs") or {}),
-        checkpoint=_checkpoint(body.get("checkpoint")),
-        volumes=_volumes(body.get("volumes") or {}),
+        outputs=job_paths.outputs(body.get("outputs") or {}),
+        checkpoint=checkpoint,
+        volumes=volumes,
         source=_source(body.get("source"), body.get("allow_large_source", False)),
+        image=image,
+        network=_network(body.get("network"), container),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)
 
 
-def _outputs(value: Any) -> dict[str, str]:
-    """{name: path}; a host job's outputs are files or directories of its workspace,
-    named relative to it or under /workspace, as a container sees it."""
-    if not isinstance(value, Mapping):
-        raise InvalidArgument("outputs: expected a mapping of name to path", field="outputs")
-    outputs: dict[str, str] = {}
-    for name, path in value.items():
-        if (not isinstance(name, str) or len(name) > 128 or not OUTPUT_NAME_RE.match(name)
-                or ".." in name.split("/")):
-            raise InvalidArgument(
-                f"outputs: {name!r} is not an output name; use letters, digits, '_', '.', "
-                "'-' and '/' between parts", field="outputs")
-        if not isinstance(path, str):
-            raise InvalidArgument(f"outputs: the path of {name} must be a string",
-                                  field="outputs")
-        if path.startswith("/") and not (path == "/workspace"
-                                         or path.startswith("/workspace/")):
-            raise InvalidArgument(
-                f"outputs: {name} = {path!r}: a host job's outputs are collected from its "
-                "workspace; use a path under /workspace or relative to it", field="outputs")
-        try:
-            parts = components(path)
-        except InvalidArgument:
-            raise InvalidArgument(f"outputs: {name} = {path!r} may not contain '..'",
-                                  field="outputs") from None
-        if not parts:
-            raise InvalidArgument(f"outputs: {name} names the whole workspace; name a file "
-                                  "or directory in it", field="outputs")
-        outputs[name] = "/".join(parts)
-    return outputs
+# Docker's reference grammar, loosely: [registry[:port]/]path[:tag][@digest].
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
 
 
-def _checkpoint(value: Any) -> str | None:
-    """A host job's checkpoint directory: a path under /workspace (or relative to it), made
-    before the first attempt and kept, with the workspace, across every attempt."""
+def _image(value: Any) -> str | None:
     if value is None:
         return None
-    if isinstance(value, Mapping):
-        if "volume" in value:
-            raise Unsupported("checkpoint.volume", "volumes come with the containers release")
-        if set(value) != {"path"}:
-            raise InvalidArgument('checkpoint: expected a path or {"path": ...}',
-                                  field="checkpoint")
-        value = value["path"]
-    if not isinstance(value, str):
-        raise InvalidArgument("checkpoint: expected a path", field="checkpoint")
-    if value.startswith("/") and not (value == "/workspace" or value.startswith("/workspace/")):
-        raise InvalidArgument(
-            f"checkpoint: {value!r}: a host job keeps its checkpoint in its workspace; use a "
-            "path under /workspace (NODUS_CHECKPOINT_DIR names it)", field="checkpoint")
-    try:
-        parts = components(value)
-    except InvalidArgument:
-        raise InvalidArgument("checkpoint: may not contain '..'", field="checkpoint") from None
-    if not parts:
-        raise InvalidArgument("checkpoint: name a directory inside the workspace",
-                              field="checkpoint")
-    return "/".join(parts)
+    if not isinstance(value, str) or not IMAGE_RE.match(value) or "//" in value:
+        raise InvalidArgument(f"image: {value!r} is not an image reference, e.g. "
+                              "\"python:3.11\" or \"ghcr.io/org/train:v2\"", field="image")
+    return value
 
 
-def workspace_path(value: Any, field_name: str, what: str) -> str:
-    """A path a host job sees in its workspace: under /workspace or relative to it."""
-    if not isinstance(value, str):
-        raise InvalidArgument(f"{field_name}: expected a path", field=field_name)
-    if value.startswith("/") and not (value == "/workspace" or value.startswith("/workspace/")):
-        raise InvalidArgument(
-            f"{field_name}: {value!r}: a host job sees its {what} in its workspace; use a "
-            "path under /workspace", field=field_name)
-    try:
-        parts = components(value)
-    except InvalidArgument:
-        raise InvalidArgument(f"{field_name}: may not contain '..'", field=field_name) from None
-    if not parts:
-        raise InvalidArgument(f"{field_name}: name a directory inside the workspace",
-                              field=field_name)
-    return "/".join(parts)
+NETWORKS = ("none", "bridge")
 
 
-def _volumes(value: Any) -> dict[str, str]:
-    """{mount path: volume name or {"name": ...}} -> {workspace-relative path: name}."""
-    if not isinstance(value, Mapping):
-        raise InvalidArgument("volumes: expected a mapping of mount path to volume name",
-                              field="volumes")
-    volumes: dict[str, str] = {}
-    for path, ref in value.items():
-        if isinstance(ref, Mapping):
-            if set(ref) != {"name"}:
-                raise InvalidArgument('volumes: each entry is a name or {"name": ...}',
-                                      field="volumes")
-            ref = ref["name"]
-        name = validate_name(ref, "volumes")
-        rel = workspace_path(path, "volumes", "volumes")
-        if any(rel == other or rel.startswith(other + "/") or other.startswith(rel + "/")
-               for other in volumes):
-            raise InvalidArgument(f"volumes: {path!r} overlaps another mount", field="volumes")
-        volumes[rel] = name
-    return volumes
+def _network(value: Any, container: bool) -> str | None:
+    """None (docker's default bridge for containers), "bridge", or "none". Host jobs share
+    the host's network, so only the default means something for them."""
+    if value is None:
+        return None
+    if value not in NETWORKS:
+        raise InvalidArgument(f"network: {value!r} is not allowed; use one of "
+                              f"{', '.join(NETWORKS)} (host networking is never given)",
+                              field="network")
+    if not container:
+        raise Unsupported("network", "a host job shares the host's network; isolating it "
+                          "needs an image")
+    return value
 
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -35,6 +35,28 @@ if [ "$(id -u)" = 0 ]; then
     [ -x /usr/bin/python3 ] || apt_install python3
 fi
 
+# Container tests need a docker engine and two images built here (no registry is reachable).
+docker_up() { docker info >/dev/null 2>&1; }
+if [ "$(id -u)" = 0 ] && ! docker_up; then
+    if ! command -v dockerd >/dev/null; then
+        log "installing docker.io"
+        apt_install docker.io
+    fi
+    if ! docker_up; then
+        log "starting dockerd (log: /var/log/noduslocal-test-dockerd.log)"
+        nohup dockerd >/var/log/noduslocal-test-dockerd.log 2>&1 </dev/null &
+        for _ in $(seq 60); do docker_up && break; sleep 1; done
+        docker_up || { tail -20 /var/log/noduslocal-test-dockerd.log; exit 1; }
+    fi
+fi
+if docker_up; then
+    [ -x /bin/busybox ] || apt_install busybox-static
+    log "building the test images"
+    scripts/build-test-images.sh
+else
+    log "no docker engine: the container tests will $([ -n "${CI:-}" ] && echo fail || echo skip)"
+fi
+
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
     "$PYTHON" -m venv .venv

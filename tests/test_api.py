@@ -50,7 +50,8 @@ def job_count(d: testing.Daemon) -> int:
     (b'{"command": ["true"], "env": {"9x": "1"}}', 400, "InvalidArgument", "env"),
     (b'{"command": ["true"], "cpu": 64000}', 400, "InvalidArgument", "cpu"),
     (b'{"command": ["true"], "memory": "100TiB"}', 400, "InvalidArgument", "memory"),
-    (b'{"command": ["true"], "image": "busybox"}', 400, "Unsupported", "image"),
+    (b'{"command": ["true"], "image": "bad image"}', 400, "InvalidArgument", "image"),
+    (b'{"command": ["true"], "network": "host"}', 400, "InvalidArgument", "network"),
 ])
 def test_bad_input_is_one_line_4xx_and_creates_nothing(
         daemon: testing.Daemon, body: bytes, status: int, code: str, field: str) -> None:

@@ -100,7 +100,7 @@ def test_a_failed_job_still_has_its_outputs(daemon: testing.Daemon, tmp_path: Pa
 
 @pytest.mark.parametrize(("outputs", "message"), [
     ({"x": "../etc/passwd"}, "may not contain '..'"),
-    ({"x": "/etc/passwd"}, "collected from its workspace"),
+    ({"x": "/etc/passwd"}, "collected from the job.s workspace"),
     ({"../x": "a"}, "not an output name"),
     ({"x": "/workspace"}, "whole workspace"),
     ({"x": 3}, "must be a string"),

@@ -195,6 +195,22 @@ async def exec_in_job(request: web.Request) -> web.Response:
     if job.phase != Phase.RUNNING or attempt is None or not attempt.running:
         raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
     secrets = await services.store.job_secret_values(job.id) if job.spec.secrets else {}
+    if attempt.container_id is not None:
+        from noduslocal.runtime.container_exec import exec_in_container
+
+        from noduslocal.runtime.containers import DockerUnavailable
+
+        containers = services.supervisor.containers
+        assert containers is not None
+        try:
+            client = containers.client
+        except DockerUnavailable as exc:
+            raise errors.Conflict(f"dockerd unreachable: {exc}") from None
+        result = await exec_in_container(
+            containers.call, client, attempt.container_id, command,
+            f"{job.owner_uid}:{job.owner_gid}", job.spec.workdir,
+            sorted(set(secrets.values())), timeout)
+        return web.json_response(result.to_wire())
     launch = services.supervisor.layout.launch_request(job, attempt.number, secrets)
     result = await run_in_job(launch, command, timeout)
     return web.json_response(result.to_wire())

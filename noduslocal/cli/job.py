@@ -43,6 +43,14 @@ def job() -> None:
 @job.command("run", context_settings={"allow_interspersed_args": False})
 @click.option("--name", help="Job name (default: job-<8 hex>).")
 @project_option
+@click.option("--image", help="Run in a container of this docker image (default: a host "
+              "process). COMMAND replaces the image's entrypoint; none runs its default.")
+@click.option("--as-args", is_flag=True,
+              help="With --image: pass COMMAND to the image's entrypoint, as `docker run`.")
+@click.option("--network", type=click.Choice(["bridge", "none"]),
+              help="With --image: docker's bridge (default) or no network at all.")
+@click.option("--checkpoint", metavar="PATH",
+              help="A directory kept across attempts; NODUS_CHECKPOINT_DIR names it.")
 @click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
 @click.option("--secret", "secrets", multiple=True, metavar="KEY[=VALUE]",
               help="Your secret KEY as variable KEY, or VALUE as secret variable KEY.")
@@ -63,8 +71,9 @@ def job() -> None:
               help="Collect PATH (in the workspace) as output NAME after each attempt.")
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
 @json_option
-@click.argument("command", nargs=-1, required=True)
-def run(name: str | None, project: str | None, envs: tuple[str, ...],
+@click.argument("command", nargs=-1)
+def run(name: str | None, project: str | None, image: str | None, as_args: bool,
+        network: str | None, checkpoint: str | None, envs: tuple[str, ...],
         secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
         labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
@@ -78,9 +87,14 @@ def run(name: str | None, project: str | None, envs: tuple[str, ...],
             parse_duration(timeout, "timeout")
         except errors.InvalidArgument as exc:
             raise click.BadParameter(exc.message, param_hint="--timeout") from None
-    body: dict[str, Any] = {"command": list(command)}
+    if not command and image is None:
+        raise click.UsageError("give a COMMAND to run (after --), or an --image")
+    if (as_args or network) and image is None:
+        raise click.UsageError(f"{'--as-args' if as_args else '--network'} needs --image")
+    body: dict[str, Any] = {"args" if as_args else "command": list(command)}
     for key, value in (("name", name), ("project", project), ("cpu", cpu),
-                       ("memory", memory), ("timeout", timeout), ("workdir", workdir)):
+                       ("memory", memory), ("timeout", timeout), ("workdir", workdir),
+                       ("image", image), ("network", network), ("checkpoint", checkpoint)):
         if value is not None:
             body[key] = value
     if envs:

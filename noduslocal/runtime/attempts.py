@@ -23,6 +23,9 @@ class Exited:
     signal: int | None
     started_at: float
     ended_at: float
+    # Containers: True when docker says the kernel killed it for memory; None when it was
+    # SIGKILLed (exit 137) by nobody we know of, which is most likely the OOM killer too.
+    oom_killed: bool | None = False
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,11 @@ class Alive:
     shim_pid: int  # 0: the shim holds its lock but has not named its pids yet
 
 
+@dataclass(frozen=True)
 class Vanished:
-    """The attempt's shim is gone without recording an exit status."""
+    """The attempt's shim or container is gone without an exit status we can trust."""
+
+    detail: str | None = None
 
 
 class NeverStarted:

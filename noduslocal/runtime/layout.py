@@ -12,22 +12,24 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from noduslocal.job_paths import in_workspace
 from noduslocal.models import JobRecord
 from noduslocal.outputs import BlobStore
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
-# Run as the job's owner in its new workspace: $1 = 1 to unpack the tar on stdin, $2 = the
-# checkpoint directory (or empty), then pairs of (mount path, volume directory) to link.
+# Run as the job's owner in its new workspace ($1): $2 = 1 to unpack the tar on stdin,
+# then `d PATH` to make a directory and `l PATH TARGET` to link a volume, relative paths.
 POPULATE = """set -e
 cd -- "$1"
 if [ "$2" = 1 ]; then tar -x --no-same-owner --no-same-permissions -f -; fi
-if [ -n "$3" ]; then mkdir -p -- "$3"; fi
-shift 3
+shift 2
 while [ $# -gt 1 ]; do
-    mkdir -p -- "$(dirname -- "$1")"
-    ln -s -- "$2" "$1"
-    shift 2
+    case "$1" in
+    d) mkdir -p -- "$2"; shift 2 ;;
+    l) mkdir -p -- "$(dirname -- "$2")"; ln -s -- "$3" "$2"; shift 3 ;;
+    *) exit 2 ;;
+    esac
 done
 """
 
@@ -72,6 +74,16 @@ class JobLayout:
     def workspace(self, job_id: int) -> Path:
         return self.job_dir(job_id) / "workspace"
 
+    def checkpoint_dir(self, job: JobRecord) -> Path | None:
+        """Where the job's checkpoint lives on the host (None: in a volume, or none)."""
+        path = job.spec.checkpoint
+        if path is None or path in job.spec.volumes:
+            return None
+        if job.spec.image is None:
+            return self.workspace(job.id) / path
+        rel = in_workspace(path)
+        return self.workspace(job.id) / rel if rel else self.job_dir(job.id) / "checkpoint"
+
     def prepare(self, job: JobRecord, number: int) -> Path:
         """Make the attempt's directory, and the job's directory and workspace (owned by the
         job's owner) where an earlier attempt has not; returns the attempt directory."""
@@ -89,6 +101,12 @@ class JobLayout:
             self._own(workspace, job)
             if job.spec.source or job.spec.checkpoint or job.spec.volumes:
                 self._populate(workspace, job)
+            checkpoint = self.checkpoint_dir(job)
+            if checkpoint is not None and checkpoint.parent == self.job_dir(job.id):
+                # A container's checkpoint outside /workspace: beside it, in a directory
+                # only root can change, so making it as root and handing it over is safe.
+                checkpoint.mkdir(mode=0o700, exist_ok=True)
+                self._own(checkpoint, job)
         directory.mkdir(mode=0o700)
         return directory
 
@@ -96,10 +114,21 @@ class JobLayout:
         """Fill the new workspace as its owner, never as root: the source unpacked by tar,
         the checkpoint directory, the volume links. Whatever a hostile tar or a race by the
         owner's other processes could do, it does with the owner's rights only."""
-        links = [arg for rel, volume in job.spec.volumes.items()
-                 for arg in (rel, str(self.volume_dir(volume)))]
+        steps: list[str] = []
+        container = job.spec.image is not None
+        checkpoint = job.spec.checkpoint
+        if checkpoint is not None and checkpoint not in job.spec.volumes:
+            rel = in_workspace(checkpoint) if container else checkpoint
+            if rel:
+                steps += ["d", rel]
+        for path, volume in job.spec.volumes.items():
+            if not container:
+                steps += ["l", path, str(self.volume_dir(volume))]
+            elif rel := in_workspace(path):
+                # The mount point, made by the owner: docker would make it as root.
+                steps += ["d", rel]
         argv = ["/bin/sh", "-c", POPULATE, "populate", str(workspace),
-                "1" if job.spec.source else "0", job.spec.checkpoint or "", *links]
+                "1" if job.spec.source else "0", *steps]
         kwargs: dict[str, Any] = {}
         if os.getuid() == 0 and job.owner_uid != 0:
             _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)

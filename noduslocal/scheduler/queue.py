@@ -16,6 +16,7 @@ class Request:
     job_id: int  # also the submission order
     cpu_m: int
     memory: int
+    runtime: str = "process"  # "docker" for container jobs
 
 
 @dataclass
@@ -56,6 +57,9 @@ class Queue:
     _order: list[int] = field(default_factory=list)
     _requests: dict[int, Request] = field(default_factory=dict)
     holds: dict[int, str] = field(default_factory=dict)
+    # Runtimes that cannot start anything now, with the reason: their jobs keep their place
+    # but do not hold up the jobs behind them (e.g. "docker": "dockerd unreachable: ...").
+    blocked: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -84,25 +88,29 @@ class Queue:
         """Take every request that may start now, in order; set holds for the rest."""
         started: list[Request] = []
         cap = self.capacity
-        count = 0
+        head: Request | None = None
+        skipped = 0
         for job_id in self._order:
             req = self._requests[job_id]
+            if req.runtime in self.blocked:
+                skipped += 1
+                continue
             if cap.fits(req):
                 cap.take(req)
                 started.append(req)
-                count += 1
                 continue
+            head = req
             break
-        del self._order[:count]
+        if skipped:
+            ids = {req.job_id for req in started}
+            self._order = [job_id for job_id in self._order if job_id not in ids]
+        else:
+            del self._order[:len(started)]
         for req in started:
             del self._requests[req.job_id]
             self.holds.pop(req.job_id, None)
-        if self._order:
-            head = self._requests[self._order[0]]
-            self.holds = {head.job_id: self._head_hold(head)}
-            # Only the head's hold is computed each pass; the rest are derived on read.
-        else:
-            self.holds = {}
+        # Only the head's hold is computed each pass; the rest are derived on read.
+        self.holds = {} if head is None else {head.job_id: self._head_hold(head)}
         return started
 
     def hold(self, job_id: int) -> str | None:
@@ -110,6 +118,8 @@ class Queue:
             return None
         if job_id in self.holds:
             return self.holds[job_id]
+        if (why := self.blocked.get(self._requests[job_id].runtime)) is not None:
+            return why
         ahead = bisect.bisect_left(self._order, job_id)
         if ahead == 0:
             return "waiting for the scheduler"  # queued since the last pass

@@ -32,7 +32,7 @@ JOB_COLUMNS = (
 TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
     "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
-    "message, stop_reason, shim_pid, boot_id"
+    "message, stop_reason, shim_pid, boot_id, container_id"
 )
 
 
@@ -181,10 +181,10 @@ def start_attempt(conn: sqlite3.Connection, job_id: int, now: float) -> tuple[in
 
 
 def attempt_running(conn: sqlite3.Connection, job_id: int, number: int, now: float,
-                    shim_pid: int | None = None,
-                    boot_id: str | None = None) -> tuple[None, list[Event]]:
+                    shim_pid: int | None = None, boot_id: str | None = None,
+                    container_id: str | None = None) -> tuple[None, list[Event]]:
     _attempt_to(conn, job_id, number, AttemptPhase.RUNNING, started_at=now,
-                shim_pid=shim_pid, boot_id=boot_id)
+                shim_pid=shim_pid, boot_id=boot_id, container_id=container_id)
     started = conn.execute("SELECT started_at FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
     return None, [_transition(conn, job_id, Phase.RUNNING, now, Reason.STARTED.value,
                               attempt=number, started_at=started or now)]

@@ -1,0 +1,126 @@
+"""What one container attempt is created with: identity, limits, mounts, environment and
+the labels that let a restarted daemon find it again. Pure: builds docker-py keyword
+arguments from a job, the layout and the settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from docker.types import Mount
+
+from noduslocal.config import Settings
+from noduslocal.models import JobRecord
+from noduslocal.runtime.layout import JobLayout, account
+from noduslocal.workspace import CONTAINER_ROOT
+
+LABEL = "io.noduslocal"
+DEFAULT_SHM = 8 * 2**30
+
+
+def instance_id(data_dir: Path) -> str:
+    """Names the daemon (by its data dir) on its containers: daemons that share a dockerd
+    (a system one, a user's, the tests') never adopt or remove each other's."""
+    return hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def labels(instance: str, job: JobRecord, number: int, rank: int = 0) -> dict[str, str]:
+    return {
+        f"{LABEL}.instance": instance,
+        f"{LABEL}.job-id": str(job.id),
+        f"{LABEL}.job": job.name,
+        f"{LABEL}.project": job.project,
+        f"{LABEL}.attempt": str(number),
+        f"{LABEL}.rank": str(rank),
+        f"{LABEL}.owner": job.owner,
+        f"{LABEL}.owner-uid": str(job.owner_uid),
+    }
+
+
+def job_filter(instance: str, job_id: int | None = None) -> dict[str, Any]:
+    wanted = [f"{LABEL}.instance={instance}"]
+    if job_id is not None:
+        wanted.append(f"{LABEL}.job-id={job_id}")
+    return {"label": wanted}
+
+
+def container_name(instance: str, job: JobRecord, number: int) -> str:
+    return f"nodus-{job.project}-{job.name}-{number}-{instance[:6]}"
+
+
+def shm_size(settings: Settings, memory: int | None) -> int:
+    if settings.shm_size is not None:
+        return settings.shm_size
+    return memory // 2 if memory else DEFAULT_SHM
+
+
+def environment(job: JobRecord, number: int, secrets: dict[str, str]) -> dict[str, str]:
+    """The image's own environment stays (PATH and the like) unless the job sets it."""
+    home, _, _ = account(job.owner_uid, job.owner, job.owner_gid)
+    spec = job.spec
+    return {
+        "HOME": CONTAINER_ROOT if home == "/" else home,
+        "USER": job.owner,
+        "LOGNAME": job.owner,
+        "NODUS_JOB": job.name,
+        "NODUS_PROJECT": job.project,
+        "NODUS_ATTEMPT": str(number),
+        "NODUS_WORKSPACE": CONTAINER_ROOT,
+        **({"NODUS_CHECKPOINT_DIR": spec.checkpoint} if spec.checkpoint else {}),
+        **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": path
+           for path, name in spec.volumes.items()},
+        **spec.env,
+        **secrets,
+    }
+
+
+def mounts(layout: JobLayout, job: JobRecord) -> list[Mount]:
+    """Bind mounts only (a missing source fails the create instead of docker making a
+    root-owned directory), sorted so a mount inside /workspace lands on top of it."""
+    found = [Mount(CONTAINER_ROOT, str(layout.workspace(job.id)), type="bind")]
+    checkpoint = layout.checkpoint_dir(job)
+    if checkpoint is not None and checkpoint.parent == layout.job_dir(job.id):
+        assert job.spec.checkpoint is not None
+        found.append(Mount(job.spec.checkpoint, str(checkpoint), type="bind"))
+    for path, name in job.spec.volumes.items():
+        found.append(Mount(path, str(layout.volume_dir(name)), type="bind"))
+    return sorted(found, key=lambda m: m["Target"].count("/"))
+
+
+def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: JobRecord,
+                  number: int, secrets: dict[str, str]) -> dict[str, Any]:
+    """Keyword arguments of `containers.create`, everything but the image."""
+    spec = job.spec
+    _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)
+    kwargs: dict[str, Any] = {
+        "name": container_name(instance, job, number),
+        "labels": labels(instance, job, number),
+        "environment": environment(job, number, secrets),
+        "working_dir": spec.workdir or CONTAINER_ROOT,
+        "user": f"{job.owner_uid}:{job.owner_gid}",
+        "group_add": [str(g) for g in groups if g != job.owner_gid],
+        "init": True,
+        "privileged": False,
+        "security_opt": ["no-new-privileges"],
+        "cap_drop": ["ALL"],
+        "pids_limit": settings.pids_limit,
+        "nano_cpus": spec.cpu_m * 1_000_000,
+        "shm_size": shm_size(settings, spec.memory),
+        "mounts": mounts(layout, job),
+        "detach": True,
+        "stdin_open": False,
+        "tty": False,
+    }
+    if spec.command:  # Kubernetes meaning: command replaces the entrypoint, args the CMD
+        kwargs["entrypoint"] = spec.command
+        kwargs["command"] = spec.args
+    elif spec.args:
+        kwargs["command"] = spec.args
+    if spec.memory:
+        kwargs["mem_limit"] = spec.memory
+        kwargs["memswap_limit"] = spec.memory  # no swap: the limit is the limit
+    if spec.network == "none":
+        kwargs["network_mode"] = "none"
+    return kwargs
