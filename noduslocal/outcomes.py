@@ -74,7 +74,8 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
             return Outcome(AttemptPhase.NOT_STARTED, Phase.CANCELLED, Reason.CANCELLED,
                                "cancelled before it started")
         return Outcome(AttemptPhase.NOT_STARTED, Phase.PENDING, Reason.REQUEUED,
-                           "the daemon stopped before the process ran; queued again")
+                       f"{state.detail or 'the daemon stopped before the process ran'}; "
+                       "queued again")
     if stop is not None:  # vanished while we were stopping it: that is what we asked for
         phase = Phase.CANCELLED if stop == Reason.CANCELLED else Phase.FAILED
         return Outcome(AttemptPhase.LOST, phase, stop, "stopped; no exit status recorded")

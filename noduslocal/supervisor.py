@@ -233,8 +233,8 @@ class Supervisor:
             attempt.container_id, attempt.ended = await self.containers.launch(
                 job.spec.image, kwargs, job.id, attempt.directory,
                 sorted(set(secret_values.values())))
-        except DockerUnavailable:
-            await self._finish(attempt, NeverStarted())  # queued again, no retry spent
+        except DockerUnavailable as exc:  # queued again, no retry spent
+            await self._finish(attempt, NeverStarted(f"dockerd went away ({exc})"))
             return
         except LaunchError as exc:
             await self._give_up(attempt, str(exc))
@@ -387,9 +387,15 @@ class Supervisor:
         try:
             secret_values = (await self.store.job_secret_values(job.id)
                              if job.spec.secrets else {})
-            state, container_id = await self.containers.adopt(
-                job.id, last.number, attempt.directory, sorted(set(secret_values.values())),
-                recorded_running=attempt.running, stopping=attempt.stop_reason is not None)
+            while True:
+                try:
+                    state, container_id = await self.containers.adopt(
+                        job.id, last.number, attempt.directory,
+                        sorted(set(secret_values.values())), recorded_running=attempt.running,
+                        stopping=attempt.stop_reason is not None)
+                    break
+                except DockerUnavailable:
+                    await asyncio.sleep(1)  # adopt() waits for dockerd to be back
             if not isinstance(state, Alive):
                 await self._finish(attempt, state)
                 return

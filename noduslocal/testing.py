@@ -154,10 +154,27 @@ class Daemon:
             except (OSError, ValueError, KeyError):
                 pass
 
+    def remove_containers(self) -> None:
+        """Force-remove every docker container this daemon created (none without docker)."""
+        from noduslocal.runtime.container_spec import instance_id, job_filter
+
+        try:
+            import docker
+
+            client = docker.from_env(timeout=30)
+            for container in client.containers.list(
+                    all=True, filters=job_filter(instance_id(self.data_dir))):
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+            client.close()
+        except Exception:  # no docker engine: nothing to remove
+            pass
+
     def close(self) -> None:
         if self.proc is not None:
             self.kill()
         self.kill_jobs()
+        self.remove_containers()
         try:
             shutil.rmtree(self.root, ignore_errors=True)
         except RecursionError:  # a job left a tree deeper than Python's stack

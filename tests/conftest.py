@@ -44,3 +44,27 @@ def cli(daemon: testing.Daemon):
         return run_cli(daemon, *args, **kwargs)  # type: ignore[arg-type]
 
     return call
+
+
+BUSYBOX = "noduslocal-test/busybox:1"
+PYTHON_IMAGE = "noduslocal-test/python:3.11"
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    """docker-py against the local engine with the test images built
+    (scripts/build-test-images.sh). Missing: the test fails under CI, else is skipped."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+        for image in (BUSYBOX, PYTHON_IMAGE):
+            client.images.get(image)
+    except Exception as exc:
+        message = (f"docker is needed ({type(exc).__name__}: {exc}); scripts/test.sh starts "
+                   "dockerd and builds the test images")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return client

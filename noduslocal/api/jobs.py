@@ -197,7 +197,6 @@ async def exec_in_job(request: web.Request) -> web.Response:
     secrets = await services.store.job_secret_values(job.id) if job.spec.secrets else {}
     if attempt.container_id is not None:
         from noduslocal.runtime.container_exec import exec_in_container
-
         from noduslocal.runtime.containers import DockerUnavailable
 
         containers = services.supervisor.containers

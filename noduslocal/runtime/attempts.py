@@ -40,8 +40,12 @@ class Vanished:
     detail: str | None = None
 
 
+@dataclass(frozen=True)
 class NeverStarted:
-    """No shim ran this attempt, and none ever will (we left an `abandoned` marker)."""
+    """No shim or container ran this attempt, and none ever will (for a shim we left an
+    `abandoned` marker)."""
+
+    detail: str | None = None
 
 
 AttemptState = Exited | Alive | Vanished | NeverStarted

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import docker
 import docker.errors
+import requests.exceptions
 
 from noduslocal.models import parse_iso
 from noduslocal.runtime.attempts import Alive, AttemptState, Exited, NeverStarted, Vanished
@@ -88,7 +89,15 @@ class ContainerRuntime:
         task.add_done_callback(self._tasks.discard)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """Run a blocking docker-py call in the pool. A dropped connection means dockerd
+        is going away: container work waits (DockerUnavailable) until the link is back."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except requests.exceptions.ConnectionError as exc:
+            if self.available:
+                self._on_state(False, f"connection lost: {exc}")
+                self._link.reconnect()
+            raise DockerUnavailable(str(exc)) from None
 
     async def wait_available(self) -> None:
         while not self.available:
@@ -180,8 +189,8 @@ class ContainerRuntime:
             self._watches.pop(container.id, None)
             await self.call(lambda: container.remove(force=True))
             return NeverStarted(), None
+        self._start_pump(watch)  # the whole log again: the old pump died with the daemon
         if state.get("Running"):
-            self._start_pump(watch)
             return Alive(0), container.id
         # Ended while we were away: its die event is in dockerd's recent history unless
         # dockerd restarted too (then the end was dockerd's, not the job's).
@@ -245,8 +254,8 @@ class ContainerRuntime:
             return Vanished("its container was removed by someone else")
         state = attrs["State"]
         if watch.kills_seen > watch.signals_sent:
-            return Vanished("its container was stopped from outside noduslocal "
-                            "(dockerd shutting down, or a docker kill)")
+            return Vanished("its container was stopped from outside noduslocal: dockerd "
+                            "shutting down, or a docker kill")
         code = int(state["ExitCode"])
         oom: bool | None = bool(state.get("OOMKilled"))
         if not oom and code == 137 and watch.kills_seen == 0:

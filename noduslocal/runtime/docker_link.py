@@ -53,6 +53,13 @@ class DockerLink:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5)
 
+    def reconnect(self) -> None:
+        """Drop the event stream; the thread connects again and reports when it is up."""
+        stream = self._stream
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
         with contextlib.suppress(RuntimeError):  # the loop closed under us
