@@ -57,11 +57,12 @@ def shm_size(settings: Settings, memory: int | None) -> int:
 
 
 def environment(job: JobRecord, number: int, secrets: dict[str, str]) -> dict[str, str]:
-    """The image's own environment stays (PATH and the like) unless the job sets it."""
-    home, _, _ = account(job.owner_uid, job.owner, job.owner_gid)
+    """The image's own environment stays (PATH and the like) unless the job sets it. HOME
+    is the workspace: the owner's host home does not exist in the image, and docker's
+    default for a uid without a passwd entry (/) is not writable by the job."""
     spec = job.spec
     return {
-        "HOME": CONTAINER_ROOT if home == "/" else home,
+        "HOME": CONTAINER_ROOT,
         "USER": job.owner,
         "LOGNAME": job.owner,
         "NODUS_JOB": job.name,

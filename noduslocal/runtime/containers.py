@@ -59,7 +59,7 @@ class ContainerRuntime:
         self.instance = instance
         self.image_pull = image_pull
         self.available = False
-        self.unavailable_reason = "connecting to dockerd"
+        self.unavailable_reason = "not connected yet"
         self._on_availability = on_availability
         self._watches: dict[str, Watch] = {}
         self._lost_link = False  # the event stream broke since the last connect
