@@ -231,7 +231,7 @@ class Supervisor:
                                               secret_values)
         try:
             attempt.container_id, attempt.ended = await self.containers.launch(
-                job.spec.image, kwargs, job.id, attempt.directory,
+                job.spec.image, kwargs, job.id, attempt.number, attempt.directory,
                 sorted(set(secret_values.values())))
         except DockerUnavailable as exc:  # queued again, no retry spent
             await self._finish(attempt, NeverStarted(f"dockerd went away ({exc})"))

@@ -34,6 +34,27 @@ else
     echo "   simulated GPUs (--simulate-gpus) arrive with the GPU release."
 fi
 
+# Container jobs need a docker engine; a local image is built (no registry needed).
+if ! docker info >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    if ! command -v dockerd >/dev/null; then
+        log "installing docker.io (container jobs run through dockerd)"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+    fi
+    if ! docker info >/dev/null 2>&1; then
+        log "starting dockerd (log: /var/log/noduslocal-dockerd.log)"
+        setsid dockerd >/var/log/noduslocal-dockerd.log 2>&1 </dev/null &
+        for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    fi
+fi
+DOCKER=""
+if docker info >/dev/null 2>&1; then
+    if [ ! -x /bin/busybox ] && [ "$(id -u)" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq busybox-static >/dev/null
+    fi
+    scripts/build-test-images.sh >/dev/null && DOCKER=1
+fi
+
 if noduslocal job list --json >/dev/null 2>&1; then
     log "a noduslocald already answers; using it"
     STARTED=""
@@ -77,6 +98,15 @@ try:
 except nodus.errors.JobFailed as exc:
     print(f"   batch-{tag}-6 failed as planned: exit code {exc.exit_code}")
 PY
+
+if [ -n "$DOCKER" ]; then
+    log "4. a container job: as you, with a memory limit, no network, /workspace bound in"
+    noduslocal job run --name "box-$$" --label "demo=quickstart-$$" \
+        --image noduslocal-test/busybox:1 --memory 64MiB --network none -- \
+        sh -c 'echo "uid $(id -u) in $PWD, networks: $(ls /sys/class/net | tr "\n" " ")"'
+else
+    log "4. (skipped) no docker engine answers, so no container job"
+fi
 
 log "result"
 noduslocal job list --all --label "demo=quickstart-$$"

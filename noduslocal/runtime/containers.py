@@ -142,15 +142,17 @@ class ContainerRuntime:
 
     # --- attempts -----------------------------------------------------------------------
 
-    async def launch(self, image: str, kwargs: dict[str, Any], job_id: int,
+    async def launch(self, image: str, kwargs: dict[str, Any], job_id: int, number: int,
                      directory: Path, mask: list[str]) -> tuple[str, asyncio.Future[AttemptState]]:
         """Create and start the attempt's container; returns its id and a future of its
-        end. Raises LaunchError with a message for the user, DockerUnavailable."""
+        end. Raises LaunchError with a message for the user, DockerUnavailable. Before a
+        retry, whatever earlier attempts left is removed (a first attempt's container
+        left by a crash is found and settled by the reconcile, before any retry)."""
         client = self.client
-        await self.call(self._ensure_image, client, image)
-        await self.call(self._remove_job_containers, client, job_id)
+        if number > 1:
+            await self.call(self._remove_job_containers, client, job_id)
         try:
-            container = await self.call(lambda: client.containers.create(image, **kwargs))
+            container = await self.call(self._create, client, image, kwargs)
         except docker.errors.APIError as exc:
             raise LaunchError(f"creating the container failed: {_explain(exc)}") from None
         watch = self._watch(container.id, directory, mask)
@@ -272,12 +274,15 @@ class ContainerRuntime:
         except docker.errors.NotFound:
             return None
 
-    def _ensure_image(self, client: docker.DockerClient, image: str) -> None:
+    def _create(self, client: docker.DockerClient, image: str,
+                kwargs: dict[str, Any]) -> Any:
         try:
-            client.images.get(image)
-            return
+            return client.containers.create(image, **kwargs)
         except docker.errors.ImageNotFound:
-            pass
+            self._pull(client, image)
+            return client.containers.create(image, **kwargs)
+
+    def _pull(self, client: docker.DockerClient, image: str) -> None:
         why = "pulling is turned off (image_pull = false)"
         if self.image_pull:
             try:

@@ -34,10 +34,13 @@ class DockerLink:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def new_client(self) -> docker.DockerClient:
+        """A client of its own (for a long stream); the API version is asked only once."""
+        kwargs: dict[str, Any] = {"timeout": API_TIMEOUT, "max_pool_size": 64}
+        if self.client is not None:
+            kwargs["version"] = self.client.api.api_version
         if self.base_url:
-            return docker.DockerClient(base_url=self.base_url, timeout=API_TIMEOUT,
-                                       max_pool_size=64)
-        return docker.from_env(timeout=API_TIMEOUT, max_pool_size=64)
+            return docker.DockerClient(base_url=self.base_url, **kwargs)
+        return docker.from_env(**kwargs)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
