@@ -16,10 +16,10 @@ from typing import Any
 
 from noduslocal import errors
 from noduslocal.config import Settings
+from noduslocal.container_attempts import ContainerAttempts
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
 from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
 from noduslocal.outputs import Collected
-from noduslocal.runtime import container_spec
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -28,7 +28,7 @@ from noduslocal.runtime.attempts import (
     kill_leftovers,
     read_pid,
 )
-from noduslocal.runtime.containers import ContainerRuntime, DockerUnavailable, LaunchError
+from noduslocal.runtime.containers import ContainerRuntime
 from noduslocal.runtime.layout import JobLayout
 from noduslocal.runtime.process import ProcessRuntime, SpawnError
 from noduslocal.scheduler.queue import Capacity, Queue, Request
@@ -38,13 +38,14 @@ from noduslocal.store import Store, ops
 log = logging.getLogger(__name__)
 
 
-class Supervisor:
+class Supervisor(ContainerAttempts):
     def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime,
                  containers: ContainerRuntime | None = None) -> None:
         self.settings = settings
         self.store = store
         self.runtime = runtime
         self.containers = containers
+        self._sweeps = set()
         self.layout = JobLayout(settings.data_dir)
         self.blobs = self.layout.blobs
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
@@ -62,16 +63,6 @@ class Supervisor:
 
     def hold(self, job_id: int) -> str | None:
         return self.queue.hold(job_id)
-
-    def docker_changed(self) -> None:
-        """dockerd came or went: container jobs wait (with the reason as their hold) or
-        may start again."""
-        if self.containers is not None and self.containers.available:
-            self.queue.blocked.pop("docker", None)
-            self._kick()
-        else:
-            why = self.containers.unavailable_reason if self.containers else "not configured"
-            self.queue.blocked["docker"] = f"dockerd unreachable: {why}"
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
@@ -222,29 +213,6 @@ class Supervisor:
             log.exception("supervising job %s failed", job.name)
             await self._give_up(attempt, f"the daemon could not run it: {exc}")
 
-    async def _run_container(self, attempt: Attempt, secret_values: dict[str, str]) -> None:
-        job = attempt.job
-        assert self.containers is not None and job.spec.image is not None
-        assert attempt.directory is not None
-        kwargs = container_spec.create_kwargs(self.settings, self.layout,
-                                              self.containers.instance, job, attempt.number,
-                                              secret_values)
-        try:
-            attempt.container_id, attempt.ended = await self.containers.launch(
-                job.spec.image, kwargs, job.id, attempt.number, attempt.directory,
-                sorted(set(secret_values.values())))
-        except DockerUnavailable as exc:  # queued again, no retry spent
-            await self._finish(attempt, NeverStarted(f"dockerd went away ({exc})"))
-            return
-        except LaunchError as exc:
-            await self._give_up(attempt, str(exc))
-            return
-        attempt.running = True
-        now = time.time()
-        running = self.store.write(lambda c: ops.attempt_running(
-            c, job.id, attempt.number, now, container_id=attempt.container_id))
-        await self._watch(attempt, now, running)
-
     async def _signal(self, attempt: Attempt, sig: int) -> bool:
         if attempt.container_id is not None:
             assert self.containers is not None
@@ -319,6 +287,8 @@ class Supervisor:
             await ended
         finally:
             self._finishing.discard(job.id)
+        if attempt.container_id is not None and self.containers is not None:
+            await self.containers.remove(attempt.container_id)
 
     def _collect(self, job: JobRecord) -> list[Collected]:
         workspace = self.layout.workspace(job.id)
@@ -380,36 +350,6 @@ class Supervisor:
             attempt.task = asyncio.create_task(self._adopt(attempt, last))
         else:
             attempt.task = asyncio.create_task(self._finish(attempt, state))
-
-    async def _reconcile_container(self, attempt: Attempt, last: AttemptRecord) -> None:
-        job = attempt.job
-        assert self.containers is not None and attempt.directory is not None
-        try:
-            secret_values = (await self.store.job_secret_values(job.id)
-                             if job.spec.secrets else {})
-            while True:
-                try:
-                    state, container_id = await self.containers.adopt(
-                        job.id, last.number, attempt.directory,
-                        sorted(set(secret_values.values())), recorded_running=attempt.running,
-                        stopping=attempt.stop_reason is not None)
-                    break
-                except DockerUnavailable:
-                    await asyncio.sleep(1)  # adopt() waits for dockerd to be back
-            if not isinstance(state, Alive):
-                await self._finish(attempt, state)
-                return
-            assert container_id is not None
-            log.info("adopting job %s attempt %d (container %s)", job.name, last.number,
-                     container_id[:12])
-            attempt.container_id = container_id
-            attempt.ended = self.containers.watched(container_id)
-            await self._adopt(attempt, last)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("reconciling job %s failed", job.name)
-            await self._give_up(attempt, f"the daemon could not adopt it: {exc}")
 
     async def _adopt(self, attempt: Attempt, last: AttemptRecord) -> None:
         job = attempt.job

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,7 +25,14 @@ pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 def ours(client: Any, d: testing.Daemon) -> list[Any]:
-    return client.containers.list(all=True, filters=job_filter(instance_id(d.data_dir)))
+    # sparse: a container removed between the listing and its inspect is no error
+    return client.containers.list(all=True, sparse=True,
+                                  filters=job_filter(instance_id(d.data_dir)))
+
+
+def removed(client: Any, d: testing.Daemon) -> None:
+    """The daemon removes a container once the attempt's end is committed."""
+    testing.wait_until(lambda: ours(client, d) == [], "the containers to be removed")
 
 
 def log_of(job: nodus.Job) -> str:
@@ -56,13 +64,14 @@ def test_runs_as_the_submitter_confined_and_is_removed_after(
     stderr_only = "\n".join(job.iter_logs(stream="stderr"))
     assert stderr_only.strip() == "to-stderr"
     assert job.files.read("made.txt") == b"made\n"
-    assert ours(docker_client, daemon) == []  # recorded, then removed
+    removed(docker_client, daemon)  # recorded, then removed
 
 
 def test_exit_code_failure_and_labels(daemon: testing.Daemon, docker_client: Any) -> None:
     job = nodus.Job.run(image=BUSYBOX, command=["sh", "-c", "sleep 30"])
     container = testing.wait_until(lambda: (ours(docker_client, daemon) or [None])[0],
                                    "the container")
+    container.reload()
     labels = container.labels
     assert labels["io.noduslocal.job"] == job.name
     assert labels["io.noduslocal.attempt"] == "1"
@@ -143,7 +152,7 @@ def test_timeout_stops_the_container(daemon: testing.Daemon, docker_client: Any)
     status = job.status()
     assert status["reason"] == Reason.TIMEOUT
     assert "got-term" in log_of(job)
-    assert ours(docker_client, daemon) == []
+    removed(docker_client, daemon)
 
 
 def test_missing_image_fails_with_how_to_provide_it(daemon: testing.Daemon) -> None:
@@ -163,7 +172,7 @@ def test_missing_executable_is_exit_127_and_leaves_no_container(
         job.wait(timeout=60)
     assert info.value.exit_code == 127
     assert "/no/such/binary" in log_of(job)  # docker-init says what it could not run
-    assert ours(docker_client, daemon) == []
+    removed(docker_client, daemon)
 
 
 def test_checkpoint_volume_outputs_and_workspace(daemon: testing.Daemon,
@@ -274,7 +283,7 @@ def test_daemon_killed_under_a_container_adopts_it_and_collects_outputs(
     assert text.count("started") == 1 and "finished" in text  # one run, whole log
     out = job.outputs["result"].download(tmp_path / "result.txt")
     assert out.read_text() == "done\n"
-    assert ours(docker_client, daemon) == []
+    removed(docker_client, daemon)
 
 
 def test_container_that_ends_while_the_daemon_is_down_keeps_its_exit_code(
@@ -318,12 +327,15 @@ def test_dockerd_restart_is_a_lost_attempt_retried_with_its_checkpoint(
     testing.wait_until(lambda: any(daemon.data_dir.glob("jobs/*/workspace/ready")), "ready")
     restart_dockerd()
     final = client.wait_job(name, None, timeout=120)
-    assert final["phase"] == Phase.SUCCEEDED, final
+    assert final["phase"] == Phase.SUCCEEDED, (final["message"], client.attempts(name))
     attempts = client.attempts(name)
-    assert [a["phase"] for a in attempts] == ["Lost", "Exited"]
+    phases = [a["phase"] for a in attempts]
+    # A launch that meets dockerd still going down is queued again without a retry spent.
+    assert phases[0] == "Lost" and phases[-1] == "Exited", phases
+    assert set(phases[1:-1]) <= {"NotStarted"}, phases
     assert "dockerd" in (attempts[0]["message"] or "")
     log = b"".join(client.logs(name, None)).decode()
-    assert "attempt 2 saw: one" in log
+    assert re.search(r"attempt [2-9] saw: one", log), log
 
 
 def test_dockerd_unreachable_holds_container_jobs_not_host_jobs() -> None:

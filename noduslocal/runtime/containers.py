@@ -175,33 +175,39 @@ class ContainerRuntime:
         asked it to stop, so kills are ours. Waits for dockerd to be reachable."""
         await self.wait_available()
         client = self.client
-        found = await self.call(lambda: client.containers.list(
+        found = await self.call(lambda: client.api.containers(
             all=True, filters={"label": [f"{LABEL}.instance={self.instance}",
                                          f"{LABEL}.job-id={job_id}",
                                          f"{LABEL}.attempt={number}"]}))
         if not found:
             return (Vanished("its container is gone") if recorded_running
                     else NeverStarted()), None
-        container = found[0]
-        watch = self._watch(container.id, directory, mask)
+        container_id: str = found[0]["Id"]
+        watch = self._watch(container_id, directory, mask)
         if stopping:
             watch.signals_sent = 1 << 30
-        state = container.attrs["State"]
+        # Looked at again now that its events reach the watch: a die between the listing
+        # and the watch would be missed otherwise.
+        attrs = await self.call(self._inspect, container_id)
+        if attrs is None:
+            self._watches.pop(container_id, None)
+            return Vanished("its container is gone"), None
+        state = attrs["State"]
         if state.get("Status") == "created":  # the daemon died between create and start
-            self._watches.pop(container.id, None)
-            await self.call(lambda: container.remove(force=True))
+            self._watches.pop(container_id, None)
+            await self.remove(container_id)
             return NeverStarted(), None
         self._start_pump(watch)  # the whole log again: the old pump died with the daemon
         if state.get("Running"):
-            return Alive(0), container.id
+            return Alive(0), container_id
         # Ended while we were away: its die event is in dockerd's recent history unless
         # dockerd restarted too (then the end was dockerd's, not the job's).
-        seen = await self.call(self._history, client, container.id, state)
+        seen = await self.call(self._history, client, container_id, state)
         watch.kills_seen = seen.count("kill")
         self._spawn(self._finish(
             watch, None if "die" in seen else Vanished("it ended while both noduslocal "
                                                        "and dockerd were restarting")))
-        return Alive(0), container.id
+        return Alive(0), container_id
 
     def watched(self, container_id: str) -> asyncio.Future[AttemptState]:
         return self._watches[container_id].done
@@ -217,6 +223,16 @@ class ContainerRuntime:
             log.info("kill %s of %s: %s", signal.Signals(sig).name, container_id[:12], exc)
             return False
         return True
+
+    async def remove(self, container_id: str) -> None:
+        """Remove an ended container, once its end is committed: a daemon that dies before
+        that finds it again and reads the same exit."""
+        try:
+            await self.call(lambda: self.client.api.remove_container(container_id, force=True))
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:  # the next attempt's sweep or the next restart retries
+            log.warning("removing container %s failed: %s", container_id[:12], exc)
 
     def _watch(self, container_id: str, directory: Path, mask: list[str]) -> Watch:
         done: asyncio.Future[AttemptState] = asyncio.get_running_loop().create_future()
@@ -243,9 +259,6 @@ class ContainerRuntime:
         if watch.pump is not None:
             await asyncio.to_thread(watch.pump.join, PUMP_DRAIN)
         watch.closed.set()
-        with contextlib.suppress(Exception):
-            await self.call(lambda: self.client.api.remove_container(watch.container_id,
-                                                                     force=True))
         self._watches.pop(watch.container_id, None)
         if not watch.done.done():
             watch.done.set_result(state)
@@ -297,11 +310,15 @@ class ContainerRuntime:
     def _remove_job_containers(self, client: docker.DockerClient, job_id: int) -> None:
         """Whatever an earlier, lost attempt of the job left: it must not run beside the
         retry."""
-        for container in client.containers.list(all=True, filters=job_filter(self.instance,
-                                                                             job_id)):
-            log.info("removing container %s left by job %d", container.short_id, job_id)
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True)
+        for found in client.api.containers(all=True, filters=job_filter(self.instance,
+                                                                        job_id)):
+            log.info("removing container %s left by job %d", found["Id"][:12], job_id)
+            try:
+                client.api.remove_container(found["Id"], force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:  # e.g. dockerd is removing it already
+                log.warning("removing container %s: %s", found["Id"][:12], _explain(exc))
 
     def _history(self, client: docker.DockerClient, container_id: str,
                  state: dict[str, Any]) -> list[str]:
