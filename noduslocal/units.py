@@ -91,3 +91,12 @@ def parse_cpu(value: Any, field_name: str = "cpu") -> int:
     if not math.isfinite(millis) or millis < 1:
         raise InvalidArgument(f"{field_name}: must be at least 1m (0.001 CPU)", field=field_name)
     return round(millis)
+
+
+def fmt_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"

@@ -87,3 +87,21 @@ def test_never_overcommits_and_starts_in_order(ops: list[tuple[int, int, bool]])
             started.append(req.job_id)
     assert started == sorted(started) == list(range(1, len(ops) + 1))
     assert len(q) == 0
+
+
+def test_a_blocked_runtime_keeps_its_place_without_holding_up_others() -> None:
+    q = make(cpu=2000)
+    q.blocked["docker"] = "dockerd unreachable: not running"
+    q.push(Request(1, 1000, 0, "docker"))
+    q.push(Request(2, 1000, 0))
+    q.push(Request(3, 1000, 0, "docker"))
+    q.push(Request(4, 1000, 0))
+    q.push(Request(5, 1000, 0))
+    assert [r.job_id for r in q.schedule()] == [2, 4]
+    assert q.hold(1) == q.hold(3) == "dockerd unreachable: not running"
+    assert "needs 1 CPU, 0 free" in (q.hold(5) or "")
+    del q.blocked["docker"]
+    q.capacity.give(Request(2, 1000, 0))
+    q.capacity.give(Request(4, 1000, 0))
+    assert [r.job_id for r in q.schedule()] == [1, 3]  # back at their places, first
+    assert len(q) == 1 and q.hold(5) is not None

@@ -12,7 +12,7 @@ from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.client.api import Client
 from noduslocal.states import TERMINAL, Phase
-from noduslocal.units import parse_duration
+from noduslocal.units import fmt_bytes, parse_duration
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -195,8 +195,17 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("started", doc.get("started_at")), ("ended", doc.get("ended_at")),
         ("ran for", output.duration(doc.get("duration_s"))),
         ("attempts", f"{doc['attempts']} (retries used {doc['retries_used']}/{doc['retries']})"),
-        ("command", " ".join([*spec["command"], *spec["args"]])),
-        ("cpu", spec["cpu"]), ("memory", spec.get("memory")), ("timeout", spec.get("timeout")),
+        ("image", spec.get("image")),
+        ("command", " ".join(spec["command"]) or ("(the image's)" if spec.get("image")
+                                                  else None)),
+        ("args", " ".join(spec["args"]) if spec.get("image") else None),
+        ("network", spec.get("network")),
+        ("cpu", spec["cpu"]),
+        ("memory", fmt_bytes(spec["memory"]) if spec.get("memory") else None),
+        ("timeout", spec.get("timeout")),
+        ("checkpoint", spec.get("checkpoint")),
+        ("volumes", ", ".join(f"{name}:{path}" for path, name in
+                              (spec.get("volumes") or {}).items())),
         ("labels", ", ".join(f"{k}={v}" for k, v in doc["labels"].items())),
         ("secrets", ", ".join(spec.get("secrets") or [])),
     ]
@@ -283,9 +292,11 @@ def attempts(name: str, project: str | None, as_json: bool) -> None:
         output.print_json(rows)
         return
     output.print_table(
-        ("#", "PHASE", "STARTED", "ENDED", "EXIT", "SIGNAL", "REASON", "MESSAGE"),
+        ("#", "PHASE", "STARTED", "ENDED", "EXIT", "SIGNAL", "REASON", "CONTAINER",
+         "MESSAGE"),
         [(a["number"], a["phase"], a.get("started_at"), a.get("ended_at"), a.get("exit_code"),
-          a.get("signal"), a.get("reason"), a.get("message")) for a in rows])
+          a.get("signal"), a.get("reason"), a.get("container"), a.get("message"))
+         for a in rows])
 
 
 @job.command("exec")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from noduslocal.units import fmt_bytes
+
 
 @dataclass(frozen=True)
 class Request:
@@ -137,12 +139,3 @@ class Queue:
 
 def fmt_cpu(millis: int) -> str:
     return f"{millis // 1000}" if millis % 1000 == 0 else f"{millis / 1000:g}"
-
-
-def fmt_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
