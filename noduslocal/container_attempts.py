@@ -45,7 +45,8 @@ class ContainerAttempts:
     async def _give_up(self, attempt: Attempt, message: str) -> None: ...
     async def _watch(self, attempt: Attempt, started_at: float,
                      running: asyncio.Future[Any] | None = None) -> None: ...
-    async def _adopt(self, attempt: Attempt, last: AttemptRecord) -> None: ...
+    async def _adopt(self, attempt: Attempt, last: AttemptRecord,
+                     started_at: float | None = None) -> None: ...
 
     def docker_changed(self) -> None:
         """dockerd came or went: container jobs wait (with the reason as their hold) or
@@ -91,7 +92,7 @@ class ContainerAttempts:
                              if job.spec.secrets else {})
             while True:
                 try:
-                    state, container_id = await self.containers.adopt(
+                    state, container_id, started = await self.containers.adopt(
                         job.id, last.number, attempt.directory,
                         sorted(set(secret_values.values())), recorded_running=attempt.running,
                         stopping=attempt.stop_reason is not None)
@@ -106,7 +107,7 @@ class ContainerAttempts:
                      container_id[:12])
             attempt.container_id = container_id
             attempt.ended = self.containers.watched(container_id)
-            await self._adopt(attempt, last)
+            await self._adopt(attempt, last, started)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -114,14 +115,15 @@ class ContainerAttempts:
             await self._give_up(attempt, f"the daemon could not adopt it: {exc}")
 
     async def _sweep_containers(self) -> None:
-        """Remove ended containers whose attempt's end is committed: ones whose removal
-        failed (dockerd away), or whose daemon died between the commit and the removal."""
+        """Remove containers whose attempt's end is committed: ones whose removal failed
+        (dockerd away), or whose daemon died between the commit and the removal."""
         containers = self.containers
         assert containers is not None
         try:
+            # Running ones too: a container whose attempt was judged lost (dockerd
+            # restarted) may live on under live-restore, and its job has moved on.
             found = await containers.call(lambda: containers.client.api.containers(
-                all=True, filters={**container_spec.job_filter(containers.instance),
-                                   "status": ["exited", "dead", "created"]}))
+                all=True, filters=container_spec.job_filter(containers.instance)))
             for container in found:
                 labels = container["Labels"]
                 job_id = int(labels[f"{container_spec.LABEL}.job-id"])

@@ -36,6 +36,7 @@ class Attempt:
     # its own meanwhile was not stopped), None when unknown (adopted after a restart).
     stop_sent: bool | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    retry_stop: asyncio.Task[None] | None = None  # a container stop waiting for dockerd
     task: asyncio.Task[None] | None = None
 
 

@@ -214,8 +214,9 @@ class Supervisor(ContainerAttempts):
             await self._give_up(attempt, f"the daemon could not run it: {exc}")
 
     async def _signal(self, attempt: Attempt, sig: int) -> bool:
-        if attempt.container_id is not None:
-            assert self.containers is not None
+        if attempt.job.spec.image is not None:
+            if attempt.container_id is None or self.containers is None:
+                return False  # not launched or not adopted yet
             return await self.containers.signal(attempt.container_id, sig)
         assert attempt.directory is not None
         return await self.runtime.signal_group(attempt.directory, sig)
@@ -321,12 +322,26 @@ class Supervisor(ContainerAttempts):
 
     async def _send_stop(self, attempt: Attempt) -> None:
         delivered = await self._signal(attempt, signal.SIGTERM)
+        if not delivered and attempt.job.spec.image is not None and attempt.retry_stop is None:
+            # dockerd away, or the container not adopted yet: the stop stays due.
+            attempt.retry_stop = asyncio.create_task(self._retry_stop(attempt))
         if delivered:
             attempt.stop_sent = True  # no await since the kill: the exit cannot be seen yet
         if delivered and self.active.get(attempt.job.id) is attempt:
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 self.settings.kill_grace, lambda: asyncio.ensure_future(
                     self._signal(attempt, signal.SIGKILL))))
+
+    async def _retry_stop(self, attempt: Attempt) -> None:
+        while (self.active.get(attempt.job.id) is attempt and not self._stopping
+               and not (attempt.ended is not None and attempt.ended.done())):
+            await asyncio.sleep(1)
+            if await self._signal(attempt, signal.SIGTERM):
+                attempt.stop_sent = True
+                attempt.timers.append(asyncio.get_running_loop().call_later(
+                    self.settings.kill_grace, lambda: asyncio.ensure_future(
+                        self._signal(attempt, signal.SIGKILL))))
+                return
 
     async def _reconcile(self, job: JobRecord) -> None:
         last: AttemptRecord = (await self.store.attempts(job.id))[-1]
@@ -351,13 +366,16 @@ class Supervisor(ContainerAttempts):
         else:
             attempt.task = asyncio.create_task(self._finish(attempt, state))
 
-    async def _adopt(self, attempt: Attempt, last: AttemptRecord) -> None:
+    async def _adopt(self, attempt: Attempt, last: AttemptRecord,
+                     started_at: float | None = None) -> None:
+        """Watch an attempt that runs on after a restart; `started_at`: a container's
+        start, as dockerd recorded it."""
         job = attempt.job
         started = last.started_at
         if not attempt.running:  # the daemon died between the launch and its commit
             assert attempt.directory is not None
             pid = read_pid(attempt.directory)
-            started = pid["started_at"] if pid else time.time()
+            started = pid["started_at"] if pid else (started_at or time.time())
             attempt.running = True
             if attempt.container_id is None:
                 attempt.boot_id = self.runtime.boot_id

@@ -177,8 +177,10 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         raise InvalidArgument("checkpoint: its path overlaps a volume's; keep it in a volume "
                               'with {"path": P, "volume": NAME}', field="checkpoint")
     workdir = body.get("workdir")
-    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
-        raise InvalidArgument("workdir: expected an absolute path", field="workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")
+                                or ".." in workdir.split("/") or "\0" in workdir):
+        raise InvalidArgument("workdir: expected an absolute path without '..'",
+                              field="workdir")
     retries = body.get("retries", 0) or 0
     if isinstance(retries, bool) or not isinstance(retries, int) or not (
         0 <= retries <= MAX_RETRIES

@@ -21,6 +21,7 @@ from noduslocal.validation import parse_create, validate_name
 routes = web.RouteTableDef()
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 EXEC_TIMEOUT = 300.0  # seconds an exec may run unless the request says otherwise
+EXEC_TIMEOUT_MAX = 24 * 3600.0
 
 
 def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
@@ -191,24 +192,29 @@ async def exec_in_job(request: web.Request) -> web.Response:
         raise errors.InvalidArgument("command: expected a non-empty list of strings",
                                      field="command")
     timeout = parse_duration(body.get("timeout", EXEC_TIMEOUT), "timeout")
+    if timeout > EXEC_TIMEOUT_MAX:
+        raise errors.InvalidArgument("timeout: an exec may run 24h at most; start a job for "
+                                     "longer work", field="timeout")
     attempt = services.supervisor.active.get(job.id)
     if job.phase != Phase.RUNNING or attempt is None or not attempt.running:
         raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
     secrets = await services.store.job_secret_values(job.id) if job.spec.secrets else {}
-    if attempt.container_id is not None:
+    if job.spec.image is not None:
+        if attempt.container_id is None:
+            raise errors.Conflict(f"job {job.name!r}: its container is not adopted yet "
+                                  "(dockerd unreachable?); try again shortly")
         from noduslocal.runtime.container_exec import exec_in_container
         from noduslocal.runtime.containers import DockerUnavailable
 
         containers = services.supervisor.containers
         assert containers is not None
         try:
-            client = containers.client
+            result = await exec_in_container(
+                containers.call, containers.client, attempt.container_id, command,
+                f"{job.owner_uid}:{job.owner_gid}", job.spec.workdir,
+                sorted(set(secrets.values())), timeout)
         except DockerUnavailable as exc:
             raise errors.Conflict(f"dockerd unreachable: {exc}") from None
-        result = await exec_in_container(
-            containers.call, client, attempt.container_id, command,
-            f"{job.owner_uid}:{job.owner_gid}", job.spec.workdir,
-            sorted(set(secrets.values())), timeout)
         return web.json_response(result.to_wire())
     launch = services.supervisor.layout.launch_request(job, attempt.number, secrets)
     result = await run_in_job(launch, command, timeout)

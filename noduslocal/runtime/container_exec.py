@@ -6,7 +6,6 @@ killed through its host pid when it outlives its timeout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 from typing import Any
@@ -46,16 +45,16 @@ async def exec_in_container(call: Any, client: docker.DockerClient, container_id
                             command: list[str], user: str, workdir: str | None,
                             mask: list[str], timeout: float) -> ExecResult:
     """`call` runs a blocking function in the container runtime's thread pool."""
-    exec_id = await call(_start, client, container_id, command, user, workdir)
+    exec_id = await call(_start, client, container_id, command, user, workdir, slow=True)
     masks = [m.encode() for m in mask if m]
     keep = OUTPUT_LIMIT + max((len(m) for m in masks), default=0)
     try:
-        out, err, more = await asyncio.wait_for(call(_collect, client, exec_id, keep), timeout)
+        out, err, more = await asyncio.wait_for(
+            call(_collect, client, exec_id, keep, slow=True), timeout)
     except TimeoutError:
         info = await call(client.api.exec_inspect, exec_id)
-        if info.get("Pid"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(info["Pid"], signal.SIGKILL)
+        if info.get("Running") and info.get("Pid"):
+            _kill_in_container(int(info["Pid"]), container_id)
         raise errors.WaitTimeout(f"the command did not end within {timeout:g}s; "
                                  "it was killed") from None
     info = await call(client.api.exec_inspect, exec_id)
@@ -65,3 +64,21 @@ async def exec_in_container(call: Any, client: docker.DockerClient, container_id
         Masker(masks).feed(out, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
         Masker(masks).feed(err, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
         more or len(out) > OUTPUT_LIMIT or len(err) > OUTPUT_LIMIT)
+
+
+def _kill_in_container(pid: int, container_id: str) -> None:
+    """SIGKILL the exec's process, through a pidfd so a pid reused meanwhile is never hit,
+    and only while its cgroup names the container."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        with open(f"/proc/{pid}/cgroup") as file:
+            if container_id not in file.read():
+                return
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)

@@ -26,18 +26,27 @@ def pump_logs(new_client: Callable[[], docker.DockerClient], container_id: str,
               directory: Path, mask: list[bytes], closed: threading.Event) -> None:
     """Copy the container's whole log (from its start: a restarted pump rewrites the
     files) until the container ends or `closed` is set."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    combined = os.open(directory / OUTPUT_LOG, flags, 0o640)
-    errors = os.open(directory / STDERR_LOG, flags, 0o640)
     maskers = {1: Masker(mask), STDERR: Masker(mask)}
-    client = new_client()
+    client = None
     try:
+        client = new_client()
         api = client.api
         url = f"{api.base_url}/v{api.api_version}/containers/{container_id}/logs"
         # No read timeout: a quiet job may print nothing for hours.
         response = api.get(url, params={"follow": 1, "stdout": 1, "stderr": 1},
                            stream=True, timeout=None)
         response.raise_for_status()
+    except Exception:
+        log.exception("reading the log of container %s failed; keeping what was copied",
+                      container_id[:12])
+        if client is not None:
+            client.close()
+        return
+    # Truncated only now that the whole log is coming again.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    combined = os.open(directory / OUTPUT_LOG, flags, 0o640)
+    errors = os.open(directory / STDERR_LOG, flags, 0o640)
+    try:
         while not closed.is_set():
             header = _read_exact(response.raw, HEADER.size)
             if header is None:

@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from docker.types import Mount
+from docker.types import LogConfig, Mount
 
 from noduslocal.config import Settings
 from noduslocal.models import JobRecord
@@ -47,7 +47,8 @@ def job_filter(instance: str, job_id: int | None = None) -> dict[str, Any]:
 
 
 def container_name(instance: str, job: JobRecord, number: int) -> str:
-    return f"nodus-{job.project}-{job.name}-{number}-{instance[:6]}"
+    """Unique by job id (project and name may both contain '-'); labels say the rest."""
+    return f"nodus-{job.id}-{number}-{instance[:8]}"
 
 
 def shm_size(settings: Settings, memory: int | None) -> int:
@@ -110,6 +111,8 @@ def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: Job
         "nano_cpus": spec.cpu_m * 1_000_000,
         "shm_size": shm_size(settings, spec.memory),
         "mounts": mounts(layout, job),
+        # Bounded on dockerd's disk; the daemon copies the log into the attempt directory.
+        "log_config": LogConfig(type="json-file", config={"max-size": "64m", "max-file": "4"}),
         "detach": True,
         "stdin_open": False,
         "tty": False,

@@ -1,16 +1,14 @@
 """The docker runtime: creates and starts an attempt's container, pumps its logs into the
-attempt directory, learns its end from dockerd's events, records exit code and OOM before
-removing it, and finds this daemon's containers again after a restart.
+attempt directory, learns its end from dockerd's events, and finds this daemon's
+containers again after a restart of the daemon or of dockerd.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,8 +19,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from noduslocal.models import parse_iso
-from noduslocal.runtime.attempts import Alive, AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.runtime.attempts import Alive, AttemptState, NeverStarted, Vanished
+from noduslocal.runtime.container_end import ended_while_away, exit_state, parse_time
 from noduslocal.runtime.container_logs import pump_logs
 from noduslocal.runtime.container_spec import LABEL, job_filter
 from noduslocal.runtime.docker_link import DockerLink
@@ -30,6 +28,8 @@ from noduslocal.runtime.docker_link import DockerLink
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PUMP_DRAIN = 10.0  # seconds to wait for the last log lines after a container ended
+# A dropped connection, or dockerd too busy to answer: either way, come back later.
+TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
 
 
 class DockerUnavailable(RuntimeError):
@@ -48,6 +48,7 @@ class Watch:
     done: asyncio.Future[AttemptState]
     signals_sent: int = 0  # kills we asked dockerd for
     kills_seen: int = 0  # kill events dockerd reported
+    settled: bool = False  # started, or found: a recheck may judge it
     ended: bool = False
     pump: threading.Thread | None = None
     closed: threading.Event = field(default_factory=threading.Event)
@@ -65,6 +66,8 @@ class ContainerRuntime:
         self._lost_link = False  # the event stream broke since the last connect
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(16, thread_name_prefix="docker")
+        # Pulls and execs may take long; they never hold up launches, kills and ends.
+        self.slow_pool = ThreadPoolExecutor(32, thread_name_prefix="docker-slow")
         self._link = DockerLink(docker_host, job_filter(instance), self._on_event,
                                 self._on_state)
 
@@ -75,7 +78,8 @@ class ContainerRuntime:
         await self._link.close()
         for watch in self._watches.values():
             watch.closed.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self.slow_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -88,12 +92,13 @@ class ContainerRuntime:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking docker-py call in the pool. A dropped connection means dockerd
-        is going away: container work waits (DockerUnavailable) until the link is back."""
+    async def call(self, fn: Callable[..., T], *args: Any, slow: bool = False) -> T:
+        """Run a blocking docker-py call in a pool. A dropped connection means dockerd is
+        going away: container work waits (DockerUnavailable) until the link is back."""
+        pool = self.slow_pool if slow else self._pool
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        except requests.exceptions.ConnectionError as exc:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except TRANSIENT as exc:
             if self.available:
                 self._on_state(False, f"connection lost: {exc}")
                 self._link.reconnect()
@@ -127,18 +132,25 @@ class ContainerRuntime:
             self._spawn(self._finish(watch))
 
     async def _recheck_all(self) -> None:
-        """After dockerd was away: a container still running (live-restore) is watched
-        again; one that ended meanwhile was ended by dockerd's restart, not by the job."""
+        """After dockerd was away: a container still running is watched again (its log
+        read again); one that ended meanwhile is judged as after a daemon restart."""
         for watch in list(self._watches.values()):
+            if not watch.settled or watch.ended:
+                continue  # being launched or adopted right now: that path decides
             try:
                 attrs = await self.call(self._inspect, watch.container_id)
-            except Exception:
-                log.exception("inspecting container %s failed", watch.container_id[:12])
-                continue
-            if attrs is not None and attrs["State"]["Running"]:
-                self._start_pump(watch)
-                continue
-            await self._finish(watch, Vanished("dockerd restarted under it"))
+                if attrs is not None:
+                    self._start_pump(watch)  # its pump's stream broke with the link
+                if attrs is not None and attrs["State"]["Running"]:
+                    continue
+                verdict: AttemptState | None = Vanished("its container is gone")
+                if attrs is not None:
+                    kills, verdict = await self.call(ended_while_away, self.client,
+                                                     watch.container_id, attrs)
+                    watch.kills_seen = max(watch.kills_seen, kills)
+            except DockerUnavailable:
+                return  # away again; the next connect rechecks
+            self._spawn(self._finish(watch, verdict))
 
     # --- attempts -----------------------------------------------------------------------
 
@@ -152,27 +164,30 @@ class ContainerRuntime:
         if number > 1:
             await self.call(self._remove_job_containers, client, job_id)
         try:
-            container = await self.call(self._create, client, image, kwargs)
+            container_id = await self.call(self._create, client, image, kwargs, slow=True)
         except docker.errors.APIError as exc:
             raise LaunchError(f"creating the container failed: {_explain(exc)}") from None
-        watch = self._watch(container.id, directory, mask)
+        watch = self._watch(container_id, directory, mask)
         try:
-            await self.call(container.start)
+            await self.call(client.api.start, container_id)
         except Exception as exc:
-            self._watches.pop(container.id, None)
-            with contextlib.suppress(Exception):
-                await self.call(lambda: container.remove(force=True))
+            # A start that dockerd did make but could not confirm is removed here, or by
+            # the next attempt's sweep when dockerd is away.
+            self._watches.pop(container_id, None)
+            await self.remove(container_id)
             if isinstance(exc, docker.errors.APIError):
                 raise LaunchError(f"starting the container failed: {_explain(exc)}") from None
             raise
+        watch.settled = True
         self._start_pump(watch)
-        return container.id, watch.done
+        return container_id, watch.done
 
     async def adopt(self, job_id: int, number: int, directory: Path, mask: list[str],
-                    recorded_running: bool, stopping: bool) -> tuple[AttemptState, str | None]:
-        """After a daemon restart: Alive when the attempt's container exists (its end then
-        comes from `watched(id)`), else what became of the attempt. `stopping`: we had
-        asked it to stop, so kills are ours. Waits for dockerd to be reachable."""
+                    recorded_running: bool, stopping: bool,
+                    ) -> tuple[AttemptState, str | None, float]:
+        """After a daemon restart: (Alive, id, started) when the attempt's container
+        exists (its end then comes from `watched(id)`), else what became of the attempt.
+        `stopping`: we had asked it to stop, so kills are ours."""
         await self.wait_available()
         client = self.client
         found = await self.call(lambda: client.api.containers(
@@ -181,7 +196,7 @@ class ContainerRuntime:
                                          f"{LABEL}.attempt={number}"]}))
         if not found:
             return (Vanished("its container is gone") if recorded_running
-                    else NeverStarted()), None
+                    else NeverStarted()), None, 0.0
         container_id: str = found[0]["Id"]
         watch = self._watch(container_id, directory, mask)
         if stopping:
@@ -191,47 +206,47 @@ class ContainerRuntime:
         attrs = await self.call(self._inspect, container_id)
         if attrs is None:
             self._watches.pop(container_id, None)
-            return Vanished("its container is gone"), None
+            return Vanished("its container is gone"), None, 0.0
         state = attrs["State"]
         if state.get("Status") == "created":  # the daemon died between create and start
             self._watches.pop(container_id, None)
             await self.remove(container_id)
-            return NeverStarted(), None
+            return NeverStarted(), None, 0.0
+        started = parse_time(state.get("StartedAt"))
+        watch.settled = True
         self._start_pump(watch)  # the whole log again: the old pump died with the daemon
-        if state.get("Running"):
-            return Alive(0), container_id
-        # Ended while we were away: its die event is in dockerd's recent history unless
-        # dockerd restarted too (then the end was dockerd's, not the job's).
-        seen = await self.call(self._history, client, container_id, state)
-        watch.kills_seen = seen.count("kill")
-        self._spawn(self._finish(
-            watch, None if "die" in seen else Vanished("it ended while both noduslocal "
-                                                       "and dockerd were restarting")))
-        return Alive(0), container_id
+        if not state.get("Running"):
+            kills, verdict = await self.call(ended_while_away, client, container_id, attrs)
+            watch.kills_seen = max(watch.kills_seen, kills)
+            self._spawn(self._finish(watch, verdict))
+        return Alive(0), container_id, started
 
     def watched(self, container_id: str) -> asyncio.Future[AttemptState]:
         return self._watches[container_id].done
 
     async def signal(self, container_id: str, sig: int) -> bool:
+        """False when the signal could not be delivered (ended, or dockerd away)."""
         watch = self._watches.get(container_id)
         if watch is None or watch.ended or not self.available:
             return False
         watch.signals_sent += 1
         try:
             await self.call(lambda: self.client.api.kill(container_id, int(sig)))
-        except docker.errors.APIError as exc:
+        except (docker.errors.APIError, DockerUnavailable) as exc:
+            watch.signals_sent -= 1
             log.info("kill %s of %s: %s", signal.Signals(sig).name, container_id[:12], exc)
             return False
         return True
 
     async def remove(self, container_id: str) -> None:
-        """Remove an ended container, once its end is committed: a daemon that dies before
-        that finds it again and reads the same exit."""
+        """Remove an ended container (and its anonymous volumes), once its end is
+        committed: a daemon that dies before that finds it again and reads the same end."""
         try:
-            await self.call(lambda: self.client.api.remove_container(container_id, force=True))
+            await self.call(lambda: self.client.api.remove_container(
+                container_id, force=True, v=True))
         except docker.errors.NotFound:
             pass
-        except Exception as exc:  # the next attempt's sweep or the next restart retries
+        except Exception as exc:  # the sweep on the next connect tries again
             log.warning("removing container %s failed: %s", container_id[:12], exc)
 
     def _watch(self, container_id: str, directory: Path, mask: list[str]) -> Watch:
@@ -241,6 +256,9 @@ class ContainerRuntime:
         return watch
 
     def _start_pump(self, watch: Watch) -> None:
+        """(Re)start copying the log; a pump still running from before stops."""
+        watch.closed.set()
+        watch.closed = threading.Event()
         watch.pump = threading.Thread(
             target=pump_logs, args=(self._link.new_client, watch.container_id,
                                     watch.directory, watch.mask, watch.closed),
@@ -251,33 +269,25 @@ class ContainerRuntime:
         if watch.ended:
             return
         watch.ended = True
-        try:
-            state = verdict or await self._read_end(watch)
-        except Exception as exc:
-            log.exception("reading the end of container %s failed", watch.container_id[:12])
-            state = Vanished(f"its end could not be read: {exc}")
+        state = verdict
+        while state is None:
+            try:
+                attrs = await self.call(self._inspect, watch.container_id)
+                state = (Vanished("its container was removed by someone else")
+                         if attrs is None
+                         else exit_state(attrs, watch.kills_seen, watch.signals_sent))
+            except DockerUnavailable:
+                await self.wait_available()  # the end is still there to read
+            except Exception as exc:
+                log.exception("reading the end of container %s failed",
+                              watch.container_id[:12])
+                state = Vanished(f"its end could not be read: {exc}")
         if watch.pump is not None:
             await asyncio.to_thread(watch.pump.join, PUMP_DRAIN)
         watch.closed.set()
         self._watches.pop(watch.container_id, None)
         if not watch.done.done():
             watch.done.set_result(state)
-
-    async def _read_end(self, watch: Watch) -> AttemptState:
-        attrs = await self.call(self._inspect, watch.container_id)
-        if attrs is None:
-            return Vanished("its container was removed by someone else")
-        state = attrs["State"]
-        if watch.kills_seen > watch.signals_sent:
-            return Vanished("its container was stopped from outside noduslocal: dockerd "
-                            "shutting down, or a docker kill")
-        code = int(state["ExitCode"])
-        oom: bool | None = bool(state.get("OOMKilled"))
-        if not oom and code == 137 and watch.kills_seen == 0:
-            oom = None  # SIGKILLed, and not through dockerd: most likely the OOM killer
-        sig = code - 128 if 128 < code < 160 else None
-        return Exited(code, sig, _time(state.get("StartedAt")), _time(state.get("FinishedAt")),
-                      oom_killed=oom)
 
     # --- blocking helpers (run in the pool) -------------------------------------------
 
@@ -287,19 +297,19 @@ class ContainerRuntime:
         except docker.errors.NotFound:
             return None
 
-    def _create(self, client: docker.DockerClient, image: str,
-                kwargs: dict[str, Any]) -> Any:
+    def _create(self, client: docker.DockerClient, image: str, kwargs: dict[str, Any]) -> str:
         try:
-            return client.containers.create(image, **kwargs)
+            return str(client.containers.create(image, **kwargs).id)
         except docker.errors.ImageNotFound:
             self._pull(client, image)
-            return client.containers.create(image, **kwargs)
+            return str(client.containers.create(image, **kwargs).id)
 
     def _pull(self, client: docker.DockerClient, image: str) -> None:
         why = "pulling is turned off (image_pull = false)"
         if self.image_pull:
             try:
-                client.images.pull(image)
+                # Without credentials: the daemon's own (root's) must not serve users.
+                client.images.pull(image, auth_config={})
                 return
             except docker.errors.APIError as exc:
                 why = f"pulling it failed: {_explain(exc)}"
@@ -314,28 +324,11 @@ class ContainerRuntime:
                                                                         job_id)):
             log.info("removing container %s left by job %d", found["Id"][:12], job_id)
             try:
-                client.api.remove_container(found["Id"], force=True)
+                client.api.remove_container(found["Id"], force=True, v=True)
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:  # e.g. dockerd is removing it already
                 log.warning("removing container %s: %s", found["Id"][:12], _explain(exc))
-
-    def _history(self, client: docker.DockerClient, container_id: str,
-                 state: dict[str, Any]) -> list[str]:
-        """The container's events from its start until now, from dockerd's memory."""
-        since = int(_time(state.get("StartedAt")) or 0)
-        stream = client.api.events(since=since, until=int(time.time()) + 1, decode=True,
-                                   filters={"container": container_id})
-        return [e.get("status") or e.get("Action") for e in stream]
-
-
-def _time(value: str | None) -> float:
-    if not value or value.startswith("0001-"):
-        return 0.0
-    # Docker writes nanoseconds; fromisoformat takes at most microseconds.
-    head, _, rest = value.partition(".")
-    frac = "".join(ch for ch in rest if ch.isdigit())[:6]
-    return parse_iso(f"{head}.{frac or '0'}Z")
 
 
 def _explain(exc: docker.errors.APIError) -> str:

@@ -99,7 +99,8 @@ class JobLayout:
             pass  # kept from an earlier attempt
         else:
             self._own(workspace, job)
-            if job.spec.source or job.spec.checkpoint or job.spec.volumes:
+            if (job.spec.source or job.spec.checkpoint or job.spec.volumes
+                    or (job.spec.image and job.spec.workdir)):
                 self._populate(workspace, job)
             checkpoint = self.checkpoint_dir(job)
             if checkpoint is not None and checkpoint.parent == self.job_dir(job.id):
@@ -121,6 +122,8 @@ class JobLayout:
             rel = in_workspace(checkpoint) if container else checkpoint
             if rel:
                 steps += ["d", rel]
+        if container and job.spec.workdir and (rel := in_workspace(job.spec.workdir)):
+            steps += ["d", rel]  # else docker makes it, as root
         for path, volume in job.spec.volumes.items():
             if not container:
                 steps += ["l", path, str(self.volume_dir(volume))]

@@ -1,7 +1,11 @@
 """Container latency: N container jobs of `true` run one at a time through the SDK, next
 to the same container run by docker itself, interleaved in the same run.
 
-    python scripts/bench/container_latency.py [N]     target: p50 within +80 ms of docker
+    python scripts/bench/container_latency.py [N] [--network none]
+                                                      target: p50 within +80 ms of docker
+
+`--network none` runs every container of every runner without a network (docker's bridge
+costs about 30 ms at start and 40 ms at exit on the project's VM).
 
 Two quantities per run, both read against dockerd's own event stream (`start` and `die`,
 `timeNano`: dockerd's wall clock, the host's):
@@ -109,9 +113,15 @@ class Sample:
         self.add("destroy event -> return", t_done - seen["destroy"])
 
 
-def run_nodus(name: str, events: Events, sample: Sample | None) -> None:
+def nodus_run(network: str | None) -> Callable[..., None]:
+    def run(name: str, events: Events, sample: Sample | None) -> None:
+        run_nodus(name, events, sample, network)
+    return run
+
+
+def run_nodus(name: str, events: Events, sample: Sample | None, network: str | None) -> None:
     t0 = time.time_ns()
-    job = nodus.Job.create(name=name, image=IMAGE, command=COMMAND)
+    job = nodus.Job.create(name=name, image=IMAGE, command=COMMAND, network=network)
     t_created = time.time_ns()
     doc = job.wait()
     t_done = time.time_ns()
@@ -137,14 +147,18 @@ def docker_run(client: docker.DockerClient, **options: Any) -> Callable[..., Non
     return run
 
 
-def cli_run(name: str, events: Events, sample: Sample | None) -> None:
-    t0 = time.time_ns()
-    subprocess.run(["docker", "run", "--rm", "--name", name, IMAGE, *COMMAND], check=True,
-                   stdout=subprocess.DEVNULL)
-    t_done = time.time_ns()
-    seen = events.wait(name)
-    if sample is not None:
-        sample.add_run(t0, t_done, seen)
+def cli_run(network: str | None) -> Callable[..., None]:
+    options = ["--network", network] if network else []
+
+    def run(name: str, events: Events, sample: Sample | None) -> None:
+        t0 = time.time_ns()
+        subprocess.run(["docker", "run", "--rm", "--name", name, *options, IMAGE, *COMMAND],
+                       check=True, stdout=subprocess.DEVNULL)
+        t_done = time.time_ns()
+        seen = events.wait(name)
+        if sample is not None:
+            sample.add_run(t0, t_done, seen)
+    return run
 
 
 def noduslike_options(workspace: str) -> dict[str, Any]:
@@ -162,18 +176,25 @@ def noduslike_options(workspace: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    args = sys.argv[1:]
+    network = None
+    if "--network" in args:
+        at = args.index("--network")
+        network = args[at + 1]
+        del args[at:at + 2]
+    n = int(args[0]) if args else 50
+    net = {"network_mode": network} if network else {}
     tag = f"{int(time.time()) % 100000:05d}"
     client = docker.from_env(timeout=60)
     client.images.get(IMAGE)
     events = Events(docker.from_env(timeout=60))
     workspace = tempfile.mkdtemp(prefix="nl-bench-ws-")
     runners: dict[str, Callable[..., None]] = {
-        NODUS: run_nodus,
-        REFERENCE: docker_run(client, entrypoint=COMMAND, command=[]),
-        CLI: cli_run,
-        "docker-py, noduslocal's options": docker_run(client,
-                                                      **noduslike_options(workspace)),
+        NODUS: nodus_run(network),
+        REFERENCE: docker_run(client, entrypoint=COMMAND, command=[], **net),
+        CLI: cli_run(network),
+        "docker-py, noduslocal's options": docker_run(
+            client, **noduslike_options(workspace), **net),
     }
     samples = {runner: Sample() for runner in runners}
     load_before = os.getloadavg()[0]
@@ -188,6 +209,7 @@ def main() -> None:
         events.close()
         Path(workspace).rmdir()
 
+    print(f"network: {network or 'docker default (bridge)'}")
     print(report(samples))
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
 
