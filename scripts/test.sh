@@ -35,6 +35,11 @@ if [ "$(id -u)" = 0 ]; then
     [ -x /usr/bin/python3 ] || apt_install python3
 fi
 
+# The NVML tests compile a stand-in libnvidia-ml.so.1 (tests/nvml_standin) with gcc.
+if [ "$(id -u)" = 0 ]; then
+    command -v gcc >/dev/null && [ -e /usr/include/stdio.h ] || apt_install gcc libc6-dev
+fi
+
 # Container tests need a docker engine and two images built here (no registry is reachable).
 docker_up() { docker info >/dev/null 2>&1; }
 if [ "$(id -u)" = 0 ] && ! docker_up; then

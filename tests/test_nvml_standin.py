@@ -468,7 +468,12 @@ def test_write_state_checks_the_schema_and_is_atomic(tmp_path: Path) -> None:
                 {"gpus": [gpu(0), gpu(1)], "nvlink": [[0, 0]]},
                 {"gpus": [gpu(0)], "events": [{"gpu": 0, "type": "xyz", "seq": 1}]},
                 {"gpus": [gpu(0)], "events": [{"gpu": 1, "type": "xid", "seq": 1}]},
-                {"gpus": [gpu(0, missing="yes")]}):
+                {"gpus": [gpu(0, missing="yes")]},
+                {"gpus": [gpu(0, mig_mode=2)]},
+                {"gpus": [gpu(0, pci_bus_id="17:00")]},
+                {"gpus": [gpu(0, utilization_gpu=101)]},
+                {"gpus": [gpu(0, power_mw=1 << 32)]},
+                {"gpus": [gpu(0, memory_used=81 * GiB)]}):
         with pytest.raises(ValueError):
             standin.write_state(path, bad)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]

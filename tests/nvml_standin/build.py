@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -176,6 +177,11 @@ _GPU = {"index": _INT, "uuid": _STR, "name": _STR, "pci_bus_id": _STR, "pci_devi
         "processes": list, "missing": _BOOL}
 _PROC = {"pid": _INT, "used_memory": _INT_OR_NULL, "gpu_instance_id": _INT,
          "compute_instance_id": _INT}
+_U32 = {"index", "pci_device_id", "pci_subsystem_id", "minor_number", "power_mw",
+        "temperature_c", "pid", "gpu_instance_id", "compute_instance_id", "cuda_driver_version"}
+_RANGES = {"utilization_gpu": 100, "utilization_memory": 100, "mig_mode": 1, "mig_pending": 1,
+           "index": 63}
+_PCI_RE = re.compile(r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:([0-9a-fA-F]{1,2})\.[0-7]")
 _EVENT = {"gpu": _INT, "type": "type", "data": _INT, "seq": _INT, "gpu_instance_id": _INT,
           "compute_instance_id": _INT}
 
@@ -209,6 +215,10 @@ def _check_obj(obj: Any, spec: Mapping[str, Any], where: str,
         kind = spec[key]
         if not _is_kind(value, kind):
             raise ValueError(f"{where}.{key}: {value!r} is not a valid {kind}")
+        if isinstance(value, int) and kind in (_INT, _INT_OR_NULL):
+            top = _RANGES.get(key, 0xFFFFFFFF if key in _U32 else (1 << 63) - 1)
+            if value > top or (key == "numa_node" and value < -1):
+                raise ValueError(f"{where}.{key}: {value} is out of range")
     for key in required:
         if key not in obj:
             raise ValueError(f"{where}: needs {key!r}")
@@ -217,11 +227,20 @@ def _check_obj(obj: Any, spec: Mapping[str, Any], where: str,
 def validate_state(state: Mapping[str, Any]) -> None:
     """Raise ValueError where `state` would not be accepted by the library."""
     _check_obj(state, _TOP, "state")
+    if len(state.get("driver_version", "").encode()) > 79:
+        raise ValueError("driver_version: longer than 79 bytes")
     gpus = state.get("gpus", [])
     for i, gpu in enumerate(gpus):
         _check_obj(gpu, _GPU, f"gpus[{i}]")
         for k, proc in enumerate(gpu.get("processes", [])):
             _check_obj(proc, _PROC, f"gpus[{i}].processes[{k}]", required=("pid",))
+        bus_id = gpu.get("pci_bus_id", "0:0:0.0")
+        m = _PCI_RE.fullmatch(bus_id)
+        if not m or int(m[1], 16) > 0x1F:
+            raise ValueError(f"gpus[{i}].pci_bus_id: {bus_id!r} is not DOMAIN:BUS:DEVICE.FN")
+        for key, limit in (("uuid", 95), ("name", 95)):
+            if len(gpu.get(key, "").encode()) > limit:
+                raise ValueError(f"gpus[{i}].{key}: longer than {limit} bytes")
         if gpu.get("memory_used", 0) > gpu.get("memory_total", 85520809984):
             raise ValueError(f"gpus[{i}]: memory_used exceeds memory_total")
     n = len(gpus)

@@ -5,14 +5,16 @@
  * The file is read again on every call that reads state (and parsed again when its bytes
  * changed), so a test can rewrite it while a daemon runs. Write it atomically (temp file +
  * rename; tests/nvml_standin/build.py has write_state). A rewrite that does not parse or does
- * not fit the schema is reported once on stderr and ignored: the last good state stays.
+ * not fit the schema is reported once on stderr and ignored: the last good state stays (so
+ * does it when the file goes away after nvmlInit).
  *
  * Schema (keys starting with "_" are ignored anywhere; any other unknown key is an error):
  * {
  *   "driver_version": "550.54.15",          default "550.54.15"
  *   "cuda_driver_version": 12040,           default 12040
  *   "gpus": [{                              default []
- *     "index": 0,                           default: position; must be a permutation of 0..n-1
+ *     "index": 0,                           default: position; the indices must be 0..n-1
+ *                                           (n <= 64) in any order
  *     "uuid": "GPU-...",                    default "GPU-5afe0000-0000-4000-8000-<index:012x>"
  *     "name": "NVIDIA H100 80GB HBM3",      default "NVIDIA H100 80GB HBM3"
  *     "pci_bus_id": "00000000:17:00.0",     default "00000000:<0x10+index:02X>:00.0";
@@ -53,7 +55,8 @@
  * - nvmlInit* fails with DRIVER_NOT_LOADED (9) when $NODUS_FAKE_NVML is unset or unreadable,
  *   UNKNOWN (999) when the file is not valid; init is reference counted like NVML's.
  * - A handle names a GPU index. A GPU marked missing, or whose index left the file, answers
- *   GPU_IS_LOST (15).
+ *   GPU_IS_LOST (15). Handle by index past the count: INVALID_ARGUMENT (2); by an unknown
+ *   UUID or bus id: NOT_FOUND (6).
  * - Process lists follow NVML: SUCCESS with count 0 when there are none, and
  *   INSUFFICIENT_SIZE (7) with the needed count while the caller's array is too small.
  * - P2P: for NVLINK (2) OK iff the pair is in "nvlink", else NOT_SUPPORTED (5); for READ (0),
@@ -63,7 +66,8 @@
  *   not delivered yet, for devices registered in that set with a mask covering the event's
  *   type, whether the event was in the file before registration or not. Otherwise
  *   nvmlEventSetWait_v2 polls the file every 5 ms until the timeout and returns TIMEOUT (10).
- *   nvmlShutdown ends a wait in progress with UNINITIALIZED (1).
+ *   nvmlShutdown ends a wait in progress with UNINITIALIZED (1). Registering a type outside
+ *   the GPU's supported_events: NOT_SUPPORTED (3).
  * - Graphics and MPS process lists are always empty.
  *
  * All state sits behind one mutex; a wait sleeps without holding it.
