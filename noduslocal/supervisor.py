@@ -236,6 +236,8 @@ class Supervisor(ContainerAttempts):
             else:
                 await self.store.write(lambda c: ops.fail_job(
                     c, job.id, time.time(), Reason.START_FAILED, message))
+            if attempt.container_id is not None and self.containers is not None:
+                await self.containers.remove(attempt.container_id)  # a kill may have failed
         except Exception:
             log.exception("recording the failure of job %s failed", job.name)
         finally:
