@@ -75,6 +75,10 @@ class Settings:
     shm_size: int | None = None  # a container's /dev/shm; None: half its memory, else 8 GiB
     pids_limit: int = 8192  # processes and threads one container may hold
     image_pull: bool = True  # try `docker pull` for an image dockerd does not have
+    simulate_gpus: str | None = None  # e.g. "4xH100-80GB,2xL4": no NVML, a simulated box
+    nvml_library: str | None = None  # a libnvidia-ml.so.1 to load instead of the system's
+    gpu_busy_memory: int = 2**30  # used memory that makes a GPU nobody here holds busy
+    gpu_poll: float = 2.0  # seconds between readings of the GPUs
 
     @property
     def user_mode(self) -> bool:
@@ -95,6 +99,10 @@ _TOML_KEYS = {
     "shm_size": ("shm_size", lambda v: parse_size(v, "shm_size")),
     "pids_limit": ("pids_limit", int),
     "image_pull": ("image_pull", bool),
+    "simulate_gpus": ("simulate_gpus", lambda v: _simulated_spec(v)),
+    "nvml_library": ("nvml_library", str),
+    "gpu_busy_memory": ("gpu_busy_memory", lambda v: parse_size(v, "gpu_busy_memory")),
+    "gpu_poll": ("gpu_poll", lambda v: parse_duration(v, "gpu_poll")),
 }
 
 
@@ -143,3 +151,13 @@ def load_settings(
     if not settings.memory:
         settings = replace(settings, memory=_host_memory())
     return settings
+
+
+def _simulated_spec(value: object) -> str:
+    from noduslocal.gpu import simulated
+
+    if not isinstance(value, str):
+        raise InvalidArgument("simulate_gpus: expected a string like \"4xH100-80GB\"",
+                              field="simulate_gpus")
+    simulated.parse(value)  # refused here, with the field named, not at start-up
+    return value

@@ -22,6 +22,7 @@ ENDED = frozenset({AttemptPhase.EXITED, AttemptPhase.LOST, AttemptPhase.NOT_STAR
 
 if TYPE_CHECKING:
     from noduslocal.config import Settings
+    from noduslocal.gpu.model import Inventory
     from noduslocal.runtime.layout import JobLayout
     from noduslocal.scheduler.queue import Queue
     from noduslocal.store import Store
@@ -37,6 +38,9 @@ class ContainerAttempts:
     queue: Queue
     containers: ContainerRuntime | None
     active: dict[int, Attempt]
+    inventory: Inventory
+
+    def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]: ...
 
     # Provided by the Supervisor.
     def _kick(self) -> None: ...
@@ -65,9 +69,11 @@ class ContainerAttempts:
         job = attempt.job
         assert self.containers is not None and job.spec.image is not None
         assert attempt.directory is not None
-        kwargs = container_spec.create_kwargs(self.settings, self.layout,
-                                              self.containers.instance, job, attempt.number,
-                                              secret_values)
+        simulated = self.inventory.simulated
+        kwargs = container_spec.create_kwargs(
+            self.settings, self.layout, self.containers.instance, job, attempt.number,
+            secret_values, self.gpu_env(attempt.gpus, True),
+            None if simulated else attempt.gpus)
         try:
             attempt.container_id, attempt.ended = await self.containers.launch(
                 job.spec.image, kwargs, job.id, attempt.number, attempt.directory,

@@ -151,6 +151,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     # Imported here so `noduslocald --help` and the CLI stay fast.
     from noduslocal.api.app import Services, build_app
     from noduslocal.events import EventHub
+    from noduslocal.gpu.service import GpuService
     from noduslocal.runtime.container_spec import instance_id
     from noduslocal.runtime.containers import ContainerRuntime
     from noduslocal.runtime.process import ProcessRuntime
@@ -166,12 +167,15 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     hub = EventHub()
     store = Store(settings.data_dir / "noduslocal.db")
     await store.open(hub.publish, settings.commit_batch)
+    gpus = GpuService(settings)
+    inventory = await gpus.start()
     runtime = ProcessRuntime()
     await runtime.start()
     containers = ContainerRuntime(settings.docker_host, instance_id(settings.data_dir),
                                   settings.image_pull, lambda: supervisor.docker_changed())
-    supervisor = Supervisor(settings, store, runtime, containers)
+    supervisor = Supervisor(settings, store, runtime, containers, inventory)
     supervisor.docker_changed()
+    gpus.watch(supervisor.set_inventory)
     await containers.start()
     runner: web.AppRunner | None = None
     try:
@@ -199,6 +203,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         with contextlib.suppress(FileNotFoundError):
             settings.socket.unlink()
         await containers.close()
+        await gpus.close()
         await runtime.close()
         await store.close()
         os.close(lock_fd)
@@ -225,6 +230,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, help="where jobs and the database live")
     parser.add_argument("--cpus", help="CPUs of job requests that may run at once")
     parser.add_argument("--memory", help="memory of job requests that may run at once")
+    parser.add_argument("--simulate-gpus", metavar="SPEC",
+                        help='simulated GPUs for a machine without them, e.g. "4xH100-80GB,2xL4"')
+    parser.add_argument("--nvml-library", metavar="PATH",
+                        help="a libnvidia-ml.so.1 to load instead of the system's")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -233,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = {key: value for key, value in (("cpus", args.cpus), ("memory", args.memory))
-                 if value is not None}
+    overrides = {key: value for key, value in (
+        ("cpus", args.cpus), ("memory", args.memory), ("simulate_gpus", args.simulate_gpus),
+        ("nvml_library", args.nvml_library)) if value is not None}
     try:
         settings = load_settings(args.config, socket=args.socket, data_dir=args.data_dir,
                                  overrides=overrides)

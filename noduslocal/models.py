@@ -5,11 +5,14 @@ documents the API returns, with the API's one time format.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from noduslocal.gpu.request import GpuRequest
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class JobSpec:
     volumes: dict[str, str] = field(default_factory=dict)  # workspace-relative path -> name
     source: str | None = None  # sha256 of an uploaded tar, unpacked into the workspace
     image: str | None = None  # runs as a docker container when set, else as a host process
+    gpu: GpuRequest | None = None
     network: str | None = None  # containers: None (docker's default bridge) or "none"
 
     @property
@@ -53,6 +57,7 @@ class JobSpec:
             "source": self.source,
             "image": self.image,
             "network": self.network,
+            "gpu": None if self.gpu is None else self.gpu.to_wire(),
         }
 
     @classmethod
@@ -73,6 +78,7 @@ class JobSpec:
             source=data.get("source"),
             image=data.get("image"),
             network=data.get("network"),
+            gpu=GpuRequest.from_stored(data.get("gpu")),
         )
 
 
@@ -185,10 +191,16 @@ class AttemptRecord:
     shim_pid: int | None = None
     boot_id: str | None = None
     container_id: str | None = None
+    gpus_json: str | None = None
+
+    @property
+    def gpus(self) -> list[str]:
+        return json.loads(self.gpus_json) if self.gpus_json else []
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "kind": "Attempt",
+            "gpus": self.gpus,
             "number": self.number,
             "phase": self.phase,
             "container": self.container_id[:12] if self.container_id else None,

@@ -17,6 +17,7 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.config import Settings
 from noduslocal.container_attempts import ContainerAttempts
+from noduslocal.gpu.model import Inventory, job_env
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
 from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
 from noduslocal.outputs import Collected
@@ -31,6 +32,7 @@ from noduslocal.runtime.attempts import (
 from noduslocal.runtime.containers import ContainerRuntime
 from noduslocal.runtime.layout import JobLayout
 from noduslocal.runtime.process import ProcessRuntime, SpawnError
+from noduslocal.scheduler.gpus import GpuPool
 from noduslocal.scheduler.queue import Capacity, Queue, Request
 from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
 from noduslocal.store import Store, ops
@@ -40,7 +42,8 @@ log = logging.getLogger(__name__)
 
 class Supervisor(ContainerAttempts):
     def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime,
-                 containers: ContainerRuntime | None = None) -> None:
+                 containers: ContainerRuntime | None = None,
+                 inventory: Inventory | None = None) -> None:
         self.settings = settings
         self.store = store
         self.runtime = runtime
@@ -48,7 +51,9 @@ class Supervisor(ContainerAttempts):
         self._sweeps = set()
         self.layout = JobLayout(settings.data_dir)
         self.blobs = self.layout.blobs
-        self.queue = Queue(Capacity(settings.cpus_m, settings.memory))
+        self.inventory = inventory or Inventory([], "none", "no GPU inventory")
+        self.queue = Queue(Capacity(settings.cpus_m, settings.memory,
+                                    gpus=GpuPool(self.inventory, settings.gpu_busy_memory)))
         self.active: dict[int, Attempt] = {}
         self._pending_jobs: dict[int, JobRecord] = {}
         self._finishing: set[int] = set()  # ended, end not committed yet
@@ -63,6 +68,19 @@ class Supervisor(ContainerAttempts):
 
     def hold(self, job_id: int) -> str | None:
         return self.queue.hold(job_id)
+
+    def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]:
+        by_uuid = self.inventory.by_uuid()
+        gpus = [by_uuid[u] for u in uuids if u in by_uuid]
+        return job_env(gpus, bool(self.inventory.gpus), in_container,
+                       self.inventory.simulated)
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        """A fresh reading of the GPUs: busy and unhealthy ones change what may start."""
+        self.inventory = inventory
+        if self.queue.capacity.gpus is not None:
+            self.queue.capacity.gpus.inventory = inventory
+        self._kick()
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
@@ -159,10 +177,13 @@ class Supervisor(ContainerAttempts):
         for request in self.queue.schedule():
             job = self._pending_jobs.pop(request.job_id)
             attempt = Attempt(job, request)
+            if self.queue.capacity.gpus is not None:
+                attempt.gpus = list(self.queue.capacity.gpus.by_job.get(job.id, []))
             self.active[job.id] = attempt
             # Queued now, so it joins the commit of whatever freed the capacity.
             attempt.started = self.store.write(
-                lambda c, job_id=job.id: ops.start_attempt(c, job_id, time.time()))
+                lambda c, job_id=job.id, gpus=attempt.gpus: ops.start_attempt(
+                    c, job_id, time.time(), gpus))
             attempt.task = asyncio.create_task(self._run_attempt(attempt))
 
     def _release(self, attempt: Attempt) -> None:
@@ -192,7 +213,8 @@ class Supervisor(ContainerAttempts):
                 return
             try:
                 attempt.shim_pid = await self.runtime.launch(
-                    self.layout.launch_request(job, attempt.number, secret_values))
+                    self.layout.launch_request(job, attempt.number, secret_values,
+                                               self.gpu_env(attempt.gpus, False)))
             except SpawnError:
                 log.exception("spawning job %s failed", job.name)
                 state = await settled_inspect(attempt.directory)
@@ -352,8 +374,9 @@ class Supervisor(ContainerAttempts):
                           running=last.phase == AttemptPhase.RUNNING,
                           shim_pid=last.shim_pid, boot_id=last.boot_id,
                           stop_reason=last.stop_reason)
+        attempt.gpus = last.gpus
         self.active[job.id] = attempt
-        self.queue.capacity.take(attempt.request)
+        self.queue.capacity.take(attempt.request, gpus=last.gpus)
         assert attempt.directory is not None
         if job.spec.image is not None:
             # dockerd may be away: the attempt holds its CPUs until it is back and says.
@@ -390,4 +413,4 @@ class Supervisor(ContainerAttempts):
 
 def _request(job_id: int, spec: Any) -> Request:
     return Request(job_id, spec.cpu_m, spec.memory or 0,
-                   "process" if spec.image is None else "docker")
+                   "process" if spec.image is None else "docker", spec.gpu)

@@ -11,6 +11,7 @@ from typing import Any
 
 from noduslocal import job_paths
 from noduslocal.errors import InvalidArgument, Unsupported
+from noduslocal.gpu.request import parse_gpu
 from noduslocal.models import CreateRequest, JobSpec, SecretRef
 from noduslocal.units import parse_cpu, parse_duration, parse_size
 
@@ -24,13 +25,12 @@ MAX_RETRIES = 100
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
-     "allow_large_source", "image", "network"}
+     "allow_large_source", "image", "network", "gpu"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
-    "gpu": (None, 0),
     "disk": (None,),
     "expected_duration": (None,),
     "interruptible": (None, False),
@@ -206,6 +206,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         source=_source(body.get("source"), body.get("allow_large_source", False)),
         image=image,
         network=_network(body.get("network"), container),
+        gpu=parse_gpu(body.get("gpu")),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)

@@ -103,7 +103,7 @@ def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
-    ({"gpu": "H100"}, "gpu"),
+    ({"disk": "100GiB"}, "disk"),
     ({"distributed": nodus.Distributed(nodes=2)}, "distributed"),
 ])
 def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dict[str, object],

@@ -77,10 +77,20 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
 
 
 def route_tables() -> list[web.RouteTableDef]:
-    from noduslocal.api import files, jobs, outputs, secrets, sources, streams, system, volumes
+    from noduslocal.api import (
+        files,
+        gpus,
+        jobs,
+        outputs,
+        secrets,
+        sources,
+        streams,
+        system,
+        volumes,
+    )
 
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
-            secrets.routes, volumes.routes, sources.routes]
+            secrets.routes, volumes.routes, sources.routes, gpus.routes]
 
 
 def build_app(services: Services) -> web.Application:

@@ -216,6 +216,7 @@ async def exec_in_job(request: web.Request) -> web.Response:
         except DockerUnavailable as exc:
             raise errors.Conflict(f"dockerd unreachable: {exc}") from None
         return web.json_response(result.to_wire())
-    launch = services.supervisor.layout.launch_request(job, attempt.number, secrets)
+    launch = services.supervisor.layout.launch_request(
+        job, attempt.number, secrets, services.supervisor.gpu_env(attempt.gpus, False))
     result = await run_in_job(launch, command, timeout)
     return web.json_response(result.to_wire())

@@ -8,6 +8,7 @@ import click
 from noduslocal import errors
 from noduslocal.cli.daemon import daemon
 from noduslocal.cli.files import download, ls
+from noduslocal.cli.gpus import gpus
 from noduslocal.cli.job import job
 from noduslocal.cli.outputs import download_output, outputs
 from noduslocal.cli.secrets import secret
@@ -37,6 +38,7 @@ cli.add_command(ls)
 cli.add_command(download)
 cli.add_command(secret)
 cli.add_command(volume)
+cli.add_command(gpus)
 
 
 def main() -> None:

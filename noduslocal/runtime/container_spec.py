@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from docker.types import LogConfig, Mount
+from docker.types import DeviceRequest, LogConfig, Mount
 
 from noduslocal.config import Settings
 from noduslocal.models import JobRecord
@@ -57,7 +57,8 @@ def shm_size(settings: Settings, memory: int | None) -> int:
     return memory // 2 if memory else DEFAULT_SHM
 
 
-def environment(job: JobRecord, number: int, secrets: dict[str, str]) -> dict[str, str]:
+def environment(job: JobRecord, number: int, secrets: dict[str, str],
+                gpu_env: dict[str, str]) -> dict[str, str]:
     """The image's own environment stays (PATH and the like) unless the job sets it. HOME
     is the workspace: the owner's host home does not exist in the image, and docker's
     default for a uid without a passwd entry (/) is not writable by the job."""
@@ -74,6 +75,7 @@ def environment(job: JobRecord, number: int, secrets: dict[str, str]) -> dict[st
         **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": path
            for path, name in spec.volumes.items()},
         **spec.env,
+        **gpu_env,
         **secrets,
     }
 
@@ -92,14 +94,16 @@ def mounts(layout: JobLayout, job: JobRecord) -> list[Mount]:
 
 
 def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: JobRecord,
-                  number: int, secrets: dict[str, str]) -> dict[str, Any]:
-    """Keyword arguments of `containers.create`, everything but the image."""
+                  number: int, secrets: dict[str, str], gpu_env: dict[str, str] | None = None,
+                  device_ids: list[str] | None = None) -> dict[str, Any]:
+    """Keyword arguments of `containers.create`, everything but the image. `device_ids`:
+    the real GPUs (UUIDs) docker gives the container; simulated ones are env only."""
     spec = job.spec
     _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)
     kwargs: dict[str, Any] = {
         "name": container_name(instance, job, number),
         "labels": labels(instance, job, number),
-        "environment": environment(job, number, secrets),
+        "environment": environment(job, number, secrets, gpu_env or {}),
         "working_dir": spec.workdir or CONTAINER_ROOT,
         "user": f"{job.owner_uid}:{job.owner_gid}",
         "group_add": [str(g) for g in groups if g != job.owner_gid],
@@ -127,4 +131,7 @@ def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: Job
         kwargs["memswap_limit"] = spec.memory  # no swap: the limit is the limit
     if spec.network == "none":
         kwargs["network_mode"] = "none"
+    if device_ids:
+        kwargs["device_requests"] = [DeviceRequest(device_ids=device_ids,
+                                                   capabilities=[["gpu"]])]
     return kwargs

@@ -153,9 +153,10 @@ class JobLayout:
             os.chown(path, job.owner_uid, job.owner_gid, follow_symlinks=False)
 
     def launch_request(self, job: JobRecord, number: int,
-                       secrets: dict[str, str] | None = None) -> dict[str, Any]:
+                       secrets: dict[str, str] | None = None,
+                       gpu_env: dict[str, str] | None = None) -> dict[str, Any]:
         """What the shim needs; `secrets` are added to the environment, and their values
-        masked in the stored log."""
+        masked in the stored log; `gpu_env` pins the job's GPUs (over the job's env)."""
         workspace = self.workspace(job.id)
         home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
         env = {
@@ -174,6 +175,7 @@ class JobLayout:
             **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": str(workspace / rel)
                for rel, name in job.spec.volumes.items()},
             **job.spec.env,
+            **(gpu_env or {}),
             **(secrets or {}),
         }
         request: dict[str, Any] = {

@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from noduslocal.gpu.request import GpuRequest
+from noduslocal.scheduler.gpus import GpuPool
 from noduslocal.units import fmt_bytes
 
 
@@ -19,6 +21,7 @@ class Request:
     cpu_m: int
     memory: int
     runtime: str = "process"  # "docker" for container jobs
+    gpu: GpuRequest | None = None
 
 
 @dataclass
@@ -28,20 +31,39 @@ class Capacity:
     used_cpu_m: int = 0
     used_memory: int = 0
 
+    gpus: GpuPool | None = None
+
     def fits(self, req: Request) -> bool:
         return (self.used_cpu_m + req.cpu_m <= self.cpu_m
-                and self.used_memory + req.memory <= self.memory)
+                and self.used_memory + req.memory <= self.memory
+                and (req.gpu is None or (self.gpus is not None
+                                         and self.gpus.pick(req.gpu) is not None)))
 
-    def take(self, req: Request) -> None:
+    def take(self, req: Request, gpus: list[str] | None = None) -> None:
+        """Take the request's share; its GPUs are `gpus` (a running attempt's, after a
+        restart) or the best free set."""
         self.used_cpu_m += req.cpu_m
         self.used_memory += req.memory
+        if req.gpu is not None and self.gpus is not None:
+            if gpus is None:
+                picked = self.gpus.pick(req.gpu)
+                assert picked is not None, "take() without fits()"
+                gpus = [g.uuid for g in picked]
+            self.gpus.take(req.job_id, gpus)
 
     def give(self, req: Request) -> None:
         self.used_cpu_m -= req.cpu_m
         self.used_memory -= req.memory
+        if self.gpus is not None:
+            self.gpus.give(req.job_id)
 
     def refusal(self, req: Request) -> str | None:
         """Why a request can never run on this host, or None."""
+        if req.gpu is not None:
+            if self.gpus is None:
+                return f"gpu: {req.gpu.describe()} requested; this host has no GPUs"
+            if (why := self.gpus.refusal(req.gpu)) is not None:
+                return why
         if req.cpu_m > self.cpu_m:
             return (f"cpu: {fmt_cpu(req.cpu_m)} CPUs requested, this host runs at most "
                     f"{fmt_cpu(self.cpu_m)}")
@@ -129,6 +151,8 @@ class Queue:
 
     def _head_hold(self, req: Request) -> str:
         cap = self.capacity
+        if req.gpu is not None and cap.gpus is not None and cap.gpus.pick(req.gpu) is None:
+            return cap.gpus.hold(req.gpu)
         free_cpu = cap.cpu_m - cap.used_cpu_m
         free_mem = cap.memory - cap.used_memory
         if req.cpu_m > free_cpu:

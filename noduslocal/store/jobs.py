@@ -32,7 +32,7 @@ JOB_COLUMNS = (
 TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
     "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
-    "message, stop_reason, shim_pid, boot_id, container_id"
+    "message, stop_reason, shim_pid, boot_id, container_id, gpus"
 )
 
 
@@ -167,16 +167,19 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
     return Created(job, created=True), [event]
 
 
-def start_attempt(conn: sqlite3.Connection, job_id: int, now: float) -> tuple[int, list[Event]]:
-    """Pending -> Starting with a new attempt row; returns the attempt number."""
+def start_attempt(conn: sqlite3.Connection, job_id: int, now: float,
+                  gpus: list[str] | None = None) -> tuple[int, list[Event]]:
+    """Pending -> Starting with a new attempt row (and the GPUs it was given); returns the
+    attempt number."""
     row = conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
         raise errors.NotFound(f"job {job_id} does not exist")
     number = row[0] + 1
     event = _transition(conn, job_id, Phase.STARTING, now, Reason.SCHEDULED.value,
                         attempt=number, attempts=number)
-    conn.execute("INSERT INTO attempts (job_id, number, phase, created_at) VALUES (?,?,?,?)",
-                 (job_id, number, AttemptPhase.STARTING.value, now))
+    conn.execute("INSERT INTO attempts (job_id, number, phase, created_at, gpus) "
+                 "VALUES (?,?,?,?,?)", (job_id, number, AttemptPhase.STARTING.value, now,
+                                        json.dumps(gpus) if gpus else None))
     return number, [event]
 
 

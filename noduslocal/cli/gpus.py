@@ -1,0 +1,66 @@
+"""`noduslocal gpus`: the box's GPUs, who holds each, and what else runs on them;
+`--watch` redraws it live."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from noduslocal.cli import output
+from noduslocal.cli.job import json_option
+from noduslocal.client.api import Client
+from noduslocal.units import fmt_bytes
+
+
+def _rows(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
+    rows = []
+    for g in doc["gpus"]:
+        holder = g.get("job")
+        state = ("unhealthy" if not g["healthy"] else "drained" if g.get("drained")
+                 else "busy" if g.get("busy") else "in use" if holder else "free")
+        foreign = ", ".join(f"{p['pid']} ({p.get('user') or '?'}"
+                            + (f", {fmt_bytes(p['used_memory'])})" if p.get("used_memory")
+                               else ")") for p in g["processes"]) if not holder else ""
+        rows.append((
+            g["index"], g["model"], f"{fmt_bytes(g['memory_used'])} / "
+            f"{fmt_bytes(g['memory_total'])}",
+            "-" if g.get("utilization") is None else f"{g['utilization']}%",
+            "-" if g.get("power_w") is None else f"{g['power_w']:.0f} W", state,
+            f"{holder['project']}/{holder['name']} ({holder['owner']})" if holder else "",
+            foreign or (g.get("problem") or "")))
+    return rows
+
+
+def _draw(doc: dict[str, Any]) -> None:
+    if doc.get("simulated"):
+        click.echo(f"SIMULATED GPUs ({doc.get('note')})")
+    if not doc["gpus"]:
+        click.echo(f"no GPUs: {doc.get('note') or 'none found'}")
+        return
+    output.print_table(("GPU", "MODEL", "MEMORY", "UTIL", "POWER", "STATE", "JOB",
+                        "OTHER PROCESSES / PROBLEM"), _rows(doc))
+
+
+@click.command()
+@click.option("--watch", "-w", is_flag=True, help="Redraw every 2 seconds.")
+@json_option
+def gpus(watch: bool, as_json: bool) -> None:
+    """The GPUs: model, memory, load, power, health, the job and user holding each, and
+    processes noduslocal did not start."""
+    client = Client()
+    if as_json:
+        output.print_json(client.gpus())
+        return
+    if not watch:
+        _draw(client.gpus())
+        return
+    try:
+        while True:
+            click.clear()
+            click.echo(time.strftime("%H:%M:%S") + "  noduslocal gpus (Ctrl-C to stop)")
+            _draw(client.gpus())
+            time.sleep(2)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,94 @@
+"""Whole-GPU allocation: which GPUs are free (healthy, not drained, not held by a job, not
+busy with a process the daemon did not start), the best-connected set for a request
+(NVLink, then one PCIe switch, then one NUMA node), and why a request waits. Pure logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from noduslocal.gpu.model import Gpu, Inventory
+from noduslocal.gpu.request import GpuRequest
+
+
+@dataclass
+class GpuPool:
+    inventory: Inventory
+    busy_memory: int = 2**30  # bytes used on an unallocated GPU that make it busy
+    holder: dict[str, int] = field(default_factory=dict)  # uuid -> job id
+    by_job: dict[int, list[str]] = field(default_factory=dict)
+    drained: set[str] = field(default_factory=set)
+
+    def busy(self, gpu: Gpu) -> str | None:
+        """Why an unallocated GPU is not free, in words; None when it is."""
+        if not gpu.healthy:
+            return f"GPU {gpu.index} unhealthy: {gpu.problem or 'unknown'}"
+        if gpu.uuid in self.drained:
+            return f"GPU {gpu.index} drained"
+        if gpu.uuid in self.holder:
+            return None
+        for proc in gpu.processes:
+            held = f"{(proc.used_memory or 0) / 2**30:.0f} GiB" if proc.used_memory else \
+                "memory"
+            return f"GPU {gpu.index} busy: pid {proc.pid} ({proc.user or '?'}) holds {held}"
+        if gpu.memory_used > self.busy_memory:
+            return (f"GPU {gpu.index} busy: {gpu.memory_used / 2**30:.1f} GiB used by "
+                    "something outside noduslocal")
+        return None
+
+    def matches(self, gpu: Gpu, req: GpuRequest) -> bool:
+        return ((req.model is None or gpu.model == req.model)
+                and (req.min_memory is None or gpu.memory_total >= req.min_memory))
+
+    def free(self, req: GpuRequest) -> list[Gpu]:
+        return [g for g in self.inventory.gpus if self.matches(g, req)
+                and g.uuid not in self.holder and self.busy(g) is None]
+
+    def refusal(self, req: GpuRequest) -> str | None:
+        """Why the request can never run on this box, with what the box has."""
+        fitting = [g for g in self.inventory.gpus if self.matches(g, req)]
+        if len(fitting) >= req.count:
+            return None
+        return (f"gpu: {req.describe()} requested; this host has "
+                f"{self.inventory.summary()}")
+
+    def pick(self, req: GpuRequest) -> list[Gpu] | None:
+        free = self.free(req)
+        if len(free) < req.count:
+            return None
+        if req.count == 1:
+            return [free[0]]
+        best: tuple[tuple[int, int], list[Gpu]] | None = None
+        for start in free:
+            chosen = [start]
+            while len(chosen) < req.count:
+                nxt = min((g for g in free if g not in chosen),
+                          key=lambda g: (max(self.inventory.link(g.index, c.index)
+                                             for c in chosen), g.index))
+                chosen.append(nxt)
+            links = [self.inventory.link(a.index, b.index)
+                     for i, a in enumerate(chosen) for b in chosen[i + 1:]]
+            score = (max(links), sum(links))
+            if best is None or score < best[0]:
+                best = (score, chosen)
+        assert best is not None
+        return sorted(best[1], key=lambda g: g.index)
+
+    def take(self, job_id: int, uuids: list[str]) -> None:
+        for uuid in uuids:
+            self.holder[uuid] = job_id
+        self.by_job[job_id] = list(uuids)
+
+    def give(self, job_id: int) -> list[str]:
+        uuids = self.by_job.pop(job_id, [])
+        for uuid in uuids:
+            if self.holder.get(uuid) == job_id:
+                del self.holder[uuid]
+        return uuids
+
+    def hold(self, req: GpuRequest) -> str:
+        free = self.free(req)
+        why = f"needs {req.describe()}, {len(free)} free"
+        reasons = [r for g in self.inventory.gpus if self.matches(g, req)
+                   and g.uuid not in self.holder and (r := self.busy(g))]
+        return "; ".join([why, *reasons[:2]])
