@@ -54,6 +54,9 @@ def job() -> None:
 @click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
 @click.option("--secret", "secrets", multiple=True, metavar="KEY[=VALUE]",
               help="Your secret KEY as variable KEY, or VALUE as secret variable KEY.")
+@click.option("--gpus", "gpus", metavar="SPEC",
+              help="Whole GPUs: 2, H100, H100:2, 2xH100 (`noduslocal gpus` lists them).")
+@click.option("--sku", metavar="SKU", help="GPUs as a sku, e.g. gpu_2x_h100.")
 @click.option("--cpu", help="CPUs to reserve (default 1), e.g. 2 or 500m.")
 @click.option("--memory", help="Memory to reserve, e.g. 512M or 4GiB.")
 @click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
@@ -74,6 +77,7 @@ def job() -> None:
 @click.argument("command", nargs=-1)
 def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         network: str | None, checkpoint: str | None, envs: tuple[str, ...],
+        gpus: str | None, sku: str | None,
         secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
         labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
@@ -89,12 +93,15 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
             raise click.BadParameter(exc.message, param_hint="--timeout") from None
     if not command and image is None:
         raise click.UsageError("give a COMMAND to run (after --), or an --image")
+    if gpus and sku:
+        raise click.UsageError("give --gpus or --sku, not both")
     if (as_args or network) and image is None:
         raise click.UsageError(f"{'--as-args' if as_args else '--network'} needs --image")
     body: dict[str, Any] = {"args" if as_args else "command": list(command)}
     for key, value in (("name", name), ("project", project), ("cpu", cpu),
                        ("memory", memory), ("timeout", timeout), ("workdir", workdir),
-                       ("image", image), ("network", network), ("checkpoint", checkpoint)):
+                       ("image", image), ("network", network), ("checkpoint", checkpoint),
+                       ("gpu", gpus or sku)):
         if value is not None:
             body[key] = value
     if envs:

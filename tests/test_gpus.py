@@ -1,0 +1,152 @@
+"""GPUs through a real daemon and the real pynvml, served by the stand-in
+libnvidia-ml.so.1 (tests/nvml_standin) that the daemon loads through its `nvml_library`
+setting: inventory, pinning of the best-connected set, foreign processes, a GPU that
+falls off the bus, refusals, no driver at all, and a container asking for a real GPU on a
+box without the NVIDIA runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nvml_standin.build import build_or_skip, sample_state, write_state
+
+import noduslocal as nodus
+from noduslocal import errors, testing
+from noduslocal.states import Phase, Reason
+from tests.conftest import BUSYBOX, run_cli
+
+
+class Box:
+    def __init__(self, daemon: testing.Daemon, state_path: Path, state: dict[str, Any]):
+        self.daemon = daemon
+        self.state_path = state_path
+        self.state = state
+
+    def write(self) -> None:
+        write_state(self.state_path, self.state)
+
+    def uuid(self, index: int) -> str:
+        return str(self.state["gpus"][index]["uuid"])
+
+
+@pytest.fixture(scope="session")
+def nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_or_skip(tmp_path_factory.mktemp("nvml"))
+
+
+@pytest.fixture
+def box(nvml_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
+    state_path = tmp_path / "nvml.json"
+    state = sample_state(4)
+    write_state(state_path, state)
+    monkeypatch.setenv("NODUS_FAKE_NVML", str(state_path))  # the daemon inherits it
+    d = testing.Daemon(cpus=4, memory="8GiB",
+                       config=f'nvml_library = "{nvml_lib}"\ngpu_poll = 0.2\n')
+    try:
+        d.start()
+        with d.as_default():
+            yield Box(d, state_path, state)
+    finally:
+        d.close()
+
+
+def log_lines(job: nodus.Job) -> list[str]:
+    return list(job.iter_logs())
+
+
+def test_inventory_comes_from_nvml(box: Box) -> None:
+    out = run_cli(box.daemon, "gpus", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["source"] == "nvml" and doc["simulated"] is False
+    assert [g["uuid"] for g in doc["gpus"]] == [box.uuid(i) for i in range(4)]
+    assert {g["model"] for g in doc["gpus"]} == {"H100"}
+    assert doc["gpus"][0]["memory_total"] == box.state["gpus"][0]["memory_total"]
+    assert doc["links"][0][1] == "NVLink" and doc["links"][0][2] != "NVLink"
+    table = run_cli(box.daemon, "gpus").stdout
+    assert "H100" in table and "free" in table
+
+
+def test_a_job_gets_the_nvlinked_pair_and_only_it(box: Box) -> None:
+    job = nodus.Job.run(command=["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER"'],
+                        gpu="H100:2")
+    job.wait(timeout=30)
+    assert log_lines(job) == [f"{box.uuid(0)},{box.uuid(1)}|PCI_BUS_ID"]
+    plain = nodus.Job.run(command=["sh", "-c", 'echo "[$CUDA_VISIBLE_DEVICES]"'])
+    plain.wait(timeout=30)
+    assert log_lines(plain) == ["[]"]  # no GPUs asked for, none visible
+    assert job.attempts()[0]["gpus"] == [box.uuid(0), box.uuid(1)]
+
+
+def test_a_foreign_process_keeps_new_work_off_its_gpu(box: Box) -> None:
+    box.state["gpus"][0]["processes"] = [{"pid": os.getpid(), "used_memory": 21 * 2**30}]
+    box.state["gpus"][0]["memory_used"] = 21 * 2**30
+    box.write()
+    testing.wait_until(lambda: "busy" in run_cli(box.daemon, "gpus").stdout, "busy GPU 0")
+    out = run_cli(box.daemon, "gpus").stdout
+    assert f"{os.getpid()} (root" in out
+    job = nodus.Job.run(command=["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"; sleep 0.5'],
+                        gpu=4)
+    testing.wait_until(lambda: "GPU 0 busy: pid" in (job.status()["hold"] or ""), "the hold")
+    assert job.status()["phase"] == Phase.PENDING
+    single = nodus.Job.run(command=["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"'], gpu=1)
+    assert single.status()["phase"] == Phase.PENDING  # FIFO: behind the 4-GPU head
+    box.state["gpus"][0]["processes"] = []
+    box.state["gpus"][0]["memory_used"] = 0
+    box.write()
+    job.wait(timeout=30)
+    assert log_lines(job) == [",".join(box.uuid(i) for i in range(4))]
+    single.wait(timeout=30)
+
+
+def test_a_gpu_that_falls_off_the_bus_is_unhealthy(box: Box) -> None:
+    box.state["gpus"][3]["missing"] = True
+    box.write()
+    testing.wait_until(lambda: "unhealthy" in run_cli(box.daemon, "gpus").stdout,
+                       "unhealthy")
+    job = nodus.Job.run(command=["true"], gpu=4)
+    testing.wait_until(lambda: "unhealthy" in (job.status()["hold"] or ""), "the hold")
+    box.state["gpus"][3]["missing"] = False
+    box.write()
+    assert job.wait(timeout=30).phase == Phase.SUCCEEDED
+
+
+def test_impossible_requests_are_refused_at_create(box: Box) -> None:
+    out = run_cli(box.daemon, "job", "run", "--gpus", "8", "--", "true")
+    assert out.returncode == 2
+    assert "8 x GPU requested; this host has 4 x H100" in out.stderr
+    out = run_cli(box.daemon, "job", "run", "--sku", "gpu_1x_a100", "--", "true")
+    assert out.returncode == 2 and "1 x A100" in out.stderr
+    with pytest.raises(errors.InvalidArgument):
+        nodus.Job.create(command=["true"], gpu={"count": 1, "min_memory": "100GiB"})
+    assert box.daemon.client().list_jobs(phases=None) == []
+
+
+@pytest.mark.usefixtures("docker_client")
+def test_container_gpu_without_the_nvidia_runtime_fails_cleanly(
+        box: Box, docker_client: Any) -> None:
+    from noduslocal.runtime.container_spec import instance_id, job_filter
+
+    job = nodus.Job.run(image=BUSYBOX, command=["true"], gpu=1)
+    with pytest.raises(errors.JobFailed):
+        job.wait(timeout=60)
+    status = job.status()
+    assert status["reason"] == Reason.START_FAILED
+    assert "could not select device driver" in status["message"]
+    assert docker_client.containers.list(
+        all=True, sparse=True, filters=job_filter(instance_id(box.daemon.data_dir))) == []
+
+
+def test_no_driver_means_zero_gpus_said_plainly(tmp_path: Path) -> None:
+    with testing.daemon(config=f'nvml_library = "{tmp_path}/missing.so.1"\n') as d:
+        doc = d.client().gpus()
+        assert doc["gpus"] == [] and "NVML unavailable" in doc["note"]
+        assert "no GPUs" in run_cli(d, "gpus").stdout
+        with pytest.raises(errors.InvalidArgument) as info:
+            nodus.Job.create(command=["true"], gpu=1)
+        assert "this host has no GPUs" in str(info.value)
