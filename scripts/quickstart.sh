@@ -25,13 +25,17 @@ if [ ! -x .venv/bin/noduslocal ]; then
 fi
 export PATH="$REPO/.venv/bin:$PATH"
 
+DAEMON_ARGS=()
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    log "NVIDIA GPUs on this machine:"
+    log "NVIDIA GPUs on this machine (the daemon reads them through NVML):"
     nvidia-smi -L
-    echo "This version schedules CPUs and memory; GPU pinning arrives with the GPU release."
+    GPUSPEC=1
 else
-    log "No NVIDIA GPU here. This version schedules CPUs and memory only; GPU pinning and"
-    echo "   simulated GPUs (--simulate-gpus) arrive with the GPU release."
+    log "No NVIDIA GPU here: the daemon runs with SIMULATED GPUs (4 x H100, 2 x L4)."
+    echo "   Jobs are pinned to them through CUDA_VISIBLE_DEVICES as on a real box; nothing"
+    echo "   runs on a GPU. On a GPU machine, start noduslocald without --simulate-gpus."
+    DAEMON_ARGS=(--simulate-gpus "4xH100-80GB,2xL4")
+    GPUSPEC=H100:2
 fi
 
 # Container jobs need a docker engine; a local image is built (no registry needed).
@@ -62,7 +66,7 @@ else
     mkdir -p /tmp/noduslocal-quickstart
     LOG=/tmp/noduslocal-quickstart/daemon.log
     log "starting noduslocald in the background (log: $LOG)"
-    setsid noduslocald >"$LOG" 2>&1 < /dev/null &
+    setsid noduslocald "${DAEMON_ARGS[@]}" >"$LOG" 2>&1 < /dev/null &
     STARTED=$!
     for _ in $(seq 100); do
         noduslocal job list --json >/dev/null 2>&1 && break
@@ -74,7 +78,26 @@ fi
 log "1. one attached job: the log streams, the exit code comes back"
 noduslocal job run --name "hello-$$" -- sh -c 'echo "hello from $NODUS_JOB (attempt $NODUS_ATTEMPT) in $PWD"'
 
-log "2. a batch of 6 one-CPU jobs, queued on this host's CPUs"
+if noduslocal gpus --json | .venv/bin/python -c \
+        'import json, sys; sys.exit(0 if json.load(sys.stdin)["gpus"] else 1)'; then
+    log "2. GPU jobs: each gets whole GPUs of its own (the best-connected set)"
+    noduslocal gpus
+    for i in 1 2 3; do
+        noduslocal job run --detach --name "gpu-$$-$i" --gpus "$GPUSPEC" \
+            --label "demo=quickstart-$$" -- sh -c 'echo "pinned to $CUDA_VISIBLE_DEVICES"; sleep 2' \
+            >/dev/null
+    done
+    echo "   3 jobs asking for $GPUSPEC each; what does not fit waits and says why:"
+    noduslocal job list --label "demo=quickstart-$$"
+    for i in 1 2 3; do
+        noduslocal job wait "gpu-$$-$i" >/dev/null
+        echo "   gpu-$$-$i: $(noduslocal job logs "gpu-$$-$i")"
+    done
+else
+    log "2. (skipped) the daemon that answers has no GPUs (noduslocal gpus says why)"
+fi
+
+log "2b. a batch of 6 one-CPU jobs, queued on this host's CPUs"
 CPUS=$(nproc)
 for i in 1 2 3 4 5 6; do
     noduslocal job run --detach --name "batch-$$-$i" --cpu 1 --label "demo=quickstart-$$" \
