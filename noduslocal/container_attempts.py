@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class ContainerAttempts:
-    _sweeps: set[asyncio.Task[None]]  # held so they are not collected while running
+    _background: set[asyncio.Task[None]]  # held so they are not collected while running
     settings: Settings
     store: Store
     layout: JobLayout
@@ -40,17 +40,16 @@ class ContainerAttempts:
     active: dict[int, Attempt]
     inventory: Inventory
 
-    def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]: ...
-
-    # Provided by the Supervisor.
-    def _kick(self) -> None: ...
-    async def _finish(self, attempt: Attempt, state: AttemptState,
-                      running: asyncio.Future[Any] | None = None) -> None: ...
-    async def _give_up(self, attempt: Attempt, message: str) -> None: ...
-    async def _watch(self, attempt: Attempt, started_at: float,
-                     running: asyncio.Future[Any] | None = None) -> None: ...
-    async def _adopt(self, attempt: Attempt, last: AttemptRecord,
-                     started_at: float | None = None) -> None: ...
+    if TYPE_CHECKING:  # provided by the Supervisor (stubs here would shadow it)
+        def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]: ...
+        def _kick(self) -> None: ...
+        async def _finish(self, attempt: Attempt, state: AttemptState,
+                          running: asyncio.Future[Any] | None = None) -> None: ...
+        async def _give_up(self, attempt: Attempt, message: str) -> None: ...
+        async def _watch(self, attempt: Attempt, started_at: float,
+                         running: asyncio.Future[Any] | None = None) -> None: ...
+        async def _adopt(self, attempt: Attempt, last: AttemptRecord,
+                         started_at: float | None = None) -> None: ...
 
     def docker_changed(self) -> None:
         """dockerd came or went: container jobs wait (with the reason as their hold) or
@@ -59,8 +58,8 @@ class ContainerAttempts:
             self.queue.blocked.pop("docker", None)
             self._kick()
             task = asyncio.create_task(self._sweep_containers())
-            self._sweeps.add(task)
-            task.add_done_callback(self._sweeps.discard)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         else:
             why = self.containers.unavailable_reason if self.containers else "not configured"
             self.queue.blocked["docker"] = f"dockerd unreachable: {why}"

@@ -32,6 +32,7 @@ class Attempt:
     container_id: str | None = None
     ended: asyncio.Future[AttemptState] | None = None  # a container's end, from its runtime
     gpus: list[str] = field(default_factory=list)  # UUIDs of the GPUs it holds
+    lost: str | None = None  # why the daemon ended it as lost (a GPU broke under it)
     stop_reason: str | None = None
     # Whether the stop's SIGTERM reached the job: False while it has not (a job that ends on
     # its own meanwhile was not stopped), None when unknown (adopted after a restart).

@@ -17,7 +17,8 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.config import Settings
 from noduslocal.container_attempts import ContainerAttempts
-from noduslocal.gpu.model import Inventory, job_env
+from noduslocal.gpu.model import Inventory
+from noduslocal.gpu_attempts import GpuAttempts
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
 from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
 from noduslocal.outputs import Collected
@@ -26,6 +27,7 @@ from noduslocal.runtime.attempts import (
     AttemptState,
     Exited,
     NeverStarted,
+    Vanished,
     kill_leftovers,
     read_pid,
 )
@@ -40,7 +42,7 @@ from noduslocal.store import Store, ops
 log = logging.getLogger(__name__)
 
 
-class Supervisor(ContainerAttempts):
+class Supervisor(ContainerAttempts, GpuAttempts):
     def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime,
                  containers: ContainerRuntime | None = None,
                  inventory: Inventory | None = None) -> None:
@@ -48,7 +50,7 @@ class Supervisor(ContainerAttempts):
         self.store = store
         self.runtime = runtime
         self.containers = containers
-        self._sweeps = set()
+        self._background = set()
         self.layout = JobLayout(settings.data_dir)
         self.blobs = self.layout.blobs
         self.inventory = inventory or Inventory([], "none", "no GPU inventory")
@@ -68,19 +70,6 @@ class Supervisor(ContainerAttempts):
 
     def hold(self, job_id: int) -> str | None:
         return self.queue.hold(job_id)
-
-    def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]:
-        by_uuid = self.inventory.by_uuid()
-        gpus = [by_uuid[u] for u in uuids if u in by_uuid]
-        return job_env(gpus, bool(self.inventory.gpus), in_container,
-                       self.inventory.simulated)
-
-    def set_inventory(self, inventory: Inventory) -> None:
-        """A fresh reading of the GPUs: busy and unhealthy ones change what may start."""
-        self.inventory = inventory
-        if self.queue.capacity.gpus is not None:
-            self.queue.capacity.gpus.inventory = inventory
-        self._kick()
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
@@ -274,6 +263,8 @@ class Supervisor(ContainerAttempts):
             assert attempt.shim_pid is not None
             exited = self.runtime.watch(attempt.directory, attempt.shim_pid)
         timeout = attempt.job.spec.timeout
+        if attempt.lost is not None:  # its GPU broke while it was being launched
+            await self._signal(attempt, signal.SIGKILL)
         if attempt.stop_reason is not None:
             await self._send_stop(attempt)
         elif timeout is not None:
@@ -286,6 +277,8 @@ class Supervisor(ContainerAttempts):
     async def _finish(self, attempt: Attempt, state: AttemptState,
                       running: asyncio.Future[Any] | None = None) -> None:
         job = attempt.job
+        if attempt.lost is not None and not isinstance(state, NeverStarted):
+            state = Vanished(attempt.lost)
         outcome = outcome_of(state, attempt)
         if (outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None
                 and attempt.container_id is None):  # a container's go with its next attempt

@@ -150,3 +150,41 @@ def test_no_driver_means_zero_gpus_said_plainly(tmp_path: Path) -> None:
         with pytest.raises(errors.InvalidArgument) as info:
             nodus.Job.create(command=["true"], gpu=1)
         assert "this host has no GPUs" in str(info.value)
+
+
+def test_xid_79_under_a_running_job_moves_it_to_another_gpu(box: Box) -> None:
+    client = box.daemon.client()
+    created = client.create_job({
+        "gpu": 1, "retries": 1,
+        "command": ["sh", "-c", 'echo "$NODUS_ATTEMPT $CUDA_VISIBLE_DEVICES"; sleep 30']})
+    name = created["name"]
+    testing.wait_until(lambda: client.get_job(name)["phase"] == Phase.RUNNING, "running")
+    first = client.attempts(name)[0]["gpus"]
+    assert first == [box.uuid(0)]
+    box.state["events"] = [{"gpu": 0, "type": "xid", "data": 79, "seq": 1}]
+    box.write()
+    testing.wait_until(lambda: len(client.attempts(name)) == 2
+                       and client.attempts(name)[1]["gpus"], "the second attempt")
+    attempts = client.attempts(name)
+    assert attempts[0]["phase"] == "Lost" and "Xid 79" in attempts[0]["message"]
+    assert attempts[1]["gpus"] and attempts[1]["gpus"] != first
+    gpus = client.gpus()["gpus"]
+    assert gpus[0]["healthy"] is False and "Xid 79" in gpus[0]["problem"]
+    client.cancel_job(name)
+
+
+def test_an_application_xid_changes_nothing(box: Box) -> None:
+    box.state["events"] = [{"gpu": 1, "type": "xid", "data": 13, "seq": 1}]
+    box.write()
+    job = nodus.Job.run(command=["true"], gpu=4)
+    assert job.wait(timeout=30).phase == Phase.SUCCEEDED
+    assert all(g["healthy"] for g in box.daemon.client().gpus()["gpus"])
+
+
+def test_simulated_gpus_reach_a_container_as_environment(docker_client: Any) -> None:
+    with testing.daemon(config='simulate_gpus = "2xL4"\n'):
+        job = nodus.Job.run(image=BUSYBOX, gpu="L4", command=[
+            "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES|$NODUS_GPUS"'])
+        job.wait(timeout=60)
+        line = log_lines(job)[0]
+        assert line.startswith("GPU-") and '"model": "L4"' in line

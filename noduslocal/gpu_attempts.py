@@ -1,0 +1,54 @@
+"""The GPU side of the supervisor: the environment that pins a job to its GPUs, and a
+new reading of the GPUs (a foreign process, a lost or broken GPU): what may start changes,
+and work on a GPU that broke is ended as lost, to be retried on another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import TYPE_CHECKING, Any
+
+from noduslocal.gpu.model import Inventory, job_env
+from noduslocal.outcomes import Attempt
+
+if TYPE_CHECKING:
+    from noduslocal.scheduler.queue import Queue
+
+log = logging.getLogger(__name__)
+
+
+class GpuAttempts:
+    inventory: Inventory
+    queue: Queue
+    active: dict[int, Attempt]
+    _background: set[asyncio.Task[Any]]  # held so they are not collected while running
+
+    if TYPE_CHECKING:  # provided by the Supervisor (stubs here would shadow it)
+        def _kick(self) -> None: ...
+        async def _signal(self, attempt: Attempt, sig: int) -> bool: ...
+
+    def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]:
+        by_uuid = self.inventory.by_uuid()
+        gpus = [by_uuid[u] for u in uuids if u in by_uuid]
+        return job_env(gpus, bool(self.inventory.gpus), in_container,
+                       self.inventory.simulated)
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        """A fresh reading of the GPUs: busy and unhealthy ones change what may start."""
+        self.inventory = inventory
+        if self.queue.capacity.gpus is not None:
+            self.queue.capacity.gpus.inventory = inventory
+        broken = {g.uuid: g for g in inventory.gpus if not g.healthy}
+        for attempt in list(self.active.values()):
+            hit = next((broken[u] for u in attempt.gpus if u in broken), None)
+            if hit is not None and attempt.lost is None:
+                # The work cannot go on there: lost, so it is retried on another GPU.
+                attempt.lost = f"GPU {hit.index} unhealthy: {hit.problem or 'unknown'}"
+                log.warning("job %s: %s; stopping it", attempt.job.name, attempt.lost)
+                if attempt.running:
+                    task = asyncio.ensure_future(self._signal(attempt, signal.SIGKILL))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+        self._kick()
