@@ -52,3 +52,13 @@ class GpuAttempts:
                     self._background.add(task)
                     task.add_done_callback(self._background.discard)
         self._kick()
+
+    def set_drained(self, uuid: str, drained: bool) -> None:
+        pool = self.queue.capacity.gpus
+        if pool is None:
+            return
+        if drained:
+            pool.drained.add(uuid)
+        else:
+            pool.drained.discard(uuid)
+            self._kick()

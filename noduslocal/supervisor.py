@@ -119,6 +119,8 @@ class Supervisor(ContainerAttempts, GpuAttempts):
 
     async def start(self) -> None:
         self.layout.create_root()
+        if self.queue.capacity.gpus is not None:
+            self.queue.capacity.gpus.drained = await self.store.drained_gpus()
         jobs = await self.store.active_jobs()
         # Everything that may still run takes its CPUs back before any pass can start a
         # pending job; the pass is held until the last attempt is reconciled.

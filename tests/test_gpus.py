@@ -188,3 +188,25 @@ def test_simulated_gpus_reach_a_container_as_environment(docker_client: Any) -> 
         job.wait(timeout=60)
         line = log_lines(job)[0]
         assert line.startswith("GPU-") and '"model": "L4"' in line
+
+
+def test_drain_lets_work_finish_and_keeps_new_work_off(box: Box) -> None:
+    client = box.daemon.client()
+    running = nodus.Job.run(command=["sh", "-c", "sleep 1.5"], gpu=1)
+    testing.wait_until(lambda: running.status()["phase"] == Phase.RUNNING, "running")
+    assert running.attempts()[0]["gpus"] == [box.uuid(0)]
+    out = run_cli(box.daemon, "gpus", "drain", "0")
+    assert out.returncode == 0 and "drained" in out.stdout
+    others = [nodus.Job.run(command=["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"'], gpu=1)
+              for _ in range(3)]
+    for job in others:
+        job.wait(timeout=30)
+        assert box.uuid(0) not in log_lines(job)[0]
+    assert running.wait(timeout=30).phase == Phase.SUCCEEDED  # it finished there
+    box.daemon.restart()  # a drain survives a restart
+    assert "drained" in run_cli(box.daemon, "gpus").stdout
+    whole = nodus.Job.run(command=["true"], gpu=4)
+    testing.wait_until(lambda: "drained" in (whole.status()["hold"] or ""), "the hold")
+    assert run_cli(box.daemon, "gpus", "undrain", "0").returncode == 0
+    assert whole.wait(timeout=30).phase == Phase.SUCCEEDED
+    assert client.gpus()["gpus"][0]["drained"] is False

@@ -43,12 +43,15 @@ def _draw(doc: dict[str, Any]) -> None:
                         "OTHER PROCESSES / PROBLEM"), _rows(doc))
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--watch", "-w", is_flag=True, help="Redraw every 2 seconds.")
 @json_option
-def gpus(watch: bool, as_json: bool) -> None:
+@click.pass_context
+def gpus(ctx: click.Context, watch: bool, as_json: bool) -> None:
     """The GPUs: model, memory, load, power, health, the job and user holding each, and
-    processes noduslocal did not start."""
+    processes noduslocal did not start. Admins: `gpus drain IDX`, `gpus undrain IDX`."""
+    if ctx.invoked_subcommand is not None:
+        return
     client = Client()
     if as_json:
         output.print_json(client.gpus())
@@ -64,3 +67,19 @@ def gpus(watch: bool, as_json: bool) -> None:
             time.sleep(2)
     except KeyboardInterrupt:
         pass
+
+
+@gpus.command()
+@click.argument("index")
+def drain(index: str) -> None:
+    """Let the work on GPU INDEX (or UUID) finish and place nothing new there (admins)."""
+    done = Client().drain_gpu(index, True)
+    click.echo(f"GPU {done['index']} drained: what runs there finishes, nothing new lands")
+
+
+@gpus.command()
+@click.argument("index")
+def undrain(index: str) -> None:
+    """Place work on GPU INDEX (or UUID) again (admins)."""
+    done = Client().drain_gpu(index, False)
+    click.echo(f"GPU {done['index']} back in service")

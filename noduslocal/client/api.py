@@ -44,6 +44,10 @@ class Client:
     def gpus(self) -> dict[str, Any]:
         return self.transport.request("GET", "/v1/gpus")
 
+    def drain_gpu(self, index: str, drained: bool = True) -> dict[str, Any]:
+        action = "drain" if drained else "undrain"
+        return self.transport.request("POST", f"/v1/gpus/{_quote(index)}/{action}")
+
     def info(self) -> dict[str, Any]:
         return self.transport.request("GET", "/v1/info")
 

@@ -149,6 +149,9 @@ class Store:
             "ORDER BY name", (owner_uid,))
         return [tuple(row) for row in rows]  # type: ignore[misc]
 
+    async def drained_gpus(self) -> set[str]:
+        return {row[0] for row in await self._fetchall("SELECT uuid FROM gpu_drains", ())}
+
     async def job_secret_values(self, job_id: int) -> dict[str, str]:
         rows = await self._fetchall("SELECT env, value FROM job_secrets WHERE job_id = ?",
                                     (job_id,))

@@ -307,3 +307,13 @@ def record_source(conn: sqlite3.Connection, sha256: str, owner_uid: int, size: i
     conn.execute("INSERT OR IGNORE INTO sources (sha256, owner_uid, size, created_at) "
                  "VALUES (?,?,?,?)", (sha256, owner_uid, size, now))
     return None, []
+
+
+def set_drain(conn: sqlite3.Connection, uuid: str, drained: bool, by: str,
+              now: float) -> tuple[None, list[Event]]:
+    if drained:
+        conn.execute("INSERT OR REPLACE INTO gpu_drains (uuid, by_user, at) VALUES (?,?,?)",
+                     (uuid, by, now))
+    else:
+        conn.execute("DELETE FROM gpu_drains WHERE uuid = ?", (uuid,))
+    return None, []
