@@ -79,6 +79,10 @@ class Settings:
     nvml_library: str | None = None  # a libnvidia-ml.so.1 to load instead of the system's
     gpu_busy_memory: int = 2**30  # used memory that makes a GPU nobody here holds busy
     gpu_poll: float = 2.0  # seconds between readings of the GPUs
+    max_user_priority: int = 0  # highest priority a user who is not an admin may ask for
+    fair_share_half_life: float = 7 * 24 * 3600.0  # seconds for GPU-hours to count half
+    user_max_gpus: int | None = None  # GPUs one user may hold at once (None: no limit)
+    user_max_jobs: int | None = None  # jobs one user may run at once (None: no limit)
 
     @property
     def user_mode(self) -> bool:
@@ -103,6 +107,11 @@ _TOML_KEYS = {
     "nvml_library": ("nvml_library", str),
     "gpu_busy_memory": ("gpu_busy_memory", lambda v: parse_size(v, "gpu_busy_memory")),
     "gpu_poll": ("gpu_poll", lambda v: parse_duration(v, "gpu_poll")),
+    "max_user_priority": ("max_user_priority", int),
+    "fair_share_half_life": ("fair_share_half_life",
+                             lambda v: parse_duration(v, "fair_share_half_life")),
+    "user_max_gpus": ("user_max_gpus", int),
+    "user_max_jobs": ("user_max_jobs", int),
 }
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from typing import TYPE_CHECKING, Any
 
 from noduslocal.gpu.model import Inventory, job_env
 from noduslocal.outcomes import Attempt
 
 if TYPE_CHECKING:
-    from noduslocal.scheduler.queue import Queue
+    from noduslocal.scheduler.fairshare import Ledger
+    from noduslocal.scheduler.queue import Queue, Request
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,7 @@ class GpuAttempts:
     inventory: Inventory
     queue: Queue
     active: dict[int, Attempt]
+    ledger: Ledger
     _background: set[asyncio.Task[Any]]  # held so they are not collected while running
 
     if TYPE_CHECKING:  # provided by the Supervisor (stubs here would shadow it)
@@ -62,3 +65,18 @@ class GpuAttempts:
         else:
             pool.drained.discard(uuid)
             self._kick()
+
+    def _usage(self, uid: int) -> float:
+        """A user's decayed GPU-hours, with what their running jobs used so far."""
+        now = time.time()
+        cap = self.queue.capacity
+        running = sum(req.gpu_count * max(0.0, now - cap.started.get(job_id, now))
+                      for job_id, (req, _) in cap.running.items() if req.owner_uid == uid)
+        return self.ledger.value(uid, now) + running / 3600
+
+    def _charge(self, req: Request) -> None:
+        started = self.queue.capacity.started.get(req.job_id)
+        if req.gpu_count and started is not None:
+            now = time.time()
+            self.ledger.charge(req.owner_uid, req.gpu_count * max(0.0, now - started) / 3600,
+                               now)

@@ -34,6 +34,8 @@ class JobSpec:
     source: str | None = None  # sha256 of an uploaded tar, unpacked into the workspace
     image: str | None = None  # runs as a docker container when set, else as a host process
     gpu: GpuRequest | None = None
+    priority: int = 0  # higher goes first; ordinary users up to the configured maximum
+    expected_duration: float | None = None  # seconds; lets it backfill, feeds estimates
     network: str | None = None  # containers: None (docker's default bridge) or "none"
 
     @property
@@ -58,6 +60,8 @@ class JobSpec:
             "image": self.image,
             "network": self.network,
             "gpu": None if self.gpu is None else self.gpu.to_wire(),
+            "priority": self.priority,
+            "expected_duration": self.expected_duration,
         }
 
     @classmethod
@@ -79,6 +83,8 @@ class JobSpec:
             image=data.get("image"),
             network=data.get("network"),
             gpu=GpuRequest.from_stored(data.get("gpu")),
+            priority=int(data.get("priority") or 0),
+            expected_duration=data.get("expected_duration"),
         )
 
 

@@ -34,8 +34,9 @@ from noduslocal.runtime.attempts import (
 from noduslocal.runtime.containers import ContainerRuntime
 from noduslocal.runtime.layout import JobLayout
 from noduslocal.runtime.process import ProcessRuntime, SpawnError
+from noduslocal.scheduler.fairshare import Ledger
 from noduslocal.scheduler.gpus import GpuPool
-from noduslocal.scheduler.queue import Capacity, Queue, Request
+from noduslocal.scheduler.queue import Capacity, Limits, Queue, Request
 from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
 from noduslocal.store import Store, ops
 
@@ -54,8 +55,11 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         self.layout = JobLayout(settings.data_dir)
         self.blobs = self.layout.blobs
         self.inventory = inventory or Inventory([], "none", "no GPU inventory")
+        self.ledger = Ledger(settings.fair_share_half_life)
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory,
-                                    gpus=GpuPool(self.inventory, settings.gpu_busy_memory)))
+                                    gpus=GpuPool(self.inventory, settings.gpu_busy_memory)),
+                           limits=Limits(settings.user_max_gpus, settings.user_max_jobs),
+                           usage=self._usage)
         self.active: dict[int, Attempt] = {}
         self._pending_jobs: dict[int, JobRecord] = {}
         self._finishing: set[int] = set()  # ended, end not committed yet
@@ -75,7 +79,11 @@ class Supervisor(ContainerAttempts, GpuAttempts):
                      request_hash: str | None) -> tuple[JobRecord, bool]:
         if self._stopping:
             raise errors.Conflict("the daemon is shutting down; submit again once it is back")
-        request = _request(0, req.spec)
+        if req.spec.priority > self.settings.max_user_priority and not owner.admin:
+            raise errors.InvalidArgument(
+                f"priority: at most {self.settings.max_user_priority} for users; admins may "
+                "go higher", field="priority")
+        request = _request(0, req.spec, owner.uid)
         if (why := self.queue.capacity.refusal(request)) is not None:
             raise errors.InvalidArgument(why, field=why.split(":")[0])
         project = req.project or owner.name
@@ -121,6 +129,9 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         self.layout.create_root()
         if self.queue.capacity.gpus is not None:
             self.queue.capacity.gpus.drained = await self.store.drained_gpus()
+        horizon = time.time() - 10 * self.settings.fair_share_half_life
+        for uid, gpus, started, ended in await self.store.gpu_usage(horizon):
+            self.ledger.charge(uid, gpus * max(0.0, ended - started) / 3600, ended)
         jobs = await self.store.active_jobs()
         # Everything that may still run takes its CPUs back before any pass can start a
         # pending job; the pass is held until the last attempt is reconciled.
@@ -145,7 +156,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _enqueue(self, job: JobRecord) -> None:
-        request = _request(job.id, job.spec)
+        request = _request(job.id, job.spec, job.owner_uid)
         if (why := self.queue.capacity.refusal(request)) is not None:
             # Admitted by a daemon with more CPUs or memory than this one: it would wait
             # at the head of the queue forever, and everything behind it too.
@@ -182,6 +193,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             timer.cancel()
         if self.active.get(attempt.job.id) is attempt:
             del self.active[attempt.job.id]
+            self._charge(attempt.request)
             self.queue.capacity.give(attempt.request)
             self._pass()
 
@@ -364,14 +376,15 @@ class Supervisor(ContainerAttempts, GpuAttempts):
 
     async def _reconcile(self, job: JobRecord) -> None:
         last: AttemptRecord = (await self.store.attempts(job.id))[-1]
-        attempt = Attempt(job, _request(job.id, job.spec),
+        attempt = Attempt(job, _request(job.id, job.spec, job.owner_uid),
                           number=last.number, directory=self.attempt_dir(job.id, last.number),
                           running=last.phase == AttemptPhase.RUNNING,
                           shim_pid=last.shim_pid, boot_id=last.boot_id,
                           stop_reason=last.stop_reason)
         attempt.gpus = last.gpus
         self.active[job.id] = attempt
-        self.queue.capacity.take(attempt.request, gpus=last.gpus)
+        self.queue.capacity.take(attempt.request, gpus=last.gpus,
+                                 started_at=last.started_at or last.created_at)
         assert attempt.directory is not None
         if job.spec.image is not None:
             # dockerd may be away: the attempt holds its CPUs until it is back and says.
@@ -406,6 +419,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         await self._watch(attempt, started)
 
 
-def _request(job_id: int, spec: Any) -> Request:
+def _request(job_id: int, spec: Any, owner_uid: int) -> Request:
     return Request(job_id, spec.cpu_m, spec.memory or 0,
-                   "process" if spec.image is None else "docker", spec.gpu)
+                   "process" if spec.image is None else "docker", spec.gpu, owner_uid,
+                   spec.priority, spec.expected_duration)

@@ -25,14 +25,13 @@ MAX_RETRIES = 100
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
-     "allow_large_source", "image", "network", "gpu"}
+     "allow_large_source", "image", "network", "gpu", "expected_duration", "priority"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "disk": (None,),
-    "expected_duration": (None,),
     "interruptible": (None, False),
     "profile": (None,),
     "max_cost": (None,),
@@ -207,6 +206,9 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         image=image,
         network=_network(body.get("network"), container),
         gpu=parse_gpu(body.get("gpu")),
+        priority=_priority(body.get("priority", 0)),
+        expected_duration=None if body.get("expected_duration") is None else parse_duration(
+            body["expected_duration"], "expected_duration"),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)
@@ -222,6 +224,17 @@ def _image(value: Any) -> str | None:
     if not isinstance(value, str) or not IMAGE_RE.match(value) or "//" in value:
         raise InvalidArgument(f"image: {value!r} is not an image reference, e.g. "
                               "\"python:3.11\" or \"ghcr.io/org/train:v2\"", field="image")
+    return value
+
+
+MAX_PRIORITY = 1000
+
+
+def _priority(value: Any) -> int:
+    """-1000 to 1000; how high an ordinary user may go is the daemon's setting."""
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
+        raise InvalidArgument(f"priority: expected an integer from -{MAX_PRIORITY} to "
+                              f"{MAX_PRIORITY}", field="priority")
     return value
 
 

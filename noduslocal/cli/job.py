@@ -57,6 +57,11 @@ def job() -> None:
 @click.option("--gpus", "gpus", metavar="SPEC",
               help="Whole GPUs: 2, H100, H100:2, 2xH100 (`noduslocal gpus` lists them).")
 @click.option("--sku", metavar="SKU", help="GPUs as a sku, e.g. gpu_2x_h100.")
+@click.option("--priority", type=click.IntRange(-1000, 1000),
+              help="Higher goes first (users up to the daemon's max_user_priority).")
+@click.option("--expected-duration", metavar="DURATION",
+              help="How long it should run (e.g. 20m): lets it start in gaps ahead of "
+                   "bigger jobs.")
 @click.option("--cpu", help="CPUs to reserve (default 1), e.g. 2 or 500m.")
 @click.option("--memory", help="Memory to reserve, e.g. 512M or 4GiB.")
 @click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
@@ -77,7 +82,8 @@ def job() -> None:
 @click.argument("command", nargs=-1)
 def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         network: str | None, checkpoint: str | None, envs: tuple[str, ...],
-        gpus: str | None, sku: str | None,
+        gpus: str | None, sku: str | None, priority: int | None,
+        expected_duration: str | None,
         secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
         labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
@@ -101,7 +107,8 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
     for key, value in (("name", name), ("project", project), ("cpu", cpu),
                        ("memory", memory), ("timeout", timeout), ("workdir", workdir),
                        ("image", image), ("network", network), ("checkpoint", checkpoint),
-                       ("gpu", gpus or sku)):
+                       ("gpu", gpus or sku), ("priority", priority),
+                       ("expected_duration", expected_duration)):
         if value is not None:
             body[key] = value
     if envs:

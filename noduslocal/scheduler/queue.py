@@ -1,165 +1,168 @@
-"""Queue order and admission against the host's CPU and memory: pure logic, no I/O.
+"""Queue order and admission: pure logic, no I/O.
 
-Jobs start in submission order. When the job at the head does not fit, nothing behind it
-starts (no backfill without an expected duration), so a large request is never starved by
-a stream of small ones; each waiting job gets a hold that says why in words.
+Order: priority (higher first), then fair share (the user with the fewest decayed
+GPU-hours first), then submission. A job whose user is at a per-user limit, or whose
+runtime cannot start anything, is passed over without holding up the rest. The first job
+that does not fit is the head: nothing behind it starts unless, by its expected_duration,
+it ends before the start reserved for the head (backfill), so a big job is never starved.
+Each waiting job gets a hold that says why in words.
 """
 
 from __future__ import annotations
 
-import bisect
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from noduslocal.gpu.request import GpuRequest
-from noduslocal.scheduler.gpus import GpuPool
+from noduslocal.scheduler.capacity import Capacity, Request, fmt_cpu
 from noduslocal.units import fmt_bytes
+
+__all__ = ["Capacity", "Limits", "Queue", "Request"]
 
 
 @dataclass(frozen=True)
-class Request:
-    job_id: int  # also the submission order
-    cpu_m: int
-    memory: int
-    runtime: str = "process"  # "docker" for container jobs
-    gpu: GpuRequest | None = None
-
-
-@dataclass
-class Capacity:
-    cpu_m: int
-    memory: int
-    used_cpu_m: int = 0
-    used_memory: int = 0
-
-    gpus: GpuPool | None = None
-
-    def fits(self, req: Request) -> bool:
-        return (self.used_cpu_m + req.cpu_m <= self.cpu_m
-                and self.used_memory + req.memory <= self.memory
-                and (req.gpu is None or (self.gpus is not None
-                                         and self.gpus.pick(req.gpu) is not None)))
-
-    def take(self, req: Request, gpus: list[str] | None = None) -> None:
-        """Take the request's share; its GPUs are `gpus` (a running attempt's, after a
-        restart) or the best free set."""
-        self.used_cpu_m += req.cpu_m
-        self.used_memory += req.memory
-        if req.gpu is not None and self.gpus is not None:
-            if gpus is None:
-                picked = self.gpus.pick(req.gpu)
-                assert picked is not None, "take() without fits()"
-                gpus = [g.uuid for g in picked]
-            self.gpus.take(req.job_id, gpus)
-
-    def give(self, req: Request) -> None:
-        self.used_cpu_m -= req.cpu_m
-        self.used_memory -= req.memory
-        if self.gpus is not None:
-            self.gpus.give(req.job_id)
-
-    def refusal(self, req: Request) -> str | None:
-        """Why a request can never run on this host, or None."""
-        if req.gpu is not None:
-            if self.gpus is None:
-                return f"gpu: {req.gpu.describe()} requested; this host has no GPUs"
-            if (why := self.gpus.refusal(req.gpu)) is not None:
-                return why
-        if req.cpu_m > self.cpu_m:
-            return (f"cpu: {fmt_cpu(req.cpu_m)} CPUs requested, this host runs at most "
-                    f"{fmt_cpu(self.cpu_m)}")
-        if req.memory > self.memory:
-            return (f"memory: {fmt_bytes(req.memory)} requested, this host has "
-                    f"{fmt_bytes(self.memory)}")
-        return None
+class Limits:
+    max_gpus: int | None = None  # GPUs one user may hold at once
+    max_jobs: int | None = None  # jobs one user may run at once
 
 
 @dataclass
 class Queue:
-    """Pending requests in submission order, and the holds of the last pass."""
-
     capacity: Capacity
-    _order: list[int] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
+    usage: Callable[[int], float] = lambda uid: 0.0  # decayed GPU-hours of a user
+    clock: Callable[[], float] = time.time
     _requests: dict[int, Request] = field(default_factory=dict)
     holds: dict[int, str] = field(default_factory=dict)
+    _place: dict[int, int] = field(default_factory=dict)  # place in the last pass's order
     # Runtimes that cannot start anything now, with the reason: their jobs keep their place
     # but do not hold up the jobs behind them (e.g. "docker": "dockerd unreachable: ...").
     blocked: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._requests)
 
     def __contains__(self, job_id: int) -> bool:
         return job_id in self._requests
 
     def push(self, req: Request) -> None:
-        if req.job_id in self._requests:
-            return
-        self._requests[req.job_id] = req
-        if not self._order or self._order[-1] < req.job_id:
-            self._order.append(req.job_id)
-        else:  # a requeued job keeps its place
-            bisect.insort(self._order, req.job_id)
+        self._requests.setdefault(req.job_id, req)
 
     def remove(self, job_id: int) -> Request | None:
         req = self._requests.pop(job_id, None)
-        if req is not None:
-            index = bisect.bisect_left(self._order, job_id)
-            del self._order[index]
-            self.holds.pop(job_id, None)
+        self.holds.pop(job_id, None)
+        self._place.pop(job_id, None)
         return req
 
+    def order(self) -> list[Request]:
+        usage: dict[int, float] = {}
+        for req in self._requests.values():
+            if req.owner_uid not in usage:
+                usage[req.owner_uid] = self.usage(req.owner_uid)
+        return sorted(self._requests.values(),
+                      key=lambda r: (-r.priority, usage[r.owner_uid], r.job_id))
+
     def schedule(self) -> list[Request]:
-        """Take every request that may start now, in order; set holds for the rest."""
+        """Take every request that may start now; set the holds of the rest."""
+        cap, now = self.capacity, self.clock()
         started: list[Request] = []
-        cap = self.capacity
+        holds: dict[int, str] = {}
         head: Request | None = None
-        skipped = 0
-        for job_id in self._order:
-            req = self._requests[job_id]
+        reserved: float | None = None
+        order = self.order()
+        for req in order:
             if req.runtime in self.blocked:
-                skipped += 1
                 continue
-            if cap.fits(req):
-                cap.take(req)
+            if (why := self._over_limit(req)) is not None:
+                holds[req.job_id] = why
+                continue
+            if head is None:
+                if cap.fits(req):
+                    cap.take(req, started_at=now)
+                    started.append(req)
+                    continue
+                head, reserved = req, self._reservation(req, now)
+                continue
+            # Behind a head that waits: only what is sure to end before its start.
+            if (reserved is not None and req.expected is not None
+                    and now + req.expected <= reserved and cap.fits(req)):
+                cap.take(req, started_at=now)
                 started.append(req)
-                continue
-            head = req
-            break
-        if skipped:
-            ids = {req.job_id for req in started}
-            self._order = [job_id for job_id in self._order if job_id not in ids]
-        else:
-            del self._order[:len(started)]
         for req in started:
             del self._requests[req.job_id]
-            self.holds.pop(req.job_id, None)
-        # Only the head's hold is computed each pass; the rest are derived on read.
-        self.holds = {} if head is None else {head.job_id: self._head_hold(head)}
+        if head is not None:  # said after the backfill, so the free counts are current
+            holds[head.job_id] = self._head_hold(head, reserved, now)
+        self.holds = holds
+        self._place = {r.job_id: i for i, r in enumerate(
+            r for r in order if r.job_id in self._requests)}
         return started
 
     def hold(self, job_id: int) -> str | None:
-        if job_id not in self._requests:
+        req = self._requests.get(job_id)
+        if req is None:
             return None
+        if (why := self.blocked.get(req.runtime)) is not None:
+            return why
         if job_id in self.holds:
             return self.holds[job_id]
-        if (why := self.blocked.get(self._requests[job_id].runtime)) is not None:
-            return why
-        ahead = bisect.bisect_left(self._order, job_id)
-        if ahead == 0:
+        ahead = self._place.get(job_id)
+        if ahead is None or ahead == 0:
             return "waiting for the scheduler"  # queued since the last pass
         return f"queued behind {ahead} job{'s' if ahead != 1 else ''}"
 
-    def _head_hold(self, req: Request) -> str:
+    def _over_limit(self, req: Request) -> str | None:
+        jobs, gpus = self.capacity.by_user.get(req.owner_uid, (0, 0))
+        limit = self.limits
+        if limit.max_jobs is not None and jobs + 1 > limit.max_jobs:
+            return f"user limit {jobs}/{limit.max_jobs} running jobs"
+        if (limit.max_gpus is not None and req.gpu_count
+                and gpus + req.gpu_count > limit.max_gpus):
+            return f"user limit {gpus}/{limit.max_gpus} GPUs"
+        return None
+
+    def _reservation(self, req: Request, now: float) -> float | None:
+        """When the head could start, if the running jobs end when they expect to; None
+        when that depends on a job without an expected duration."""
+        cap = self.capacity
+        free_cpu, free_mem = cap.cpu_m - cap.used_cpu_m, cap.memory - cap.used_memory
+        pool, gpu = cap.gpus, req.gpu
+        free_gpus = len(pool.free(gpu)) if pool is not None and gpu is not None else 0
+        need_gpus = gpu.count if gpu is not None else 0
+        by_uuid = pool.inventory.by_uuid() if pool is not None else {}
+        ends = sorted(cap.running.values(), key=lambda item: (item[1] is None, item[1] or 0))
+        for running, end in ends:
+            if free_cpu >= req.cpu_m and free_mem >= req.memory and free_gpus >= need_gpus:
+                break
+            if end is None:
+                return None
+            free_cpu += running.cpu_m
+            free_mem += running.memory
+            if pool is not None and gpu is not None:
+                free_gpus += sum(1 for u in pool.by_job.get(running.job_id, [])
+                                 if u in by_uuid and pool.matches(by_uuid[u], gpu)
+                                 and pool.busy(by_uuid[u]) is None)
+            now = max(now, end)
+        if free_cpu >= req.cpu_m and free_mem >= req.memory and free_gpus >= need_gpus:
+            return now
+        return None
+
+    def _head_hold(self, req: Request, reserved: float | None, now: float) -> str:
         cap = self.capacity
         if req.gpu is not None and cap.gpus is not None and cap.gpus.pick(req.gpu) is None:
-            return cap.gpus.hold(req.gpu)
-        free_cpu = cap.cpu_m - cap.used_cpu_m
-        free_mem = cap.memory - cap.used_memory
-        if req.cpu_m > free_cpu:
-            unit = "CPU" if req.cpu_m == 1000 else "CPUs"
-            return f"needs {fmt_cpu(req.cpu_m)} {unit}, {fmt_cpu(max(free_cpu, 0))} free"
-        return f"needs {fmt_bytes(req.memory)} memory, {fmt_bytes(max(free_mem, 0))} free"
+            why = cap.gpus.hold(req.gpu)
+        else:
+            free_cpu = cap.cpu_m - cap.used_cpu_m
+            free_mem = cap.memory - cap.used_memory
+            if req.cpu_m > free_cpu:
+                unit = "CPU" if req.cpu_m == 1000 else "CPUs"
+                why = f"needs {fmt_cpu(req.cpu_m)} {unit}, {fmt_cpu(max(free_cpu, 0))} free"
+            else:
+                why = (f"needs {fmt_bytes(req.memory)} memory, "
+                       f"{fmt_bytes(max(free_mem, 0))} free")
+        if reserved is not None and reserved > now:
+            why += f"; expected to start in ~{_minutes(reserved - now)}"
+        return why
 
 
-def fmt_cpu(millis: int) -> str:
-    return f"{millis // 1000}" if millis % 1000 == 0 else f"{millis / 1000:g}"
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -148,6 +149,15 @@ class Store:
             "SELECT name, created_at, updated_at FROM secrets WHERE owner_uid = ? "
             "ORDER BY name", (owner_uid,))
         return [tuple(row) for row in rows]  # type: ignore[misc]
+
+    async def gpu_usage(self, since: float) -> list[tuple[int, int, float, float]]:
+        """(owner uid, GPUs, started, ended) of attempts with GPUs that ended since."""
+        rows = await self._fetchall(
+            "SELECT j.owner_uid, a.gpus, a.started_at, a.ended_at FROM attempts a "
+            "JOIN jobs j ON j.id = a.job_id WHERE a.gpus IS NOT NULL "
+            "AND a.started_at IS NOT NULL AND a.ended_at >= ?", (since,))
+        return [(uid, len(json.loads(gpus)), started, ended)
+                for uid, gpus, started, ended in rows]
 
     async def drained_gpus(self) -> set[str]:
         return {row[0] for row in await self._fetchall("SELECT uuid FROM gpu_drains", ())}

@@ -1,0 +1,100 @@
+"""What the host has and what running jobs hold of it: CPUs, memory, GPUs (through the
+GPU pool), and per user the jobs and GPUs they run and when those are expected to end.
+Pure logic, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from noduslocal.gpu.request import GpuRequest
+from noduslocal.scheduler.gpus import GpuPool
+from noduslocal.units import fmt_bytes
+
+
+@dataclass(frozen=True)
+class Request:
+    job_id: int  # also the submission order
+    cpu_m: int
+    memory: int
+    runtime: str = "process"  # "docker" for container jobs
+    gpu: GpuRequest | None = None
+    owner_uid: int = 0
+    priority: int = 0  # higher first
+    expected: float | None = None  # seconds it expects to run (expected_duration)
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpu.count if self.gpu is not None else 0
+
+
+@dataclass
+class Capacity:
+    cpu_m: int
+    memory: int
+    used_cpu_m: int = 0
+    used_memory: int = 0
+
+    gpus: GpuPool | None = None
+    # job id -> (request, expected end or None); per uid: [running jobs, GPUs held]
+    running: dict[int, tuple[Request, float | None]] = field(default_factory=dict)
+    started: dict[int, float] = field(default_factory=dict)  # job id -> when it took its share
+    by_user: dict[int, list[int]] = field(default_factory=dict)
+
+    def fits(self, req: Request) -> bool:
+        return (self.used_cpu_m + req.cpu_m <= self.cpu_m
+                and self.used_memory + req.memory <= self.memory
+                and (req.gpu is None or (self.gpus is not None
+                                         and self.gpus.pick(req.gpu) is not None)))
+
+    def take(self, req: Request, gpus: list[str] | None = None,
+             started_at: float | None = None) -> None:
+        """Take the request's share; its GPUs are `gpus` (a running attempt's, after a
+        restart) or the best free set."""
+        self.used_cpu_m += req.cpu_m
+        self.used_memory += req.memory
+        end = (started_at + req.expected
+               if started_at is not None and req.expected is not None else None)
+        self.running[req.job_id] = (req, end)
+        if started_at is not None:
+            self.started[req.job_id] = started_at
+        held = self.by_user.setdefault(req.owner_uid, [0, 0])
+        held[0] += 1
+        held[1] += req.gpu_count
+        if req.gpu is not None and self.gpus is not None:
+            if gpus is None:
+                picked = self.gpus.pick(req.gpu)
+                assert picked is not None, "take() without fits()"
+                gpus = [g.uuid for g in picked]
+            self.gpus.take(req.job_id, gpus)
+
+    def give(self, req: Request) -> None:
+        self.used_cpu_m -= req.cpu_m
+        self.used_memory -= req.memory
+        self.started.pop(req.job_id, None)
+        if self.running.pop(req.job_id, None) is not None:
+            held = self.by_user[req.owner_uid]
+            held[0] -= 1
+            held[1] -= req.gpu_count
+        if self.gpus is not None:
+            self.gpus.give(req.job_id)
+
+    def refusal(self, req: Request) -> str | None:
+        """Why a request can never run on this host, or None."""
+        if req.gpu is not None:
+            if self.gpus is None:
+                return f"gpu: {req.gpu.describe()} requested; this host has no GPUs"
+            if (why := self.gpus.refusal(req.gpu)) is not None:
+                return why
+        if req.cpu_m > self.cpu_m:
+            return (f"cpu: {fmt_cpu(req.cpu_m)} CPUs requested, this host runs at most "
+                    f"{fmt_cpu(self.cpu_m)}")
+        if req.memory > self.memory:
+            return (f"memory: {fmt_bytes(req.memory)} requested, this host has "
+                    f"{fmt_bytes(self.memory)}")
+        return None
+
+
+
+def fmt_cpu(millis: int) -> str:
+    return f"{millis // 1000}" if millis % 1000 == 0 else f"{millis / 1000:g}"

@@ -1,0 +1,129 @@
+"""Queue order on a simulated clock: priority, fair share between users, per-user limits,
+and backfill that never delays a big job at the head."""
+
+from __future__ import annotations
+
+from noduslocal.gpu import simulated
+from noduslocal.gpu.request import GpuRequest
+from noduslocal.scheduler.fairshare import Ledger
+from noduslocal.scheduler.gpus import GpuPool
+from noduslocal.scheduler.queue import Capacity, Limits, Queue, Request
+
+GiB = 2**30
+ALICE, BOB = 1001, 1002
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpu_queue(clock: Clock, ledger: Ledger | None = None, limits: Limits | None = None,
+              n: int = 4) -> Queue:
+    pool = GpuPool(simulated.parse(f"{n}xH100"))
+    ledger = ledger or Ledger(3600)
+    queue = Queue(Capacity(64_000, 256 * GiB, gpus=pool), limits=limits or Limits(),
+                  clock=clock)
+
+    def usage(uid: int) -> float:
+        cap = queue.capacity
+        running = sum(r.gpu_count * (clock.now - cap.started[j]) / 3600
+                      for j, (r, _) in cap.running.items() if r.owner_uid == uid)
+        return ledger.value(uid, clock.now) + running
+
+    queue.usage = usage
+    return queue
+
+
+def job(job_id: int, uid: int, gpus: int = 1, *, priority: int = 0,
+        expected: float | None = None) -> Request:
+    return Request(job_id, 1000, GiB, gpu=GpuRequest(gpus), owner_uid=uid,
+                   priority=priority, expected=expected)
+
+
+def test_priority_then_fair_share_then_submission() -> None:
+    clock, ledger = Clock(), Ledger(3600)
+    ledger.charge(ALICE, 10.0, clock.now)
+    q = gpu_queue(clock, ledger, n=1)
+    q.push(job(1, ALICE))
+    q.push(job(2, BOB))
+    q.push(job(3, ALICE, priority=5))
+    assert [r.job_id for r in q.order()] == [3, 2, 1]
+    assert [r.job_id for r in q.schedule()] == [3]
+    assert "needs 1 x GPU, 0 free" in (q.hold(2) or "")
+    assert q.hold(1) == "queued behind 1 job"
+
+
+def test_user_limits_pass_over_without_blocking_others() -> None:
+    q = gpu_queue(Clock(), limits=Limits(max_gpus=2, max_jobs=3))
+    for i in range(1, 4):
+        q.push(job(i, ALICE))
+    q.push(job(4, BOB))
+    assert [r.job_id for r in q.schedule()] == [1, 2, 4]
+    assert q.hold(3) == "user limit 2/2 GPUs"
+
+
+def test_second_user_is_not_stuck_behind_the_first_users_backlog() -> None:
+    """Alice submits 20 one-GPU jobs of 10 minutes, Bob 5 a little later: Bob's start
+    before Alice's backlog is done, and a 4-GPU job submitted later still starts."""
+    clock = Clock()
+    ledger = Ledger(3600)
+    q = gpu_queue(clock, ledger)
+    for i in range(1, 21):
+        q.push(job(i, ALICE, expected=600))
+    running = {r.job_id: clock.now for r in q.schedule()}
+    clock.now += 60
+    for i in range(21, 26):
+        q.push(job(i, BOB, expected=600))
+    clock.now += 60
+    q.push(job(26, ALICE, gpus=4))  # no expected duration: cannot be backfilled around
+    started_at: dict[int, float] = {}
+    while q or q.capacity.running:
+        for job_id, began in list(running.items()):
+            if clock.now - began >= 600:
+                req, _ = q.capacity.running[job_id]
+                ledger.charge(req.owner_uid, req.gpu_count * (clock.now - began) / 3600,
+                              clock.now)
+                q.capacity.give(req)
+                del running[job_id]
+        for req in q.schedule():
+            running[req.job_id] = clock.now
+            started_at[req.job_id] = clock.now
+        clock.now += 30
+        assert clock.now < 1_000_000 + 48 * 3600, "the queue never drained"
+    bob_done = max(started_at[i] for i in range(21, 26))
+    alice_last = max(started_at[i] for i in range(5, 21))
+    assert bob_done < alice_last  # Bob did not wait for Alice's whole backlog
+    # The 4-GPU job started, and no 1-GPU job submitted before it waited past it forever.
+    assert 26 in started_at
+
+
+def test_backfill_only_what_ends_before_the_heads_reserved_start() -> None:
+    clock = Clock()
+    q = gpu_queue(clock)
+    q.push(job(1, ALICE, gpus=3, expected=3600))
+    assert [r.job_id for r in q.schedule()] == [1]
+    q.push(job(2, BOB, gpus=2))  # the head: waits for job 1, about an hour
+    q.push(job(3, BOB, gpus=1, expected=600))  # ends well before: may go
+    q.push(job(4, BOB, gpus=1, expected=7200))  # would delay the head: may not
+    q.push(job(5, BOB, gpus=1))  # no expected duration: may not
+    assert [r.job_id for r in q.schedule()] == [3]
+    hold = q.hold(2) or ""
+    assert "needs 2 x GPU, 0 free" in hold and "expected to start in ~60 min" in hold
+    clock.now += 3600
+    q.capacity.give(q.capacity.running[1][0])
+    q.capacity.give(q.capacity.running[3][0])
+    assert next(r.job_id for r in q.schedule()) == 2
+
+
+def test_no_backfill_when_the_head_waits_on_a_job_without_an_expected_end() -> None:
+    clock = Clock()
+    q = gpu_queue(clock)
+    q.push(job(1, ALICE, gpus=3))  # runs with no expected duration
+    q.schedule()
+    q.push(job(2, BOB, gpus=2))
+    q.push(job(3, BOB, gpus=1, expected=1))
+    assert q.schedule() == []
