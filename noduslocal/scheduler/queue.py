@@ -34,7 +34,8 @@ class Queue:
     clock: Callable[[], float] = time.time
     _requests: dict[int, Request] = field(default_factory=dict)
     holds: dict[int, str] = field(default_factory=dict)
-    _place: dict[int, int] = field(default_factory=dict)  # place in the last pass's order
+    _last_order: list[Request] = field(default_factory=list)
+    _place: dict[int, int] | None = None  # place in the last pass's order, when asked
     # Runtimes that cannot start anything now, with the reason: their jobs keep their place
     # but do not hold up the jobs behind them (e.g. "docker": "dockerd unreachable: ...").
     blocked: dict[str, str] = field(default_factory=dict)
@@ -51,7 +52,7 @@ class Queue:
     def remove(self, job_id: int) -> Request | None:
         req = self._requests.pop(job_id, None)
         self.holds.pop(job_id, None)
-        self._place.pop(job_id, None)
+        self._place = None
         return req
 
     def order(self) -> list[Request]:
@@ -70,11 +71,18 @@ class Queue:
         head: Request | None = None
         reserved: float | None = None
         order = self.order()
+        max_jobs, max_gpus = self.limits.max_jobs, self.limits.max_gpus
+        limited = max_jobs is not None or max_gpus is not None
+        blocked, by_user = self.blocked, cap.by_user
         for req in order:
-            if req.runtime in self.blocked:
+            if blocked and req.runtime in blocked:
                 continue
-            if (why := self._over_limit(req)) is not None:
-                holds[req.job_id] = why
+            # Inlined: this loop walks every pending job on every pass.
+            if limited and (held := by_user.get(req.owner_uid)) is not None and (
+                    (max_jobs is not None and held[0] >= max_jobs)
+                    or (max_gpus is not None and req.gpu is not None
+                        and held[1] + req.gpu.count > max_gpus)):
+                holds[req.job_id] = self._over_limit(req) or "user limit"
                 continue
             if head is None:
                 if cap.fits(req):
@@ -93,8 +101,8 @@ class Queue:
         if head is not None:  # said after the backfill, so the free counts are current
             holds[head.job_id] = self._head_hold(head, reserved, now)
         self.holds = holds
-        self._place = {r.job_id: i for i, r in enumerate(
-            r for r in order if r.job_id in self._requests)}
+        self._last_order = order
+        self._place = None  # worked out when a hold is first asked for
         return started
 
     def hold(self, job_id: int) -> str | None:
@@ -105,6 +113,9 @@ class Queue:
             return why
         if job_id in self.holds:
             return self.holds[job_id]
+        if self._place is None:
+            self._place = {r.job_id: i for i, r in enumerate(
+                r for r in self._last_order if r.job_id in self._requests)}
         ahead = self._place.get(job_id)
         if ahead is None or ahead == 0:
             return "waiting for the scheduler"  # queued since the last pass
