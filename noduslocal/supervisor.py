@@ -75,6 +75,9 @@ class Supervisor(ContainerAttempts, GpuAttempts):
     def hold(self, job_id: int) -> str | None:
         return self.queue.hold(job_id)
 
+    def pending_job(self, job_id: int) -> JobRecord | None:
+        return self._pending_jobs.get(job_id)
+
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
         if self._stopping:

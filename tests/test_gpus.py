@@ -210,3 +210,23 @@ def test_drain_lets_work_finish_and_keeps_new_work_off(box: Box) -> None:
     assert run_cli(box.daemon, "gpus", "undrain", "0").returncode == 0
     assert whole.wait(timeout=30).phase == Phase.SUCCEEDED
     assert client.gpus()["gpus"][0]["drained"] is False
+
+
+def test_queue_lists_pending_jobs_in_order_with_holds_and_the_heads_eta() -> None:
+    with testing.daemon(config='simulate_gpus = "2xH100"\n') as d:
+        client = d.client()
+        running = client.create_job({"command": ["sleep", "30"], "gpu": 2,
+                                     "expected_duration": "10m"})
+        testing.wait_until(lambda: client.get_job(running["name"])["phase"] == Phase.RUNNING,
+                           "running")
+        big = client.create_job({"command": ["true"], "gpu": 2})
+        small = client.create_job({"command": ["true"], "gpu": 1, "priority": 0})
+        testing.wait_until(lambda: client.queue()["pending"][0]["eta"], "an eta")
+        doc = client.queue()
+        assert [e["name"] for e in doc["pending"]] == [big["name"], small["name"]]
+        head = doc["pending"][0]
+        assert "needs 2 x GPU, 0 free" in head["hold"] and "~10 min" in head["hold"]
+        out = run_cli(d, "queue")
+        assert out.returncode == 0 and big["name"] in out.stdout and "2 x GPU" in out.stdout
+        assert json.loads(run_cli(d, "queue", "--json").stdout)["kind"] == "Queue"
+        client.cancel_job(running["name"])

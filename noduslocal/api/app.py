@@ -82,6 +82,7 @@ def route_tables() -> list[web.RouteTableDef]:
         gpus,
         jobs,
         outputs,
+        queue,
         secrets,
         sources,
         streams,
@@ -90,7 +91,7 @@ def route_tables() -> list[web.RouteTableDef]:
     )
 
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
-            secrets.routes, volumes.routes, sources.routes, gpus.routes]
+            secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes]
 
 
 def build_app(services: Services) -> web.Application:

@@ -11,6 +11,7 @@ from noduslocal.cli.files import download, ls
 from noduslocal.cli.gpus import gpus
 from noduslocal.cli.job import job
 from noduslocal.cli.outputs import download_output, outputs
+from noduslocal.cli.queue import queue
 from noduslocal.cli.secrets import secret
 from noduslocal.cli.volumes import volume
 
@@ -39,6 +40,7 @@ cli.add_command(download)
 cli.add_command(secret)
 cli.add_command(volume)
 cli.add_command(gpus)
+cli.add_command(queue)
 
 
 def main() -> None:

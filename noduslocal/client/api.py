@@ -41,6 +41,9 @@ class Client:
     def __init__(self, socket_path: str | Path | None = None) -> None:
         self.transport = Transport(socket_path)
 
+    def queue(self) -> dict[str, Any]:
+        return self.transport.request("GET", "/v1/queue")
+
     def gpus(self) -> dict[str, Any]:
         return self.transport.request("GET", "/v1/gpus")
 

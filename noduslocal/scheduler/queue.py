@@ -34,6 +34,7 @@ class Queue:
     clock: Callable[[], float] = time.time
     _requests: dict[int, Request] = field(default_factory=dict)
     holds: dict[int, str] = field(default_factory=dict)
+    etas: dict[int, float] = field(default_factory=dict)  # the head's reserved start
     _last_order: list[Request] = field(default_factory=list)
     _place: dict[int, int] | None = None  # place in the last pass's order, when asked
     # Runtimes that cannot start anything now, with the reason: their jobs keep their place
@@ -100,6 +101,7 @@ class Queue:
             del self._requests[req.job_id]
         if head is not None:  # said after the backfill, so the free counts are current
             holds[head.job_id] = self._head_hold(head, reserved, now)
+        self.etas = {head.job_id: reserved} if head is not None and reserved else {}
         self.holds = holds
         self._last_order = order
         self._place = None  # worked out when a hold is first asked for

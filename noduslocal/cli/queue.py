@@ -1,0 +1,28 @@
+"""`noduslocal queue`: pending jobs in the order they will start, with why each waits."""
+
+from __future__ import annotations
+
+import click
+
+from noduslocal.cli import output
+from noduslocal.cli.job import json_option
+from noduslocal.client.api import Client
+
+
+@click.command("queue")
+@json_option
+def queue(as_json: bool) -> None:
+    """Pending jobs in the order the scheduler takes them (priority, fair share,
+    submission), with why each waits and when the first is expected to start."""
+    doc = Client().queue()
+    if as_json:
+        output.print_json(doc)
+        return
+    if not doc["pending"]:
+        click.echo("nothing pending")
+        return
+    output.print_table(
+        ("#", "NAME", "PROJECT", "OWNER", "GPUS", "PRIO", "WHY", "ETA"),
+        [(e["place"] + 1, e["name"], e["project"], e["owner"],
+          (f"{e['gpu']['count']} x {e['gpu']['type'] or 'GPU'}" if e["gpu"] else ""),
+          e["priority"] or "", e["hold"] or "", e["eta"] or "") for e in doc["pending"]])
