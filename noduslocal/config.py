@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,8 @@ class Settings:
     fair_share_half_life: float = 7 * 24 * 3600.0  # seconds for GPU-hours to count half
     user_max_gpus: int | None = None  # GPUs one user may hold at once (None: no limit)
     user_max_jobs: int | None = None  # jobs one user may run at once (None: no limit)
+    energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
+    gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
 
     @property
     def user_mode(self) -> bool:
@@ -112,6 +114,8 @@ _TOML_KEYS = {
                              lambda v: parse_duration(v, "fair_share_half_life")),
     "user_max_gpus": ("user_max_gpus", int),
     "user_max_jobs": ("user_max_jobs", int),
+    "energy_price_per_kwh": ("energy_price_per_kwh", float),
+    "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
 }
 
 
@@ -170,3 +174,13 @@ def _simulated_spec(value: object) -> str:
                               field="simulate_gpus")
     simulated.parse(value)  # refused here, with the field named, not at start-up
     return value
+
+
+def _rates(value: object) -> dict[str, float]:
+    """{"H100" = 2.5, "default" = 1.0}: a price per GPU-hour by model."""
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and v >= 0
+            for k, v in value.items()):
+        raise InvalidArgument("gpu_hour_rates: expected a table of model = price per GPU-hour",
+                              field="gpu_hour_rates")
+    return {k if k == "default" else k.upper(): float(v) for k, v in value.items()}

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from noduslocal.gpu.model import Inventory, job_env
 from noduslocal.outcomes import Attempt
+from noduslocal.states import Reason
 
 if TYPE_CHECKING:
+    from noduslocal.config import Settings
     from noduslocal.scheduler.fairshare import Ledger
     from noduslocal.scheduler.queue import Queue, Request
 
@@ -26,10 +28,12 @@ class GpuAttempts:
     queue: Queue
     active: dict[int, Attempt]
     ledger: Ledger
+    settings: Settings
     _background: set[asyncio.Task[Any]]  # held so they are not collected while running
 
     if TYPE_CHECKING:  # provided by the Supervisor (stubs here would shadow it)
         def _kick(self) -> None: ...
+        async def _request_stop(self, attempt: Attempt, reason: str) -> None: ...
         async def _signal(self, attempt: Attempt, sig: int) -> bool: ...
 
     def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]:
@@ -80,3 +84,24 @@ class GpuAttempts:
             now = time.time()
             self.ledger.charge(req.owner_uid, req.gpu_count * max(0.0, now - started) / 3600,
                                now)
+
+    def attempt_cost(self, attempt: Attempt) -> float:
+        if attempt.meter is None:
+            return 0.0
+        return attempt.meter.cost(self.inventory, self.settings.gpu_hour_rates,
+                                  self.settings.energy_price_per_kwh, time.time())
+
+    def running_cost(self, job_id: int) -> float:
+        attempt = self.active.get(job_id)
+        return 0.0 if attempt is None else self.attempt_cost(attempt)
+
+    async def watch_costs(self) -> None:
+        """Stop a job once it has cost more than its max_cost (every gpu_poll seconds)."""
+        while True:
+            await asyncio.sleep(self.settings.gpu_poll)
+            for attempt in list(self.active.values()):
+                limit = attempt.job.spec.max_cost
+                if (limit is not None and attempt.running and attempt.stop_reason is None
+                        and attempt.job.cost + self.attempt_cost(attempt) > limit):
+                    log.info("job %s passed its max_cost of %g", attempt.job.name, limit)
+                    await self._request_stop(attempt, Reason.MAX_COST_EXCEEDED)

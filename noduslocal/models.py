@@ -36,6 +36,7 @@ class JobSpec:
     gpu: GpuRequest | None = None
     priority: int = 0  # higher goes first; ordinary users up to the configured maximum
     expected_duration: float | None = None  # seconds; lets it backfill, feeds estimates
+    max_cost: float | None = None  # stop it (MaxCostExceeded) once it cost more
     network: str | None = None  # containers: None (docker's default bridge) or "none"
 
     @property
@@ -62,6 +63,7 @@ class JobSpec:
             "gpu": None if self.gpu is None else self.gpu.to_wire(),
             "priority": self.priority,
             "expected_duration": self.expected_duration,
+            "max_cost": self.max_cost,
         }
 
     @classmethod
@@ -85,6 +87,7 @@ class JobSpec:
             gpu=GpuRequest.from_stored(data.get("gpu")),
             priority=int(data.get("priority") or 0),
             expected_duration=data.get("expected_duration"),
+            max_cost=data.get("max_cost"),
         )
 
 
@@ -148,8 +151,10 @@ class JobRecord:
     signal: int | None = None
     attempts: int = 0
     retries_used: int = 0
+    cost: float = 0.0  # of its ended attempts
 
-    def to_wire(self, hold: str | None = None, *, redact: bool = False) -> dict[str, Any]:
+    def to_wire(self, hold: str | None = None, *, redact: bool = False,
+                running_cost: float = 0.0) -> dict[str, Any]:
         """The job document; with `redact` (a caller who may not control the job) the
         values of its environment are hidden, as a token often travels there."""
         end = self.ended_at or (time.time() if self.started_at else None)
@@ -176,6 +181,7 @@ class JobRecord:
             "attempts": self.attempts,
             "retries": self.spec.retries,
             "retries_used": self.retries_used,
+            "cost": round(self.cost + running_cost, 6),
             "labels": self.labels,
             "spec": spec,
         }
@@ -198,6 +204,7 @@ class AttemptRecord:
     boot_id: str | None = None
     container_id: str | None = None
     gpus_json: str | None = None
+    cost: float | None = None
 
     @property
     def gpus(self) -> list[str]:
@@ -207,6 +214,7 @@ class AttemptRecord:
         return {
             "kind": "Attempt",
             "gpus": self.gpus,
+            "cost": self.cost,
             "number": self.number,
             "phase": self.phase,
             "container": self.container_id[:12] if self.container_id else None,

@@ -10,6 +10,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from noduslocal.gpu.cost import Meter
 from noduslocal.models import JobRecord
 from noduslocal.runtime.attempts import Alive, AttemptState, Exited, NeverStarted, Vanished, inspect
 from noduslocal.scheduler.queue import Request
@@ -33,6 +34,7 @@ class Attempt:
     ended: asyncio.Future[AttemptState] | None = None  # a container's end, from its runtime
     gpus: list[str] = field(default_factory=list)  # UUIDs of the GPUs it holds
     lost: str | None = None  # why the daemon ended it as lost (a GPU broke under it)
+    meter: Meter | None = None  # what its GPUs cost so far
     stop_reason: str | None = None
     # Whether the stop's SIGTERM reached the job: False while it has not (a job that ends on
     # its own meanwhile was not stopped), None when unknown (adopted after a restart).
@@ -53,6 +55,10 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
         if stop == Reason.CANCELLED:
             return Outcome(AttemptPhase.EXITED, Phase.CANCELLED, Reason.CANCELLED,
                                "cancelled on request", code, sig)
+        if stop == Reason.MAX_COST_EXCEEDED:
+            return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.MAX_COST_EXCEEDED,
+                           f"stopped: it cost more than its max_cost of {job.spec.max_cost:g}",
+                           code, sig)
         if stop == Reason.TIMEOUT:
             return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.TIMEOUT,
                                f"stopped after its timeout of {job.spec.timeout:g}s", code, sig)

@@ -17,6 +17,7 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.config import Settings
 from noduslocal.container_attempts import ContainerAttempts
+from noduslocal.gpu.cost import Meter
 from noduslocal.gpu.model import Inventory
 from noduslocal.gpu_attempts import GpuAttempts
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
@@ -146,10 +147,14 @@ class Supervisor(ContainerAttempts, GpuAttempts):
                 self._enqueue(job)
         self._ready = True
         self._kick()
+        watcher = asyncio.create_task(self.watch_costs(), name="max-cost")
+        self._background.add(watcher)
 
     async def stop(self) -> None:
         """Stop supervising; jobs keep running and are adopted by the next daemon."""
         self._stopping = True
+        for task in list(self._background):
+            task.cancel()
         tasks = [a.task for a in self.active.values() if a.task is not None]
         for attempt in self.active.values():
             for timer in attempt.timers:
@@ -184,6 +189,8 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             attempt = Attempt(job, request)
             if self.queue.capacity.gpus is not None:
                 attempt.gpus = list(self.queue.capacity.gpus.by_job.get(job.id, []))
+            if attempt.gpus:
+                attempt.meter = Meter.start(attempt.gpus, self.inventory, time.time())
             self.active[job.id] = attempt
             # Queued now, so it joins the commit of whatever freed the capacity.
             attempt.started = self.store.write(
@@ -296,7 +303,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         job = attempt.job
         if attempt.lost is not None and not isinstance(state, NeverStarted):
             state = Vanished(attempt.lost)
-        outcome = outcome_of(state, attempt)
+        outcome = replace(outcome_of(state, attempt), cost=self.attempt_cost(attempt))
         if (outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None
                 and attempt.container_id is None):  # a container's go with its next attempt
             kill_leftovers(attempt.directory, attempt.shim_pid, attempt.boot_id)
@@ -310,7 +317,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             # Back in the queue at its old place before its CPUs are handed on; any start
             # this allows is committed after the end above (the writer keeps order).
             self._enqueue(replace(job, phase=Phase.PENDING.value, reason=outcome.reason,
-                                  attempts=attempt.number,
+                                  attempts=attempt.number, cost=job.cost + outcome.cost,
                                   retries_used=job.retries_used + outcome.spend_retry))
         # The process is gone, so its CPUs go to the next job now: that job's start and this
         # end share one commit instead of waiting for each other.
@@ -385,6 +392,10 @@ class Supervisor(ContainerAttempts, GpuAttempts):
                           shim_pid=last.shim_pid, boot_id=last.boot_id,
                           stop_reason=last.stop_reason)
         attempt.gpus = last.gpus
+        if last.gpus:  # the energy before the restart is not known: time only, from here
+            attempt.meter = Meter.start(last.gpus, self.inventory,
+                                        last.started_at or last.created_at)
+            attempt.meter.energy_start = dict.fromkeys(last.gpus)
         self.active[job.id] = attempt
         self.queue.capacity.take(attempt.request, gpus=last.gpus,
                                  started_at=last.started_at or last.created_at)

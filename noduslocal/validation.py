@@ -25,7 +25,7 @@ MAX_RETRIES = 100
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
-     "allow_large_source", "image", "network", "gpu", "expected_duration", "priority"}
+     "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
@@ -34,7 +34,6 @@ NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "disk": (None,),
     "interruptible": (None, False),
     "profile": (None,),
-    "max_cost": (None,),
     "completions": (None, 1),
     "parallelism": (None, 1),
     "distributed": (None,),
@@ -207,6 +206,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         network=_network(body.get("network"), container),
         gpu=parse_gpu(body.get("gpu")),
         priority=_priority(body.get("priority", 0)),
+        max_cost=_max_cost(body.get("max_cost")),
         expected_duration=None if body.get("expected_duration") is None else parse_duration(
             body["expected_duration"], "expected_duration"),
     )
@@ -228,6 +228,15 @@ def _image(value: Any) -> str | None:
 
 
 MAX_PRIORITY = 1000
+
+
+def _max_cost(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e12:
+        raise InvalidArgument("max_cost: expected a positive number (the config's currency)",
+                              field="max_cost")
+    return float(value)
 
 
 def _priority(value: Any) -> int:

@@ -230,3 +230,36 @@ def test_queue_lists_pending_jobs_in_order_with_holds_and_the_heads_eta() -> Non
         assert out.returncode == 0 and big["name"] in out.stdout and "2 x GPU" in out.stdout
         assert json.loads(run_cli(d, "queue", "--json").stdout)["kind"] == "Queue"
         client.cancel_job(running["name"])
+
+
+def test_max_cost_stops_a_job_and_cost_shows_in_status() -> None:
+    config = ('simulate_gpus = "2xH100"\ngpu_poll = 0.2\n'
+              'gpu_hour_rates = { H100 = 3600.0 }\n')  # 1 per GPU-second
+    with testing.daemon(config=config) as d:
+        job = nodus.Job.run(command=["sleep", "60"], gpu=2, max_cost=3)
+        with pytest.raises(errors.JobFailed):
+            job.wait(timeout=30)
+        status = job.status()
+        assert status["reason"] == Reason.MAX_COST_EXCEEDED
+        assert 3 < status["cost"] < 8 and "max_cost of 3" in status["message"]
+        out = run_cli(d, "job", "status", job.name)
+        assert "cost:" in out.stdout and "(max 3)" in out.stdout
+
+
+def test_energy_from_nvml_is_charged_at_the_configured_price(
+        nvml_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state_path = tmp_path / "nvml.json"
+    state = sample_state(1)
+    write_state(state_path, state)
+    monkeypatch.setenv("NODUS_FAKE_NVML", str(state_path))
+    config = (f'nvml_library = "{nvml_lib}"\ngpu_poll = 0.1\n'
+              "energy_price_per_kwh = 0.5\n")
+    with testing.daemon(config=config) as d:
+        job = nodus.Job.run(command=["sleep", "2"], gpu=1)
+        testing.wait_until(lambda: job.status()["phase"] == Phase.RUNNING, "running")
+        state["gpus"][0]["energy_mj"] = 2 * 3_600_000_000  # 2 kWh since the start
+        write_state(state_path, state)
+        testing.wait_until(lambda: job.status()["cost"] >= 0.99, "the energy to count")
+        job.wait(timeout=30)
+        assert job.status()["cost"] == pytest.approx(1.0)
+        assert d.client().attempts(job.name)[0]["cost"] == pytest.approx(1.0)

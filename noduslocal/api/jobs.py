@@ -26,8 +26,9 @@ EXEC_TIMEOUT_MAX = 24 * 3600.0
 
 def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
     caller: Caller = request["caller"]
-    return job.to_wire(request.app[SERVICES].supervisor.hold(job.id),
-                       redact=not caller.may_control(job.owner_uid))
+    supervisor = request.app[SERVICES].supervisor
+    return job.to_wire(supervisor.hold(job.id), redact=not caller.may_control(job.owner_uid),
+                       running_cost=supervisor.running_cost(job.id))
 
 
 def job_response(request: web.Request, job: JobRecord, status: int = 200) -> web.Response:

@@ -57,6 +57,8 @@ def job() -> None:
 @click.option("--gpus", "gpus", metavar="SPEC",
               help="Whole GPUs: 2, H100, H100:2, 2xH100 (`noduslocal gpus` lists them).")
 @click.option("--sku", metavar="SKU", help="GPUs as a sku, e.g. gpu_2x_h100.")
+@click.option("--max-cost", type=click.FloatRange(min=0, min_open=True),
+              help="Stop the job once its GPUs cost more than this (MaxCostExceeded).")
 @click.option("--priority", type=click.IntRange(-1000, 1000),
               help="Higher goes first (users up to the daemon's max_user_priority).")
 @click.option("--expected-duration", metavar="DURATION",
@@ -82,7 +84,7 @@ def job() -> None:
 @click.argument("command", nargs=-1)
 def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         network: str | None, checkpoint: str | None, envs: tuple[str, ...],
-        gpus: str | None, sku: str | None, priority: int | None,
+        gpus: str | None, sku: str | None, max_cost: float | None, priority: int | None,
         expected_duration: str | None,
         secrets: tuple[str, ...], cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
@@ -107,7 +109,7 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
     for key, value in (("name", name), ("project", project), ("cpu", cpu),
                        ("memory", memory), ("timeout", timeout), ("workdir", workdir),
                        ("image", image), ("network", network), ("checkpoint", checkpoint),
-                       ("gpu", gpus or sku), ("priority", priority),
+                       ("gpu", gpus or sku), ("priority", priority), ("max_cost", max_cost),
                        ("expected_duration", expected_duration)):
         if value is not None:
             body[key] = value
@@ -209,6 +211,11 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("started", doc.get("started_at")), ("ended", doc.get("ended_at")),
         ("ran for", output.duration(doc.get("duration_s"))),
         ("attempts", f"{doc['attempts']} (retries used {doc['retries_used']}/{doc['retries']})"),
+        ("cost", f"{doc['cost']:.4f}" + (f" (max {spec['max_cost']:g})" if spec.get("max_cost")
+                                         else "") if doc.get("cost") or spec.get("max_cost")
+         else None),
+        ("gpus", (f"{spec['gpu']['count']} x {spec['gpu']['type'] or 'GPU'}"
+                  if spec.get("gpu") else None)),
         ("image", spec.get("image")),
         ("command", " ".join(spec["command"]) or ("(the image's)" if spec.get("image")
                                                   else None)),

@@ -27,12 +27,12 @@ from noduslocal.states import (
 
 JOB_COLUMNS = (
     "id, project, name, owner_uid, owner_gid, owner, phase, reason, message, spec, labels, "
-    "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used"
+    "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used, cost"
 )
 TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
     "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
-    "message, stop_reason, shim_pid, boot_id, container_id, gpus"
+    "message, stop_reason, shim_pid, boot_id, container_id, gpus, cost"
 )
 
 
@@ -42,7 +42,7 @@ def job_from_row(row: tuple[Any, ...]) -> JobRecord:
         owner=row[5], phase=row[6], reason=row[7], message=row[8],
         spec=JobSpec.from_stored(json.loads(row[9])), labels=json.loads(row[10]),
         created_at=row[11], started_at=row[12], ended_at=row[13], exit_code=row[14],
-        signal=row[15], attempts=row[16], retries_used=row[17],
+        signal=row[15], attempts=row[16], retries_used=row[17], cost=row[18],
     )
 
 
@@ -216,6 +216,7 @@ class Outcome:
     exit_code: int | None = None
     signal: int | None = None
     spend_retry: bool = False
+    cost: float = 0.0  # what the attempt's GPUs cost
 
 
 def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
@@ -232,7 +233,9 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
             (job_id, out.name, number, out.path, out.kind, out.size, out.sha256, now))
     _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
                 exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
-                message=outcome.message)
+                message=outcome.message, cost=outcome.cost or None)
+    if outcome.cost:
+        conn.execute("UPDATE jobs SET cost = cost + ? WHERE id = ?", (outcome.cost, job_id))
     columns: dict[str, Any] = {"exit_code": outcome.exit_code, "signal": outcome.signal}
     if outcome.job_phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED):
         columns["ended_at"] = now
