@@ -37,6 +37,7 @@ class JobSpec:
     priority: int = 0  # higher goes first; ordinary users up to the configured maximum
     expected_duration: float | None = None  # seconds; lets it backfill, feeds estimates
     max_cost: float | None = None  # stop it (MaxCostExceeded) once it cost more
+    interruptible: bool = False  # may be preempted (and queued again) for other work
     network: str | None = None  # containers: None (docker's default bridge) or "none"
 
     @property
@@ -64,6 +65,7 @@ class JobSpec:
             "priority": self.priority,
             "expected_duration": self.expected_duration,
             "max_cost": self.max_cost,
+            "interruptible": self.interruptible,
         }
 
     @classmethod
@@ -88,6 +90,7 @@ class JobSpec:
             priority=int(data.get("priority") or 0),
             expected_duration=data.get("expected_duration"),
             max_cost=data.get("max_cost"),
+            interruptible=bool(data.get("interruptible")),
         )
 
 

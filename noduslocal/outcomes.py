@@ -44,6 +44,14 @@ class Attempt:
     task: asyncio.Task[None] | None = None
 
 
+# Stops that put the job aside rather than end it: its phase next, and why.
+PAUSES: dict[str, tuple[Phase, str]] = {
+    Reason.SUSPENDED: (Phase.SUSPENDED, "suspended on request; `job resume` queues it again"),
+    Reason.PREEMPTED: (Phase.PENDING, "preempted for a job that was waiting; queued again, "
+                                      "no retry spent"),
+}
+
+
 def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
     job, stop = attempt.job, attempt.stop_reason
     if isinstance(state, Exited) and attempt.stop_sent is False:
@@ -52,6 +60,9 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
         state = Vanished()  # a shim was started: whether the job ran, nobody knows
     if isinstance(state, Exited):
         code, sig = state.exit_code, state.signal
+        if stop in PAUSES:
+            phase, message = PAUSES[stop]
+            return Outcome(AttemptPhase.EXITED, phase, stop, message, code, sig)
         if stop == Reason.CANCELLED:
             return Outcome(AttemptPhase.EXITED, Phase.CANCELLED, Reason.CANCELLED,
                                "cancelled on request", code, sig)
@@ -79,6 +90,8 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
         return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.ERROR,
                            f"exited with code {code}", code)
     if isinstance(state, NeverStarted):
+        if stop in PAUSES:
+            return Outcome(AttemptPhase.NOT_STARTED, PAUSES[stop][0], stop, PAUSES[stop][1])
         if stop is not None:
             return Outcome(AttemptPhase.NOT_STARTED, Phase.CANCELLED, Reason.CANCELLED,
                                "cancelled before it started")
@@ -86,7 +99,8 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
                        f"{state.detail or 'the daemon stopped before the process ran'}; "
                        "queued again")
     if stop is not None:  # vanished while we were stopping it: that is what we asked for
-        phase = Phase.CANCELLED if stop == Reason.CANCELLED else Phase.FAILED
+        phase = (PAUSES[stop][0] if stop in PAUSES
+                 else Phase.CANCELLED if stop == Reason.CANCELLED else Phase.FAILED)
         return Outcome(AttemptPhase.LOST, phase, stop, "stopped; no exit status recorded")
     why = (state.detail if isinstance(state, Vanished) else None) or "no exit status"
     if job.retries_used < job.spec.retries:

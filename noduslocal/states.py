@@ -24,9 +24,10 @@ TERMINAL: frozenset[Phase] = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CAN
 # Starting -> Pending: the daemon stopped before the process ran (no retry is spent), or a
 # lost attempt with retries left. Running -> Pending: lost box or preemption.
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.PENDING: frozenset({Phase.STARTING, Phase.CANCELLED, Phase.FAILED}),
+    Phase.PENDING: frozenset({Phase.STARTING, Phase.CANCELLED, Phase.FAILED, Phase.SUSPENDED}),
     Phase.STARTING: frozenset(
-        {Phase.RUNNING, Phase.PENDING, Phase.FAILED, Phase.CANCELLED, Phase.SUCCEEDED}
+        {Phase.RUNNING, Phase.PENDING, Phase.FAILED, Phase.CANCELLED, Phase.SUCCEEDED,
+         Phase.SUSPENDED}
     ),
     Phase.RUNNING: frozenset(
         {Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED, Phase.PENDING, Phase.SUSPENDED}
@@ -73,6 +74,8 @@ class Reason(StrEnum):
     OOM_KILLED = "OOMKilled"
     MAX_COST_EXCEEDED = "MaxCostExceeded"
     PREEMPTED = "Preempted"
+    SUSPENDED = "Suspended"  # on request (job suspend); resumed by job resume
+    RESUMED = "Resumed"
     CELLS_FAILED = "CellsFailed"
 
 

@@ -21,7 +21,7 @@ from noduslocal.gpu.cost import Meter
 from noduslocal.gpu.model import Inventory
 from noduslocal.gpu_attempts import GpuAttempts
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
-from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
+from noduslocal.outcomes import PAUSES, Attempt, outcome_of, settled_inspect
 from noduslocal.outputs import Collected
 from noduslocal.runtime.attempts import (
     Alive,
@@ -125,7 +125,40 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             return
         if job.id in self._finishing:
             return  # its end is being recorded right now
+        if job.phase == Phase.SUSPENDED:
+            await self.store.write(lambda c: ops.set_phase(
+                c, job.id, Phase.CANCELLED, time.time(), Reason.CANCELLED,
+                "cancelled while suspended"))
+            return
         raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be cancelled now")
+
+    async def suspend(self, job: JobRecord) -> None:
+        """Stop the job as a cancel would, and keep it aside until resume()."""
+        if job.phase == Phase.SUSPENDED:
+            return
+        if job.phase in TERMINAL:
+            raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
+        if self.queue.remove(job.id) is not None:
+            self._pending_jobs.pop(job.id, None)
+            await self.store.write(lambda c: ops.set_phase(
+                c, job.id, Phase.SUSPENDED, time.time(), Reason.SUSPENDED,
+                "suspended before it started; `job resume` queues it again"))
+            self._kick()
+            return
+        attempt = self.active.get(job.id)
+        if attempt is None:
+            raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be suspended "
+                                  "now")
+        await self._request_stop(attempt, Reason.SUSPENDED)
+
+    async def resume(self, job: JobRecord) -> None:
+        if job.phase != Phase.SUSPENDED:
+            raise errors.Conflict(f"job {job.name!r} is {job.phase}; only a suspended job "
+                                  "can be resumed")
+        await self.store.write(lambda c: ops.set_phase(
+            c, job.id, Phase.PENDING, time.time(), Reason.RESUMED,
+            "resumed; queued again at its old place"))
+        self._enqueue(replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED))
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -184,7 +217,17 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         self._pass_scheduled = False
         if self._stopping or not self._ready:
             return
-        for request in self.queue.schedule():
+        started = self.queue.schedule()
+        for job_id in self.queue.preempt:
+            victim = self.active.get(job_id)
+            if victim is not None and victim.stop_reason is None:
+                self.queue.stopping.add(job_id)
+                log.info("preempting job %s (interruptible) for a waiting job",
+                         victim.job.name)
+                task = asyncio.ensure_future(self._request_stop(victim, Reason.PREEMPTED))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        for request in started:
             job = self._pending_jobs.pop(request.job_id)
             attempt = Attempt(job, request)
             if self.queue.capacity.gpus is not None:
@@ -203,6 +246,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             timer.cancel()
         if self.active.get(attempt.job.id) is attempt:
             del self.active[attempt.job.id]
+            self.queue.stopping.discard(attempt.job.id)
             self._charge(attempt.request)
             self.queue.capacity.give(attempt.request)
             self._pass()
@@ -346,9 +390,15 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         return collected
 
     async def _request_stop(self, attempt: Attempt, reason: str) -> None:
-        if attempt.stop_reason is not None:
+        if attempt.stop_reason is not None and not (
+                reason == Reason.CANCELLED and attempt.stop_reason in PAUSES):
             return
+        resend = attempt.stop_reason is not None  # a cancel over a suspend: already stopping
         attempt.stop_reason = reason
+        if resend:
+            await self.store.write(lambda c: ops.request_stop(
+                c, attempt.job.id, attempt.number, reason))
+            return
         if attempt.running:
             attempt.stop_sent = False  # until the signal lands; an exit before it is the job's
         if not attempt.number and attempt.started is not None:
@@ -436,4 +486,4 @@ class Supervisor(ContainerAttempts, GpuAttempts):
 def _request(job_id: int, spec: Any, owner_uid: int) -> Request:
     return Request(job_id, spec.cpu_m, spec.memory or 0,
                    "process" if spec.image is None else "docker", spec.gpu, owner_uid,
-                   spec.priority, spec.expected_duration)
+                   spec.priority, spec.expected_duration, spec.interruptible)

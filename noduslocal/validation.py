@@ -25,14 +25,14 @@ MAX_RETRIES = 100
 SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
-     "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost"}
+     "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
+     "interruptible"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "disk": (None,),
-    "interruptible": (None, False),
     "profile": (None,),
     "completions": (None, 1),
     "parallelism": (None, 1),
@@ -207,6 +207,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         gpu=parse_gpu(body.get("gpu")),
         priority=_priority(body.get("priority", 0)),
         max_cost=_max_cost(body.get("max_cost")),
+        interruptible=_flag(body.get("interruptible"), "interruptible"),
         expected_duration=None if body.get("expected_duration") is None else parse_duration(
             body["expected_duration"], "expected_duration"),
     )
@@ -228,6 +229,14 @@ def _image(value: Any) -> str | None:
 
 
 MAX_PRIORITY = 1000
+
+
+def _flag(value: Any, field_name: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{field_name}: expected true or false", field=field_name)
+    return value
 
 
 def _max_cost(value: Any) -> float | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,46 @@ def test_energy_from_nvml_is_charged_at_the_configured_price(
         job.wait(timeout=30)
         assert job.status()["cost"] == pytest.approx(1.0)
         assert d.client().attempts(job.name)[0]["cost"] == pytest.approx(1.0)
+
+
+def test_preemption_requeues_an_interruptible_job_with_its_checkpoint() -> None:
+    with testing.daemon(config='simulate_gpus = "2xH100"\nkill_grace = 2\n') as d:
+        client = d.client()
+        spot = client.create_job({
+            "gpu": 2, "interruptible": True, "checkpoint": "ckpt", "command": [
+                "sh", "-c", 'echo "attempt $NODUS_ATTEMPT saw [$(cat ckpt/n 2>/dev/null)]"; '
+                'echo "$NODUS_ATTEMPT" > ckpt/n; '
+                'if [ "$NODUS_ATTEMPT" = 1 ]; then trap "exit 143" TERM; sleep 60 & wait; fi'
+            ]})["name"]
+        testing.wait_until(lambda: client.get_job(spot)["phase"] == Phase.RUNNING, "running")
+        time.sleep(0.3)
+        urgent = client.create_job({"gpu": 1, "command": ["sleep", "0.5"]})["name"]
+        assert client.wait_job(urgent, None, timeout=30)["phase"] == Phase.SUCCEEDED
+        final = client.wait_job(spot, None, timeout=30)
+        assert final["phase"] == Phase.SUCCEEDED and final["retries_used"] == 0
+        attempts = client.attempts(spot)
+        assert attempts[0]["reason"] == Reason.PREEMPTED
+        first = b"".join(client.logs(spot, attempt=1)).decode()
+        assert "attempt 1 saw []" in first
+        assert "saw [1]" in b"".join(client.logs(spot)).decode()
+
+
+def test_suspend_and_resume_keep_the_workspace(daemon: testing.Daemon) -> None:
+    job = nodus.Job.run(command=["sh", "-c", 'echo "run $NODUS_ATTEMPT" >> runs.txt; '
+                                             'cat runs.txt; sleep 30'])
+    testing.wait_until(lambda: job.status()["phase"] == Phase.RUNNING, "running")
+    time.sleep(0.2)
+    job.suspend()
+    testing.wait_until(lambda: job.status()["phase"] == Phase.SUSPENDED, "suspended")
+    assert job.status()["reason"] == Reason.SUSPENDED
+    out = run_cli(daemon, "job", "resume", job.name)
+    assert out.returncode == 0, out.stderr
+    testing.wait_until(lambda: job.status()["phase"] == Phase.RUNNING, "running again")
+    testing.wait_until(lambda: job.files.read("runs.txt") == b"run 1\nrun 2\n", "run 2")
+    assert job.status()["retries_used"] == 0
+    assert run_cli(daemon, "job", "suspend", job.name).returncode == 0
+    testing.wait_until(lambda: job.status()["phase"] == Phase.SUSPENDED, "suspended")
+    job.cancel()  # a suspended job can still be cancelled
+    assert job.status()["phase"] == Phase.CANCELLED
+    with pytest.raises(errors.Conflict):
+        job.resume()

@@ -127,3 +127,33 @@ def test_no_backfill_when_the_head_waits_on_a_job_without_an_expected_end() -> N
     q.push(job(2, BOB, gpus=2))
     q.push(job(3, BOB, gpus=1, expected=1))
     assert q.schedule() == []
+
+
+def test_a_waiting_job_preempts_interruptible_ones_and_they_do_not_take_it_back() -> None:
+    clock = Clock()
+    q = gpu_queue(clock)
+    spot = [Request(i, 1000, GiB, gpu=GpuRequest(1), owner_uid=ALICE, interruptible=True)
+            for i in (1, 2, 3, 4)]
+    for req in spot:
+        q.push(req)
+        clock.now += 1  # 4 is the most recently started
+        q.schedule()
+    q.push(job(5, BOB, gpus=2))
+    assert q.schedule() == []
+    assert sorted(q.preempt) == [3, 4]  # the two started last
+    assert "preempting" in (q.hold(5) or "")
+    q.stopping.update(q.preempt)
+    assert q.schedule() == [] and q.preempt == []  # no more victims while those stop
+    for job_id in (3, 4):  # they end and are queued again
+        q.capacity.give(q.capacity.running[job_id][0])
+        q.stopping.discard(job_id)
+        q.push(spot[job_id - 1])
+    assert [r.job_id for r in q.schedule()] == [5]
+
+
+def test_an_interruptible_head_preempts_nobody() -> None:
+    q = gpu_queue(Clock(), n=1)
+    q.push(Request(1, 1000, GiB, gpu=GpuRequest(1), interruptible=True))
+    q.schedule()
+    q.push(Request(2, 1000, GiB, gpu=GpuRequest(1), interruptible=True))
+    assert q.schedule() == [] and q.preempt == []

@@ -114,7 +114,7 @@ def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dic
     assert daemon.client().list_jobs(all=True) == []
 
 
-@pytest.mark.parametrize("method", ["estimate", "suspend", "resume"])
+@pytest.mark.parametrize("method", ["estimate"])
 def test_unbuilt_methods_raise_unsupported(daemon: testing.Daemon, method: str) -> None:
     job = nodus.Job.run(command=["true"])
     with pytest.raises(nodus.errors.Unsupported, match=method):

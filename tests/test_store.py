@@ -553,9 +553,9 @@ def test_illegal_transitions_raise_and_change_nothing(tmp_path: Path) -> None:
             with pytest.raises(errors.NotFound):
                 await store.write(lambda c: ops.attempt_running(c, pending.id, 1, NOW))
             # the attempt may go Starting -> Exited, but the job may not go Starting ->
-            # Suspended: the attempt row was already updated when the job check raised
-            odd = ops.Outcome(AttemptPhase.EXITED, Phase.SUSPENDED, Reason.PREEMPTED)
-            with pytest.raises(IllegalTransition, match="Starting -> Suspended"):
+            # Starting: the attempt row was already updated when the job check raised
+            odd = ops.Outcome(AttemptPhase.EXITED, Phase.STARTING, Reason.PREEMPTED)
+            with pytest.raises(IllegalTransition, match="Starting -> Starting"):
                 await store.write(lambda c: ops.finish_attempt(c, starting.id, 1, odd, NOW))
 
             assert snapshot(path) == before
@@ -566,7 +566,7 @@ def test_illegal_transitions_raise_and_change_nothing(tmp_path: Path) -> None:
 
 def test_a_partly_written_failing_op_is_rolled_back_inside_a_batch(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
-    odd = ops.Outcome(AttemptPhase.EXITED, Phase.SUSPENDED, Reason.PREEMPTED)
+    odd = ops.Outcome(AttemptPhase.EXITED, Phase.STARTING, Reason.PREEMPTED)
 
     async def body() -> None:
         async with opened(path) as (store, _):

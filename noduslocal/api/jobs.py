@@ -138,6 +138,30 @@ async def cancel_job(request: web.Request) -> web.Response:
     return job_response(request, fresh)
 
 
+@routes.post("/v1/jobs/{name}/suspend")
+async def suspend_job(request: web.Request) -> web.Response:
+    """Stop the job (SIGTERM, grace, SIGKILL) and keep it aside, its workspace and
+    checkpoint kept, until resume."""
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, "suspend")
+    await services.supervisor.suspend(job)
+    fresh = await services.store.job_by_id(job.id)
+    assert fresh is not None
+    return job_response(request, fresh)
+
+
+@routes.post("/v1/jobs/{name}/resume")
+async def resume_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, "resume")
+    await services.supervisor.resume(job)
+    fresh = await services.store.job_by_id(job.id)
+    assert fresh is not None
+    return job_response(request, fresh)
+
+
 @routes.get("/v1/jobs/{name}/wait")
 async def wait_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]

@@ -287,6 +287,33 @@ def wait(name: str, project: str | None, timeout: str | None, as_json: bool) -> 
     sys.exit(_exit_code(final))
 
 
+@job.command("suspend")
+@click.argument("name")
+@project_option
+@json_option
+def suspend(name: str, project: str | None, as_json: bool) -> None:
+    """Stop a job and keep it aside (workspace and checkpoint kept) until `job resume`."""
+    doc = Client().suspend_job(name, project)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: " + ("suspended" if doc["phase"] == "Suspended" else
+                                         "suspending (SIGTERM sent; SIGKILL after the grace)"))
+
+
+@job.command("resume")
+@click.argument("name")
+@project_option
+@json_option
+def resume(name: str, project: str | None, as_json: bool) -> None:
+    """Queue a suspended job again, at its old place."""
+    doc = Client().resume_job(name, project)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: queued again ({doc.get('hold') or doc['phase']})")
+
+
 @job.command("kill")
 @click.argument("name")
 @project_option

@@ -84,6 +84,14 @@ class Client:
         return self.transport.request("POST", f"/v1/jobs/{_quote(name)}/cancel",
                                       query={"project": project})
 
+    def suspend_job(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/jobs/{_quote(name)}/suspend",
+                                      query={"project": project})
+
+    def resume_job(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/jobs/{_quote(name)}/resume",
+                                      query={"project": project})
+
     def wait_job(self, name: str, project: str | None = None,
                  timeout: float | None = None) -> dict[str, Any]:
         """Block until the job is terminal, in server-side long polls; riding out a daemon

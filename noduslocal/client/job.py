@@ -203,10 +203,13 @@ class Job:
         return View(self._client.exec_job(self.name, self.project, list(command)))
 
     def suspend(self) -> None:
-        raise errors.Unsupported("Job.suspend")
+        """Stop the job like a cancel (SIGTERM, grace, SIGKILL) and keep it Suspended, with
+        its workspace and checkpoint, until resume()."""
+        self._obj = View(self._client.suspend_job(self.name, self.project))
 
     def resume(self) -> None:
-        raise errors.Unsupported("Job.resume")
+        """Queue a suspended job again, at its old place."""
+        self._obj = View(self._client.resume_job(self.name, self.project))
 
     @property
     def files(self) -> Files:

@@ -22,6 +22,7 @@ class Request:
     owner_uid: int = 0
     priority: int = 0  # higher first
     expected: float | None = None  # seconds it expects to run (expected_duration)
+    interruptible: bool = False  # may be stopped and queued again for a job that waits
 
     @property
     def gpu_count(self) -> int:

@@ -1,7 +1,8 @@
 """Queue order and admission: pure logic, no I/O.
 
-Order: priority (higher first), then fair share (the user with the fewest decayed
-GPU-hours first), then submission. A job whose user is at a per-user limit, or whose
+Order: priority (higher first), interruptible jobs last within it, then fair share (the
+user with the fewest decayed GPU-hours first), then submission. A head that is not
+interruptible may preempt running interruptible jobs to start. A job whose user is at a per-user limit, or whose
 runtime cannot start anything, is passed over without holding up the rest. The first job
 that does not fit is the head: nothing behind it starts unless, by its expected_duration,
 it ends before the start reserved for the head (backfill), so a big job is never starved.
@@ -35,6 +36,10 @@ class Queue:
     _requests: dict[int, Request] = field(default_factory=dict)
     holds: dict[int, str] = field(default_factory=dict)
     etas: dict[int, float] = field(default_factory=dict)  # the head's reserved start
+    # Running interruptible jobs to stop for the head (the supervisor acts on it), and
+    # those being stopped already (their share is on its way back).
+    preempt: list[int] = field(default_factory=list)
+    stopping: set[int] = field(default_factory=set)
     _last_order: list[Request] = field(default_factory=list)
     _place: dict[int, int] | None = None  # place in the last pass's order, when asked
     # Runtimes that cannot start anything now, with the reason: their jobs keep their place
@@ -61,8 +66,10 @@ class Queue:
         for req in self._requests.values():
             if req.owner_uid not in usage:
                 usage[req.owner_uid] = self.usage(req.owner_uid)
-        return sorted(self._requests.values(),
-                      key=lambda r: (-r.priority, usage[r.owner_uid], r.job_id))
+        # Interruptible jobs are opportunistic: behind every other job of their priority,
+        # so a preempted one never takes back what it was stopped for.
+        return sorted(self._requests.values(), key=lambda r: (
+            -r.priority, r.interruptible, usage[r.owner_uid], r.job_id))
 
     def schedule(self) -> list[Request]:
         """Take every request that may start now; set the holds of the rest."""
@@ -99,8 +106,13 @@ class Queue:
                 started.append(req)
         for req in started:
             del self._requests[req.job_id]
+        self.preempt = []
+        if head is not None and not head.interruptible:
+            self.preempt = [r.job_id for r in self._victims(head)]
         if head is not None:  # said after the backfill, so the free counts are current
             holds[head.job_id] = self._head_hold(head, reserved, now)
+            if self.preempt or any(j in self.stopping for j in self.capacity.running):
+                holds[head.job_id] += "; preempting interruptible jobs for it"
         self.etas = {head.job_id: reserved} if head is not None and reserved else {}
         self.holds = holds
         self._last_order = order
@@ -132,6 +144,46 @@ class Queue:
                 and gpus + req.gpu_count > limit.max_gpus):
             return f"user limit {gpus}/{limit.max_gpus} GPUs"
         return None
+
+    def _victims(self, head: Request) -> list[Request]:
+        """The fewest running interruptible jobs (of no higher priority; lowest priority,
+        then the most recently started, first) whose share would let the head start;
+        none when even all of them would not."""
+        cap = self.capacity
+        pool, gpu = cap.gpus, head.gpu
+        by_uuid = pool.inventory.by_uuid() if pool is not None else {}
+        free = [cap.cpu_m - cap.used_cpu_m, cap.memory - cap.used_memory,
+                len(pool.free(gpu)) if pool is not None and gpu is not None else 0]
+
+        def add(req: Request) -> None:
+            free[0] += req.cpu_m
+            free[1] += req.memory
+            if pool is not None and gpu is not None:
+                free[2] += sum(1 for u in pool.by_job.get(req.job_id, [])
+                               if u in by_uuid and pool.matches(by_uuid[u], gpu)
+                               and pool.busy(by_uuid[u]) is None)
+
+        def fits() -> bool:
+            return (free[0] >= head.cpu_m and free[1] >= head.memory
+                    and free[2] >= (gpu.count if gpu is not None else 0))
+
+        for job_id in self.stopping:
+            if job_id in cap.running:
+                add(cap.running[job_id][0])
+        if fits():
+            return []  # what is being stopped already makes room
+        candidates = sorted(
+            (req for job_id, (req, _) in cap.running.items()
+             if req.interruptible and job_id not in self.stopping
+             and req.priority <= head.priority),
+            key=lambda r: (r.priority, -cap.started.get(r.job_id, 0.0)))
+        victims = []
+        for req in candidates:
+            victims.append(req)
+            add(req)
+            if fits():
+                return victims
+        return []
 
     def _reservation(self, req: Request, now: float) -> float | None:
         """When the head could start, if the running jobs end when they expect to; None

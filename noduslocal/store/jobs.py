@@ -196,13 +196,23 @@ def attempt_running(conn: sqlite3.Connection, job_id: int, number: int, now: flo
 def request_stop(conn: sqlite3.Connection, job_id: int, number: int,
                  reason: str) -> tuple[None, list[Event]]:
     """Remember why we are stopping a running attempt, so its exit is read correctly even
-    after a daemon restart. The first reason wins (a timeout is not turned into a cancel)."""
+    after a daemon restart. The first reason wins (a timeout is not turned into a cancel),
+    except that a cancel ends a suspend or a preemption that is under way."""
     conn.execute(
-        "UPDATE attempts SET stop_reason = COALESCE(stop_reason, ?) "
-        "WHERE job_id = ? AND number = ?",
-        (reason, job_id, number),
+        "UPDATE attempts SET stop_reason = CASE WHEN stop_reason IS NULL OR "
+        "(? = 'Cancelled' AND stop_reason IN ('Suspended', 'Preempted')) THEN ? "
+        "ELSE stop_reason END WHERE job_id = ? AND number = ?",
+        (reason, reason, job_id, number),
     )
     return None, []
+
+
+def set_phase(conn: sqlite3.Connection, job_id: int, phase: Phase, now: float, reason: str,
+              message: str) -> tuple[None, list[Event]]:
+    """A job with no attempt running: Pending or Suspended to Suspended, Pending or
+    Cancelled (the table in states.py decides)."""
+    columns: dict[str, Any] = {"ended_at": now} if phase in TERMINAL else {}
+    return None, [_transition(conn, job_id, phase, now, reason, message, **columns)]
 
 
 @dataclass(frozen=True)
