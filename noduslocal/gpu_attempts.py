@@ -47,7 +47,9 @@ class GpuAttempts:
         self.inventory = inventory
         if self.queue.capacity.gpus is not None:
             self.queue.capacity.gpus.inventory = inventory
-        broken = {g.uuid: g for g in inventory.gpus if not g.healthy}
+        # Only a GPU broken for good ends the work on it; a failed reading only keeps new
+        # work off until the next one.
+        broken = {g.uuid: g for g in inventory.gpus if g.fatal}
         for attempt in list(self.active.values()):
             hit = next((broken[u] for u in attempt.gpus if u in broken), None)
             if hit is not None and attempt.lost is None:

@@ -88,6 +88,10 @@ class Supervisor(ContainerAttempts, GpuAttempts):
                 f"priority: at most {self.settings.max_user_priority} for users; admins may "
                 "go higher", field="priority")
         request = _request(0, req.spec, owner.uid)
+        limit = self.settings.user_max_gpus
+        if limit is not None and request.gpu_count > limit:
+            raise errors.InvalidArgument(f"gpu: {request.gpu_count} GPUs requested; a user may "
+                                         f"hold at most {limit} at once here", field="gpu")
         if (why := self.queue.capacity.refusal(request)) is not None:
             raise errors.InvalidArgument(why, field=why.split(":")[0])
         project = req.project or owner.name
@@ -258,6 +262,9 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             attempt.number = await attempt.started
             if attempt.stop_reason is not None:
                 await self._finish(attempt, NeverStarted())
+                return
+            if attempt.lost is not None:  # its GPU broke before it was launched
+                await self._finish(attempt, NeverStarted(attempt.lost))
                 return
             if job.spec.source and attempt.number == 1:  # unpacking may take a while
                 attempt.directory = await asyncio.to_thread(self.layout.prepare, job, 1)

@@ -132,3 +132,10 @@ def test_no_gpu_is_ever_held_twice(jobs: list[tuple[int, bool]], rnd: object) ->
         assert len(held) == len(set(held)) <= len(inv.gpus)
         assert all(len(pool.by_job.get(r.job_id, [])) == (r.gpu.count if r.gpu else 0)
                    for r in running)
+
+
+def test_containers_never_see_gpus_they_were_not_given() -> None:
+    gpus = box().gpus[:1]
+    assert job_env(gpus, True, True, simulated=False)["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
+    assert job_env([], True, True, simulated=False)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "NVIDIA_VISIBLE_DEVICES" not in job_env(gpus, True, False, simulated=False)

@@ -157,3 +157,61 @@ def test_an_interruptible_head_preempts_nobody() -> None:
     q.schedule()
     q.push(Request(2, 1000, GiB, gpu=GpuRequest(1), interruptible=True))
     assert q.schedule() == [] and q.preempt == []
+
+
+def test_a_job_waiting_on_broken_or_drained_gpus_is_no_head() -> None:
+    clock = Clock()
+    q = gpu_queue(clock)
+    pool = q.capacity.gpus
+    assert pool is not None
+    pool.inventory.gpus[0].healthy, pool.inventory.gpus[0].problem = False, "Xid 79"
+    pool.drained.add(pool.inventory.gpus[1].uuid)
+    q.push(job(1, ALICE, gpus=3))  # only 2 usable GPUs exist now
+    q.push(job(2, BOB, gpus=1))
+    q.push(Request(3, 1000, GiB, owner_uid=BOB))
+    assert [r.job_id for r in q.schedule()] == [2, 3]
+    assert "GPU 0 unhealthy: Xid 79" in (q.hold(1) or "")
+
+
+def test_jobs_that_take_nothing_the_head_waits_for_pass_it() -> None:
+    clock = Clock()
+    pool = GpuPool(simulated.parse("2xH100,1xL4"))
+    q = Queue(Capacity(4000, 64 * GiB, gpus=pool), clock=clock)
+    q.push(Request(1, 1000, GiB, gpu=GpuRequest(1, "L4")))
+    q.schedule()
+    q.push(Request(2, 1000, GiB, gpu=GpuRequest(1, "L4")))  # the head: the L4 is busy
+    q.push(Request(3, 1000, GiB, gpu=GpuRequest(1, "H100")))  # another model: may pass
+    q.push(Request(4, 1000, GiB))  # CPU only, with the head's CPU still free: may pass
+    q.push(Request(5, 1000, GiB))  # would take the head's last CPU: may not
+    assert [r.job_id for r in q.schedule()] == [3, 4]
+
+
+def test_a_users_first_job_is_held_to_the_gpu_limit_too() -> None:
+    q = gpu_queue(Clock(), limits=Limits(max_gpus=2))
+    q.push(job(1, ALICE, gpus=2))
+    q.push(job(2, ALICE, gpus=1))
+    assert [r.job_id for r in q.schedule()] == [1]
+    assert q.hold(2) == "user limit 2/2 GPUs"
+
+
+def test_fair_share_charges_in_any_order_decay_the_same() -> None:
+    forward, backward = Ledger(3600), Ledger(3600)
+    forward.charge(ALICE, 1.0, 0.0)
+    forward.charge(ALICE, 1.0, 36000.0)
+    backward.charge(ALICE, 1.0, 36000.0)
+    backward.charge(ALICE, 1.0, 0.0)
+    assert forward.value(ALICE, 36000.0) == backward.value(ALICE, 36000.0)
+
+
+def test_a_released_gpu_is_not_busy_with_the_ended_jobs_own_processes() -> None:
+    from noduslocal.gpu.model import GpuProcess
+
+    pool = GpuPool(simulated.parse("1xH100"))
+    gpu = pool.inventory.gpus[0]
+    pool.take(1, [gpu.uuid])
+    pool.inventory.read_at = 100.0
+    gpu.processes = [GpuProcess(42, GiB, "alice")]  # read while job 1 still ran
+    pool.give(1, now=101.0)
+    assert pool.busy(gpu) is None
+    pool.inventory.read_at = 102.0  # a later reading that still shows it: foreign now
+    assert pool.busy(gpu) is not None

@@ -18,7 +18,8 @@ async def list_queue(request: web.Request) -> web.Response:
     supervisor = request.app[SERVICES].supervisor
     queue = supervisor.queue
     entries = []
-    for place, req in enumerate(queue.order()):
+    # The last pass's order (what the holds describe), not a fresh sort of everything.
+    for place, req in enumerate(r for r in queue.last_order() if r.job_id in queue):
         job = supervisor.pending_job(req.job_id)
         if job is None:
             continue

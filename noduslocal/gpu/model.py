@@ -53,6 +53,7 @@ class Gpu:
     processes: list[GpuProcess] = field(default_factory=list)
     healthy: bool = True
     problem: str | None = None  # why it is unhealthy
+    fatal: bool = False  # broken for good (an Xid, gone from the bus): its work is lost
 
     @property
     def model(self) -> str:
@@ -78,6 +79,7 @@ class Inventory:
     # levels[i][j]: NVML topology level between GPU i and j (NVLINK when NVLinked)
     levels: list[list[int]] = field(default_factory=list)
     driver: str | None = None
+    read_at: float = 0.0  # when NVML was read (0: never changes, as simulated)
 
     @property
     def simulated(self) -> bool:
@@ -124,4 +126,8 @@ def job_env(gpus: list[Gpu], box_has_gpus: bool, in_container: bool,
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     elif box_has_gpus and not in_container:
         env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs asked for: none visible
+    if in_container and not simulated:
+        # Over the image's and the job's own: with the NVIDIA runtime as docker's default,
+        # an image's NVIDIA_VISIBLE_DEVICES=all would hand it every GPU on the box.
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus) or "void"
     return env

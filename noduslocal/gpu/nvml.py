@@ -10,6 +10,7 @@ import ctypes
 import logging
 import os
 import pwd
+import time
 from typing import Any
 
 from noduslocal.gpu.model import NVLINK, Gpu, GpuProcess, Inventory
@@ -74,11 +75,12 @@ class Nvml:
         for uuid, gone in known.items():
             if uuid not in listed and not uuid.startswith("index-"):
                 gpus.append(Gpu(len(gpus), uuid, gone.name, gone.pci_bus_id, gone.memory_total,
-                                healthy=False, problem="no longer listed by NVML"))
+                                healthy=False, problem="no longer listed by NVML",
+                                fatal=True))
                 handles.append(None)
         levels = [[_level(pynvml, a, b) if i != j else 0 for j, b in enumerate(handles)]
                   for i, a in enumerate(handles)]
-        return Inventory(gpus, "nvml", "", levels, driver=driver)
+        return Inventory(gpus, "nvml", "", levels, driver=driver, read_at=time.time())
 
 
 def _text(value: Any) -> str:

@@ -62,7 +62,7 @@ class GpuService:
     def _apply(self, inventory: Inventory) -> None:
         for gpu in inventory.gpus:
             if gpu.uuid in self.broken:
-                gpu.healthy, gpu.problem = False, self.broken[gpu.uuid]
+                gpu.healthy, gpu.problem, gpu.fatal = False, self.broken[gpu.uuid], True
 
     async def _poll(self, on_change: Callable[[Inventory], None]) -> None:
         assert self.nvml is not None

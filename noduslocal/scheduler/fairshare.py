@@ -20,7 +20,10 @@ class Ledger:
 
     def charge(self, uid: int, gpu_hours: float, at: float) -> None:
         value, since = self._charged.get(uid, (0.0, at))
-        self._charged[uid] = (self._decay(value, since, at) + gpu_hours, at)
+        if at < since:  # an older charge: decayed to the ledger's time, which stays
+            self._charged[uid] = (value + self._decay(gpu_hours, at, since), since)
+        else:
+            self._charged[uid] = (self._decay(value, since, at) + gpu_hours, at)
 
     def value(self, uid: int, now: float) -> float:
         value, since = self._charged.get(uid, (0.0, now))

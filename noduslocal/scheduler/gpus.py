@@ -5,6 +5,7 @@ busy with a process the daemon did not start), the best-connected set for a requ
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from noduslocal.gpu.model import Gpu, Inventory
@@ -18,6 +19,7 @@ class GpuPool:
     holder: dict[str, int] = field(default_factory=dict)  # uuid -> job id
     by_job: dict[int, list[str]] = field(default_factory=dict)
     drained: set[str] = field(default_factory=set)
+    released: dict[str, float] = field(default_factory=dict)  # uuid -> when a job let go
 
     def busy(self, gpu: Gpu) -> str | None:
         """Why an unallocated GPU is not free, in words; None when it is."""
@@ -25,8 +27,12 @@ class GpuPool:
             return f"GPU {gpu.index} unhealthy: {gpu.problem or 'unknown'}"
         if gpu.uuid in self.drained:
             return f"GPU {gpu.index} drained"
+        if gpu.mig:
+            return f"GPU {gpu.index} is in MIG mode (whole GPUs only)"
         if gpu.uuid in self.holder:
             return None
+        if self.inventory.read_at and self.inventory.read_at < self.released.get(gpu.uuid, 0):
+            return None  # read while our job still ran there: its processes are not foreign
         for proc in gpu.processes:
             held = f"{(proc.used_memory or 0) / 2**30:.0f} GiB" if proc.used_memory else \
                 "memory"
@@ -59,13 +65,17 @@ class GpuPool:
         if req.count == 1:
             return [free[0]]
         best: tuple[tuple[int, int], list[Gpu]] | None = None
+        link = self.inventory.link
         for start in free:
             chosen = [start]
+            # Each candidate's worst link to the set so far, kept up to date as it grows.
+            worst = {g.index: (link(g.index, start.index), g) for g in free if g is not start}
             while len(chosen) < req.count:
-                nxt = min((g for g in free if g not in chosen),
-                          key=lambda g: (max(self.inventory.link(g.index, c.index)
-                                             for c in chosen), g.index))
+                index = min(worst, key=lambda i: (worst[i][0], i))
+                nxt = worst.pop(index)[1]
                 chosen.append(nxt)
+                for i, (level, g) in worst.items():
+                    worst[i] = (max(level, link(i, nxt.index)), g)
             links = [self.inventory.link(a.index, b.index)
                      for i, a in enumerate(chosen) for b in chosen[i + 1:]]
             score = (max(links), sum(links))
@@ -79,12 +89,19 @@ class GpuPool:
             self.holder[uuid] = job_id
         self.by_job[job_id] = list(uuids)
 
-    def give(self, job_id: int) -> list[str]:
+    def give(self, job_id: int, now: float | None = None) -> list[str]:
         uuids = self.by_job.pop(job_id, [])
         for uuid in uuids:
             if self.holder.get(uuid) == job_id:
                 del self.holder[uuid]
+                self.released[uuid] = time.time() if now is None else now
         return uuids
+
+    def possible(self, req: GpuRequest) -> bool:
+        """Whether the request could start once the jobs holding GPUs end: enough
+        matching GPUs that are healthy and not drained."""
+        return sum(1 for g in self.inventory.gpus if self.matches(g, req) and g.healthy
+                   and g.uuid not in self.drained and not g.mig) >= req.count
 
     def hold(self, req: GpuRequest) -> str:
         free = self.free(req)

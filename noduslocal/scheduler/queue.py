@@ -1,12 +1,13 @@
 """Queue order and admission: pure logic, no I/O.
 
 Order: priority (higher first), interruptible jobs last within it, then fair share (the
-user with the fewest decayed GPU-hours first), then submission. A head that is not
-interruptible may preempt running interruptible jobs to start. A job whose user is at a per-user limit, or whose
-runtime cannot start anything, is passed over without holding up the rest. The first job
-that does not fit is the head: nothing behind it starts unless, by its expected_duration,
-it ends before the start reserved for the head (backfill), so a big job is never starved.
-Each waiting job gets a hold that says why in words.
+user with the fewest decayed GPU-hours first), then submission. A job whose user is at a
+per-user limit, whose runtime cannot start anything, or whose GPUs are broken or drained
+for now, is passed over without holding up the rest. The first job that does not fit is
+the head: behind it starts only what takes nothing the head waits for (no GPU it could
+use, and CPU and memory to spare), or what, by its expected_duration, ends before the
+start reserved for the head (backfill); so a big job is never starved. A head that is not
+interruptible may preempt running interruptible jobs. Each waiting job gets a hold.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from noduslocal.gpu.request import GpuRequest
 from noduslocal.scheduler.capacity import Capacity, Request, fmt_cpu
 from noduslocal.units import fmt_bytes
 
@@ -61,6 +63,12 @@ class Queue:
         self._place = None
         return req
 
+    def last_order(self) -> list[Request]:
+        """The order of the last pass (what the holds describe), newer arrivals last."""
+        seen = {r.job_id for r in self._last_order}
+        return self._last_order + sorted((r for r in self._requests.values()
+                                          if r.job_id not in seen), key=lambda r: r.job_id)
+
     def order(self) -> list[Request]:
         usage: dict[int, float] = {}
         for req in self._requests.values():
@@ -81,17 +89,28 @@ class Queue:
         order = self.order()
         max_jobs, max_gpus = self.limits.max_jobs, self.limits.max_gpus
         limited = max_jobs is not None or max_gpus is not None
-        blocked, by_user = self.blocked, cap.by_user
+        blocked, by_user, pool = self.blocked, cap.by_user, cap.gpus
+        possible: dict[GpuRequest, bool] = {}
+        impaired = pool is not None and any(  # some GPU unusable for now: check each job
+            not g.healthy or g.mig or g.uuid in pool.drained for g in pool.inventory.gpus)
         for req in order:
             if blocked and req.runtime in blocked:
                 continue
             # Inlined: this loop walks every pending job on every pass.
-            if limited and (held := by_user.get(req.owner_uid)) is not None and (
-                    (max_jobs is not None and held[0] >= max_jobs)
-                    or (max_gpus is not None and req.gpu is not None
-                        and held[1] + req.gpu.count > max_gpus)):
-                holds[req.job_id] = self._over_limit(req) or "user limit"
-                continue
+            if limited:  # inlined: this loop walks every pending job on every pass
+                held = by_user.get(req.owner_uid, (0, 0))
+                if ((max_jobs is not None and held[0] >= max_jobs)
+                        or (max_gpus is not None and req.gpu is not None
+                            and held[1] + req.gpu.count > max_gpus)):
+                    holds[req.job_id] = self._over_limit(req) or "user limit"
+                    continue
+            if impaired and req.gpu is not None:
+                assert pool is not None
+                if (can := possible.get(req.gpu)) is None:
+                    can = possible[req.gpu] = pool.possible(req.gpu)
+                if not can:  # its GPUs are broken or drained for now: it is no head
+                    holds[req.job_id] = pool.hold(req.gpu)
+                    continue
             if head is None:
                 if cap.fits(req):
                     cap.take(req, started_at=now)
@@ -99,9 +118,11 @@ class Queue:
                     continue
                 head, reserved = req, self._reservation(req, now)
                 continue
-            # Behind a head that waits: only what is sure to end before its start.
-            if (reserved is not None and req.expected is not None
-                    and now + req.expected <= reserved and cap.fits(req)):
+            # Behind a head that waits: what takes nothing it waits for, or what is sure
+            # to end before its reserved start.
+            if ((self._apart(req, head) or (
+                    reserved is not None and req.expected is not None
+                    and now + req.expected <= reserved)) and cap.fits(req)):
                 cap.take(req, started_at=now)
                 started.append(req)
         for req in started:
@@ -134,6 +155,17 @@ class Queue:
         if ahead is None or ahead == 0:
             return "waiting for the scheduler"  # queued since the last pass
         return f"queued behind {ahead} job{'s' if ahead != 1 else ''}"
+
+    def _apart(self, req: Request, head: Request) -> bool:
+        """Whether `req` leaves the head's share alone: no GPU the head could use, and the
+        head's CPU and memory still free after it."""
+        cap = self.capacity
+        if req.gpu is not None and head.gpu is not None and (
+                req.gpu.model is None or head.gpu.model is None
+                or req.gpu.model == head.gpu.model):
+            return False  # it could take a GPU the head waits for
+        return (cap.cpu_m - cap.used_cpu_m - req.cpu_m >= head.cpu_m
+                and cap.memory - cap.used_memory - req.memory >= head.memory)
 
     def _over_limit(self, req: Request) -> str | None:
         jobs, gpus = self.capacity.by_user.get(req.owner_uid, (0, 0))

@@ -155,7 +155,7 @@ class Store:
         rows = await self._fetchall(
             "SELECT j.owner_uid, a.gpus, a.started_at, a.ended_at FROM attempts a "
             "JOIN jobs j ON j.id = a.job_id WHERE a.gpus IS NOT NULL "
-            "AND a.started_at IS NOT NULL AND a.ended_at >= ?", (since,))
+            "AND a.started_at IS NOT NULL AND a.ended_at >= ? ORDER BY a.ended_at", (since,))
         return [(uid, len(json.loads(gpus)), started, ended)
                 for uid, gpus, started, ended in rows]
 
