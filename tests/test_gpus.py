@@ -307,3 +307,29 @@ def test_suspend_and_resume_keep_the_workspace(daemon: testing.Daemon) -> None:
     assert job.status()["phase"] == Phase.CANCELLED
     with pytest.raises(errors.Conflict):
         job.resume()
+
+
+def test_estimate_simulates_the_queue_and_prices_the_run() -> None:
+    config = 'simulate_gpus = "2xH100"\ngpu_hour_rates = { H100 = 2.0 }\n'
+    with testing.daemon(config=config):
+        running = nodus.Job.run(command=["sleep", "30"], gpu=2, expected_duration="10m")
+        testing.wait_until(lambda: running.status()["phase"] == Phase.RUNNING, "running")
+        waiting = nodus.Job.run(command=["sleep", "1"], gpu=1, expected_duration="30m")
+        est = waiting.estimate()
+        assert 550 < est["start_in_s"] <= 600 and est["hold"]
+        assert est["cost_p50"] == pytest.approx(1 * 0.5 * 2.0)  # 1 GPU x 0.5 h x 2.0
+        unknown = nodus.Job.run(command=["echo", "x"], gpu=2)
+        assert unknown.estimate()["start_in_s"] is not None  # behind known ends only
+        running.cancel()
+        waiting.wait(timeout=30)
+        unknown.wait(timeout=30)
+        again = nodus.Job.run(command=["echo", "x"], gpu=2)
+        again.wait(timeout=30)
+        est = again.estimate()
+        assert est["cost_basis"].startswith("2 earlier runs") and est["start_in_s"] == 0
+        blocked = nodus.Job.run(command=["sleep", "30"], gpu=2)  # no expected duration
+        testing.wait_until(lambda: blocked.status()["phase"] == Phase.RUNNING, "running")
+        behind = nodus.Job.run(command=["true"], gpu=1)
+        est = behind.estimate()
+        assert est["start_at"] is None and "without an expected duration" in est["start_basis"]
+        blocked.cancel()

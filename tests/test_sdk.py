@@ -114,13 +114,6 @@ def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dic
     assert daemon.client().list_jobs(all=True) == []
 
 
-@pytest.mark.parametrize("method", ["estimate"])
-def test_unbuilt_methods_raise_unsupported(daemon: testing.Daemon, method: str) -> None:
-    job = nodus.Job.run(command=["true"])
-    with pytest.raises(nodus.errors.Unsupported, match=method):
-        getattr(job, method)()
-
-
 def test_no_daemon_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODUSLOCAL_SOCKET", "/tmp/nl-none/api.sock")
     with pytest.raises(nodus.errors.DaemonUnavailable, match=r"/tmp/nl-none/api\.sock"):

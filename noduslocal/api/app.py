@@ -78,6 +78,7 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
 
 def route_tables() -> list[web.RouteTableDef]:
     from noduslocal.api import (
+        estimate,
         files,
         gpus,
         jobs,
@@ -91,7 +92,8 @@ def route_tables() -> list[web.RouteTableDef]:
     )
 
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
-            secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes]
+            secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
+            estimate.routes]
 
 
 def build_app(services: Services) -> web.Application:

@@ -84,6 +84,10 @@ class Client:
         return self.transport.request("POST", f"/v1/jobs/{_quote(name)}/cancel",
                                       query={"project": project})
 
+    def estimate_job(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/estimate",
+                                      query={"project": project})
+
     def suspend_job(self, name: str, project: str | None = None) -> dict[str, Any]:
         return self.transport.request("POST", f"/v1/jobs/{_quote(name)}/suspend",
                                       query={"project": project})

@@ -183,10 +183,12 @@ class Job:
     def attempts(self) -> list[View]:
         return [View(a) for a in self._client.attempts(self.name, self.project)]
 
-    # --- the rest of the reference, not built yet ----------------------------------------
+    # --- estimates, exec, suspend and resume ----------------------------------------------
 
     def estimate(self) -> View:
-        raise errors.Unsupported("Job.estimate", "start and cost estimates come with GPUs")
+        """When it should start (a simulation of the queue), what it should cost (p50/p90)
+        and why it waits now."""
+        return View(self._client.estimate_job(self.name, self.project))
 
     def exec(self, *command: str, pty: bool = False, rank: int | None = None,
              index: int | None = None) -> View:

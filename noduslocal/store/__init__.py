@@ -159,6 +159,14 @@ class Store:
         return [(uid, len(json.loads(gpus)), started, ended)
                 for uid, gpus, started, ended in rows]
 
+    async def past_runs(self, owner_uid: int, limit: int = 500) -> list[tuple[str, float, float]]:
+        """(spec JSON, run seconds, cost) of the user's latest succeeded jobs."""
+        rows = await self._fetchall(
+            "SELECT spec, ended_at - started_at, cost FROM jobs WHERE owner_uid = ? AND "
+            "phase = 'Succeeded' AND started_at IS NOT NULL ORDER BY id DESC LIMIT ?",
+            (owner_uid, limit))
+        return [(spec, float(run), float(cost or 0)) for spec, run, cost in rows]
+
     async def drained_gpus(self) -> set[str]:
         return {row[0] for row in await self._fetchall("SELECT uuid FROM gpu_drains", ())}
 
