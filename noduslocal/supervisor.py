@@ -60,7 +60,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         self.queue = Queue(Capacity(settings.cpus_m, settings.memory,
                                     gpus=GpuPool(self.inventory, settings.gpu_busy_memory)),
                            limits=Limits(settings.user_max_gpus, settings.user_max_jobs),
-                           usage=self._usage)
+                           usage=self._usage, describe=self._job_name)
         self.active: dict[int, Attempt] = {}
         self._pending_jobs: dict[int, JobRecord] = {}
         self._finishing: set[int] = set()  # ended, end not committed yet
@@ -75,6 +75,10 @@ class Supervisor(ContainerAttempts, GpuAttempts):
 
     def hold(self, job_id: int) -> str | None:
         return self.queue.hold(job_id)
+
+    def _job_name(self, job_id: int) -> str | None:
+        attempt = self.active.get(job_id)
+        return attempt.job.name if attempt is not None else None
 
     def pending_job(self, job_id: int) -> JobRecord | None:
         return self._pending_jobs.get(job_id)

@@ -333,3 +333,27 @@ def test_estimate_simulates_the_queue_and_prices_the_run() -> None:
         est = behind.estimate()
         assert est["start_at"] is None and "without an expected duration" in est["start_basis"]
         blocked.cancel()
+
+
+def test_a_gpu_lost_under_a_running_job_moves_it_and_the_hold_names_who_frees_gpus(
+        box: Box) -> None:
+    client = box.daemon.client()
+    name = client.create_job({"gpu": 1, "retries": 1, "command": ["sleep", "30"]})["name"]
+    testing.wait_until(lambda: client.get_job(name)["phase"] == Phase.RUNNING, "running")
+    box.state["gpus"][0]["missing"] = True
+    box.write()
+    testing.wait_until(lambda: len(client.attempts(name)) == 2
+                       and client.attempts(name)[1]["gpus"], "the second attempt")
+    first, second = client.attempts(name)
+    assert first["phase"] == "Lost" and "fell off the bus" in first["message"]
+    assert second["gpus"] != [box.uuid(0)]
+    client.cancel_job(name)
+    holder = nodus.Job.run(command=["sleep", "30"], gpu=3, expected_duration="5m")
+    testing.wait_until(lambda: holder.status()["phase"] == Phase.RUNNING, "running")
+    big = nodus.Job.run(command=["true"], gpu=2)
+    box.state["gpus"][0]["missing"] = False
+    box.write()
+    testing.wait_until(lambda: f"job {holder.name} frees what it needs in ~5 min"
+                       in (big.status()["hold"] or ""), "the hold naming the holder")
+    holder.cancel()
+    assert big.wait(timeout=30).phase == Phase.SUCCEEDED

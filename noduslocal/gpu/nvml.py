@@ -65,10 +65,13 @@ class Nvml:
                 handles.append(handle)
             except pynvml.NVMLError as exc:
                 lost = known.get(next((u for u, g in known.items() if g.index == index), ""))
+                # Fallen off the bus is for good; another error may pass by the next read.
+                gone = isinstance(exc, pynvml.NVMLError_GpuIsLost)
                 gpus.append(Gpu(index, lost.uuid if lost else f"index-{index}",
                                 lost.name if lost else "unknown", "",
                                 lost.memory_total if lost else 0, healthy=False,
-                                problem=f"NVML: {exc}"))
+                                problem="fell off the bus (NVML: GPU is lost)" if gone
+                                else f"NVML: {exc}", fatal=gone))
                 handles.append(None)
         # A GPU we knew that NVML no longer lists fell off the bus.
         listed = {g.uuid for g in gpus}

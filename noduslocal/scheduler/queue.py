@@ -42,6 +42,8 @@ class Queue:
     # those being stopped already (their share is on its way back).
     preempt: list[int] = field(default_factory=list)
     stopping: set[int] = field(default_factory=set)
+    describe: Callable[[int], str | None] = lambda job_id: None  # a job's name, for holds
+    _freed_by: int | None = None  # the running job whose end lets the head start
     _last_order: list[Request] = field(default_factory=list)
     _place: dict[int, int] | None = None  # place in the last pass's order, when asked
     # Runtimes that cannot start anything now, with the reason: their jobs keep their place
@@ -227,6 +229,7 @@ class Queue:
         need_gpus = gpu.count if gpu is not None else 0
         by_uuid = pool.inventory.by_uuid() if pool is not None else {}
         ends = sorted(cap.running.values(), key=lambda item: (item[1] is None, item[1] or 0))
+        self._freed_by = None
         for running, end in ends:
             if free_cpu >= req.cpu_m and free_mem >= req.memory and free_gpus >= need_gpus:
                 break
@@ -239,6 +242,7 @@ class Queue:
                                  if u in by_uuid and pool.matches(by_uuid[u], gpu)
                                  and pool.busy(by_uuid[u]) is None)
             now = max(now, end)
+            self._freed_by = running.job_id
         if free_cpu >= req.cpu_m and free_mem >= req.memory and free_gpus >= need_gpus:
             return now
         return None
@@ -257,7 +261,10 @@ class Queue:
                 why = (f"needs {fmt_bytes(req.memory)} memory, "
                        f"{fmt_bytes(max(free_mem, 0))} free")
         if reserved is not None and reserved > now:
-            why += f"; expected to start in ~{_minutes(reserved - now)}"
+            freer = self._freed_by
+            name = self.describe(freer) if freer is not None else None
+            why += (f"; job {name} frees what it needs in ~{_minutes(reserved - now)}"
+                    if name else f"; expected to start in ~{_minutes(reserved - now)}")
         return why
 
 
