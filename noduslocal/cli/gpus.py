@@ -59,14 +59,34 @@ def gpus(ctx: click.Context, watch: bool, as_json: bool) -> None:
     if not watch:
         _draw(client.gpus())
         return
+    from rich.live import Live  # only the live view pays for rich
+
     try:
-        while True:
-            click.clear()
-            click.echo(time.strftime("%H:%M:%S") + "  noduslocal gpus (Ctrl-C to stop)")
-            _draw(client.gpus())
-            time.sleep(2)
+        with Live(_live_table(client.gpus()), refresh_per_second=2, screen=False) as live:
+            while True:
+                time.sleep(2)
+                live.update(_live_table(client.gpus()))
     except KeyboardInterrupt:
         pass
+
+
+def _live_table(doc: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    title = time.strftime("%H:%M:%S") + "  noduslocal gpus (Ctrl-C to stop)"
+    if doc.get("simulated"):
+        title += f"  SIMULATED ({doc.get('note')})"
+    table = Table(title=title, title_justify="left")
+    for column in ("GPU", "MODEL", "MEMORY", "UTIL", "POWER", "STATE", "JOB",
+                   "OTHER PROCESSES / PROBLEM"):
+        table.add_column(column)
+    styles = {"free": "green", "in use": "cyan", "busy": "yellow", "drained": "magenta",
+              "unhealthy": "bold red"}
+    for row in _rows(doc):
+        table.add_row(*(str(v) for v in row), style=styles.get(str(row[5]), ""))
+    if not doc["gpus"]:
+        table.caption = f"no GPUs: {doc.get('note') or 'none found'}"
+    return table
 
 
 @gpus.command()
