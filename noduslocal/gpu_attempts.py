@@ -102,8 +102,15 @@ class GpuAttempts:
         while True:
             await asyncio.sleep(self.settings.gpu_poll)
             for attempt in list(self.active.values()):
-                limit = attempt.job.spec.max_cost
-                if (limit is not None and attempt.running and attempt.stop_reason is None
-                        and attempt.job.cost + self.attempt_cost(attempt) > limit):
-                    log.info("job %s passed its max_cost of %g", attempt.job.name, limit)
-                    await self._request_stop(attempt, Reason.MAX_COST_EXCEEDED)
+                try:
+                    limit = attempt.job.spec.max_cost
+                    if (limit is not None and attempt.running and attempt.stop_reason is None
+                            and attempt.job.cost + self.attempt_cost(attempt) > limit):
+                        log.info("job %s passed its max_cost of %g", attempt.job.name, limit)
+                        # Its own task: one slow stop never delays the others' checks.
+                        task = asyncio.ensure_future(
+                            self._request_stop(attempt, Reason.MAX_COST_EXCEEDED))
+                        self._background.add(task)
+                        task.add_done_callback(self._background.discard)
+                except Exception:
+                    log.exception("checking the cost of job %s failed", attempt.job.name)

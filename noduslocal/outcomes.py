@@ -52,6 +52,13 @@ PAUSES: dict[str, tuple[Phase, str]] = {
 }
 
 
+def overrides(new: str, current: str) -> bool:
+    """Whether a stop asked for now replaces one under way (the first otherwise wins): a
+    cancel ends a suspend or a preemption, and a suspend keeps a preempted job aside."""
+    return ((new == Reason.CANCELLED and current in PAUSES)
+            or (new == Reason.SUSPENDED and current == Reason.PREEMPTED))
+
+
 def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
     job, stop = attempt.job, attempt.stop_reason
     if isinstance(state, Exited) and attempt.stop_sent is False:

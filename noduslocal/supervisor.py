@@ -21,7 +21,7 @@ from noduslocal.gpu.cost import Meter
 from noduslocal.gpu.model import Inventory
 from noduslocal.gpu_attempts import GpuAttempts
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
-from noduslocal.outcomes import PAUSES, Attempt, outcome_of, settled_inspect
+from noduslocal.outcomes import Attempt, outcome_of, overrides, settled_inspect
 from noduslocal.outputs import Collected
 from noduslocal.runtime.attempts import (
     Alive,
@@ -228,7 +228,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         started = self.queue.schedule()
         for job_id in self.queue.preempt:
             victim = self.active.get(job_id)
-            if victim is not None and victim.stop_reason is None:
+            if victim is not None and victim.stop_reason is None and victim.running:
                 self.queue.stopping.add(job_id)
                 log.info("preempting job %s (interruptible) for a waiting job",
                          victim.job.name)
@@ -401,12 +401,13 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         return collected
 
     async def _request_stop(self, attempt: Attempt, reason: str) -> None:
-        if attempt.stop_reason is not None and not (
-                reason == Reason.CANCELLED and attempt.stop_reason in PAUSES):
+        if attempt.stop_reason is not None and not overrides(reason, attempt.stop_reason):
             return
-        resend = attempt.stop_reason is not None  # a cancel over a suspend: already stopping
+        resend = attempt.stop_reason is not None  # e.g. a cancel over a suspend: stopping
         attempt.stop_reason = reason
         if resend:
+            if not attempt.number and attempt.started is not None:
+                attempt.number = await attempt.started
             await self.store.write(lambda c: ops.request_stop(
                 c, attempt.job.id, attempt.number, reason))
             return

@@ -215,3 +215,35 @@ def test_a_released_gpu_is_not_busy_with_the_ended_jobs_own_processes() -> None:
     assert pool.busy(gpu) is None
     pool.inventory.read_at = 102.0  # a later reading that still shows it: foreign now
     assert pool.busy(gpu) is not None
+
+
+def test_a_victim_does_not_take_back_its_gpu_while_another_still_stops() -> None:
+    clock = Clock()
+    q = gpu_queue(clock, n=2)
+    v1 = Request(1, 1000, GiB, gpu=GpuRequest(1), interruptible=True, expected=60)
+    v2 = Request(2, 1000, GiB, gpu=GpuRequest(1), interruptible=True, expected=3600)
+    for req in (v1, v2):
+        q.push(req)
+        q.schedule()
+    q.push(job(3, BOB, gpus=2))
+    assert q.schedule() == [] and sorted(q.preempt) == [1, 2]
+    q.stopping.update((1, 2))
+    q.capacity.give(v1)  # v1 stopped quickly and is queued again; v2 is still stopping
+    q.stopping.discard(1)
+    q.push(v1)
+    assert q.schedule() == []  # v1 would fit and end before v2's expected end: still not
+    q.capacity.give(v2)
+    q.stopping.discard(2)
+    assert [r.job_id for r in q.schedule()] == [3]
+
+
+def test_stop_reasons_that_override_one_under_way() -> None:
+    from noduslocal.outcomes import overrides
+    from noduslocal.states import Reason
+
+    assert overrides(Reason.CANCELLED, Reason.SUSPENDED)
+    assert overrides(Reason.CANCELLED, Reason.PREEMPTED)
+    assert overrides(Reason.SUSPENDED, Reason.PREEMPTED)
+    assert not overrides(Reason.SUSPENDED, Reason.CANCELLED)
+    assert not overrides(Reason.CANCELLED, Reason.TIMEOUT)
+    assert not overrides(Reason.PREEMPTED, Reason.SUSPENDED)

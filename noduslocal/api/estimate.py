@@ -33,9 +33,10 @@ async def estimate(request: web.Request) -> web.Response:
     if job.phase == Phase.PENDING:
         start = estimate_start(supervisor.queue, job.id, now)
         start_at, start_why = start.at, start.why
-    else:
-        start_at = job.started_at
-        start_why = "it started" if job.started_at else f"it is {job.phase}"
+    elif job.phase in (Phase.STARTING, Phase.RUNNING):
+        start_at, start_why = job.started_at or now, "it started"
+    else:  # Suspended (until resumed) or ended: it has no start ahead
+        start_at, start_why = None, f"it is {job.phase}"
     spec = job.spec
     gpus = spec.gpu.count if spec.gpu else 0
     model = (spec.gpu.model if spec.gpu and spec.gpu.model else

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from noduslocal.scheduler.queue import Queue, Request
 
-MAX_STEPS = 10_000
+MAX_STEPS = 2_000  # job ends simulated at most: an estimate must stay cheap
 
 
 @dataclass(frozen=True)
@@ -28,22 +28,33 @@ def estimate_start(queue: Queue, job_id: int, now: float) -> StartEstimate:
     # (end or None, request, its GPUs) of everything running, soonest end first
     running = [(end, req, list(pool.by_job.get(job_id_, [])) if pool else [])
                for job_id_, (req, end) in cap.running.items()]
-    pending = [r for r in queue.order() if r.runtime not in queue.blocked]
+    target = queue.request(job_id)
+    if target is None:
+        return StartEstimate(None, "it is not waiting in the queue")
+    if (why := queue.blocked.get(target.runtime)) is not None:
+        return StartEstimate(None, why)
+    # Jobs start in order in the simulation (no backfill), so the started ones are always
+    # a prefix: a pointer, not list copies. Only what is ahead of the target matters.
+    order = [r for r in queue.order() if r.runtime not in queue.blocked]
+    pending = order[:next(i for i, r in enumerate(order) if r.job_id == job_id) + 1]
+    head = 0
     t = now
     for _ in range(MAX_STEPS):
-        for req in list(pending):
+        while head < len(pending):
+            req = pending[head]
             gpus = _pick(queue, req, free_gpus)
-            if req.cpu_m <= free_cpu and req.memory <= free_mem and gpus is not None:
-                if req.job_id == job_id:
-                    return StartEstimate(t, "simulated from the queue and expected ends")
-                pending.remove(req)
-                free_cpu -= req.cpu_m
-                free_mem -= req.memory
-                free_gpus -= set(gpus)
-                end = t + req.expected if req.expected is not None else None
-                running.append((end, req, gpus))
-            else:
-                break  # in order, as the scheduler (no backfill in the estimate)
+            if not (req.cpu_m <= free_cpu and req.memory <= free_mem and gpus is not None):
+                break
+            if req.job_id == job_id:
+                return StartEstimate(t, "simulated from the queue and expected ends")
+            head += 1
+            free_cpu -= req.cpu_m
+            free_mem -= req.memory
+            free_gpus -= set(gpus)
+            end = t + req.expected if req.expected is not None else None
+            running.append((end, req, gpus))
+        if head >= len(pending):
+            break
         known = [item for item in running if item[0] is not None]
         if not known:
             blocker = next((r for _, r, _ in running), None)
@@ -51,7 +62,7 @@ def estimate_start(queue: Queue, job_id: int, now: float) -> StartEstimate:
                                  + (f" (job {blocker.job_id})" if blocker else ""))
         nxt = min(known, key=lambda item: item[0] or 0.0)
         if any(item[0] is None for item in running) and _needs_unknown(
-                queue, pending, job_id, running, free_cpu, free_mem, free_gpus):
+                queue, target, running, free_cpu, free_mem, free_gpus):
             return StartEstimate(None, "it waits for jobs without an expected duration")
         running.remove(nxt)
         t = max(t, nxt[0] or t)
@@ -68,11 +79,12 @@ def _pick(queue: Queue, req: Request, free: set[str]) -> list[str] | None:
     if pool is None:
         return None
     fitting = [g.uuid for g in pool.inventory.gpus
-               if g.uuid in free and pool.matches(g, req.gpu) and g.healthy]
+               if g.uuid in free and pool.matches(g, req.gpu) and g.healthy
+               and g.uuid not in pool.drained and not g.mig]
     return fitting[:req.gpu.count] if len(fitting) >= req.gpu.count else None
 
 
-def _needs_unknown(queue: Queue, pending: list[Request], job_id: int,
+def _needs_unknown(queue: Queue, target: Request,
                    running: list[tuple[float | None, Request, list[str]]], free_cpu: int,
                    free_mem: int, free_gpus: set[str]) -> bool:
     """Whether even every job with a known end ending would not let the target start."""
@@ -81,8 +93,5 @@ def _needs_unknown(queue: Queue, pending: list[Request], job_id: int,
         if end is not None:
             cpu, mem = cpu + req.cpu_m, mem + req.memory
             gpus |= set(held)
-    target = next((r for r in pending if r.job_id == job_id), None)
-    if target is None:
-        return False
     return not (target.cpu_m <= cpu and target.memory <= mem
                 and _pick(queue, target, gpus) is not None)

@@ -65,6 +65,9 @@ class Queue:
         self._place = None
         return req
 
+    def request(self, job_id: int) -> Request | None:
+        return self._requests.get(job_id)
+
     def last_order(self) -> list[Request]:
         """The order of the last pass (what the holds describe), newer arrivals last."""
         seen = {r.job_id for r in self._last_order}
@@ -93,6 +96,7 @@ class Queue:
         limited = max_jobs is not None or max_gpus is not None
         blocked, by_user, pool = self.blocked, cap.by_user, cap.gpus
         possible: dict[GpuRequest, bool] = {}
+        preempting = any(job_id in cap.running for job_id in self.stopping)
         impaired = pool is not None and any(  # some GPU unusable for now: check each job
             not g.healthy or g.mig or g.uuid in pool.drained for g in pool.inventory.gpus)
         for req in order:
@@ -121,9 +125,10 @@ class Queue:
                 head, reserved = req, self._reservation(req, now)
                 continue
             # Behind a head that waits: what takes nothing it waits for, or what is sure
-            # to end before its reserved start.
+            # to end before its reserved start (not while jobs are being preempted for
+            # it: what they free is the head's, or a victim would take back its own GPU).
             if ((self._apart(req, head) or (
-                    reserved is not None and req.expected is not None
+                    reserved is not None and req.expected is not None and not preempting
                     and now + req.expected <= reserved)) and cap.fits(req)):
                 cap.take(req, started_at=now)
                 started.append(req)

@@ -197,12 +197,14 @@ def request_stop(conn: sqlite3.Connection, job_id: int, number: int,
                  reason: str) -> tuple[None, list[Event]]:
     """Remember why we are stopping a running attempt, so its exit is read correctly even
     after a daemon restart. The first reason wins (a timeout is not turned into a cancel),
-    except that a cancel ends a suspend or a preemption that is under way."""
+    except as outcomes.overrides() says (a cancel over a suspend, a suspend over a
+    preemption)."""
     conn.execute(
         "UPDATE attempts SET stop_reason = CASE WHEN stop_reason IS NULL OR "
-        "(? = 'Cancelled' AND stop_reason IN ('Suspended', 'Preempted')) THEN ? "
+        "(? = 'Cancelled' AND stop_reason IN ('Suspended', 'Preempted')) OR "
+        "(? = 'Suspended' AND stop_reason = 'Preempted') THEN ? "
         "ELSE stop_reason END WHERE job_id = ? AND number = ?",
-        (reason, reason, job_id, number),
+        (reason, reason, reason, job_id, number),
     )
     return None, []
 
