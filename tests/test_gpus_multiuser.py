@@ -1,6 +1,7 @@
 """Issue 4 with real Unix users on a real daemon with 4 simulated H100s, all through the CLI:
-fair share between two users (one user's backlog does not keep the other waiting), a big
-job that a stream of small ones does not starve, and the admin-only GPU controls.
+fair share between two users (one user's backlog does not keep the other waiting, and the
+GPU time of running jobs counts too), a big job that a stream of small ones does not
+starve, and the admin-only GPU controls (drain, priority above max_user_priority).
 
 Reuses the users and the world-readable library copy of test_multiuser (its module-scoped
 `box` fixture); each test gets its own GPU daemon, so that no earlier test's GPU-hours
@@ -138,12 +139,12 @@ def test_fair_share_and_no_starvation_of_a_4_gpu_job(gpu_box: Box) -> None:
             seen_head = {"head": entries[0], "rest": entries[1:]}
             break
         time.sleep(0.05)
-    if seen_head is not None:
-        head = seen_head["head"]
-        assert "needs 4 x GPU" in head["hold"], head
-        assert head["eta"] is not None, head  # every running job said how long it takes
-        rest = [e["name"] for e in seen_head["rest"]]
-        assert set(rest) <= set(late), rest
+    assert seen_head is not None, f"{big} started without ever heading the queue"
+    head = seen_head["head"]
+    assert head["hold"].startswith("needs 4 x GPU, "), head
+    assert head["eta"] is not None, head  # every running job said how long it takes
+    rest = [e["name"] for e in seen_head["rest"]]
+    assert set(rest) <= set(late), rest
 
     everything = [*small, *bobs, big, *late]
     for name in everything:
@@ -255,3 +256,28 @@ def test_only_admins_drain_gpus_or_raise_priority(gpu_box: Box) -> None:
     assert not any(g["drained"] for g in gpu_box.cli_json(BOB, "gpus", "--json")["gpus"])
     assert all(j["phase"] in TERMINAL for j in gpu_box.daemon.client().list_jobs(all=True))
 
+
+
+def test_running_gpu_time_counts_in_the_fair_share(gpu_box: Box) -> None:
+    """Before anyone's job has ended, alice's 4 running jobs alone put bob's job ahead of
+    her next one, though hers was submitted first."""
+    root = gpu_box.daemon.client()
+    hogs = [f"hog{i}" for i in range(1, GPUS + 1)]
+    submit_all(gpu_box, ALICE, hogs, "--gpus", "1", "--expected-duration", "5s", "--",
+               "sleep", "2")
+    testing.wait_until(lambda: all(root.get_job(n, ALICE)["phase"] == Phase.RUNNING
+                                   for n in hogs), "alice's 4 jobs to run")
+    submit(gpu_box, ALICE, "a-next", *SMALL_JOB)
+    submit(gpu_box, BOB, "b-first", *SMALL_JOB)
+    queued = pending(gpu_box)
+    assert [(e["name"], e["owner"]) for e in queued] == [("b-first", BOB), ("a-next", ALICE)]
+    assert queued[0]["hold"].startswith("needs 1 x GPU, 0 free"), queued[0]
+    assert queued[1]["hold"] == "queued behind 1 job", queued[1]
+    assert not any(j["phase"] == Phase.SUCCEEDED for j in root.list_jobs(all=True)), (
+        "a job ended before the queue was read: the order no longer shows running time")
+
+    for name, owner in (*((n, ALICE) for n in hogs), ("a-next", ALICE), ("b-first", BOB)):
+        assert root.wait_job(name, owner, DEADLINE)["phase"] == Phase.SUCCEEDED
+    placed = {n: ts(gpu_box.cli_json(o, "job", "attempts", n, "--json")[0]["created_at"])
+              for n, o in (("a-next", ALICE), ("b-first", BOB))}
+    assert placed["b-first"] <= placed["a-next"], placed
