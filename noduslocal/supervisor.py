@@ -53,6 +53,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         self.runtime = runtime
         self.containers = containers
         self._background = set()
+        self._cancel_after: set[int] = set()  # cancels that came while an end was recorded
         self.layout = JobLayout(settings.data_dir)
         self.blobs = self.layout.blobs
         self.inventory = inventory or Inventory([], "none", "no GPU inventory")
@@ -132,11 +133,14 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             await self._request_stop(attempt, Reason.CANCELLED)
             return
         if job.id in self._finishing:
-            return  # its end is being recorded right now
+            # Its end is being recorded right now; if that end leaves it suspended or
+            # queued again, the cancel is applied once it is committed.
+            self._cancel_after.add(job.id)
+            return
         if job.phase == Phase.SUSPENDED:
             await self.store.write(lambda c: ops.set_phase(
                 c, job.id, Phase.CANCELLED, time.time(), Reason.CANCELLED,
-                "cancelled while suspended"))
+                "cancelled while suspended", expect=Phase.SUSPENDED))
             return
         raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be cancelled now")
 
@@ -165,7 +169,7 @@ class Supervisor(ContainerAttempts, GpuAttempts):
                                   "can be resumed")
         await self.store.write(lambda c: ops.set_phase(
             c, job.id, Phase.PENDING, time.time(), Reason.RESUMED,
-            "resumed; queued again at its old place"))
+            "resumed; queued again at its old place", expect=Phase.SUSPENDED))
         self._enqueue(replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED))
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -384,6 +388,14 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             await ended
         finally:
             self._finishing.discard(job.id)
+        if job.id in self._cancel_after:
+            self._cancel_after.discard(job.id)
+            try:
+                fresh = await self.store.job_by_id(job.id)
+                if fresh is not None and fresh.phase not in TERMINAL:
+                    await self.cancel(fresh)
+            except Exception:  # the end is recorded; only the late cancel failed
+                log.exception("cancelling job %s after its end failed", job.name)
         if attempt.container_id is not None and self.containers is not None:
             await self.containers.remove(attempt.container_id)
 

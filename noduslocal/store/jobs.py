@@ -210,9 +210,15 @@ def request_stop(conn: sqlite3.Connection, job_id: int, number: int,
 
 
 def set_phase(conn: sqlite3.Connection, job_id: int, phase: Phase, now: float, reason: str,
-              message: str) -> tuple[None, list[Event]]:
+              message: str, expect: Phase | None = None) -> tuple[None, list[Event]]:
     """A job with no attempt running: Pending or Suspended to Suspended, Pending or
-    Cancelled (the table in states.py decides)."""
+    Cancelled (the table in states.py decides). With `expect`, only from that phase: a
+    resume and a cancel that race cannot both win."""
+    if expect is not None:
+        row = conn.execute("SELECT phase, name FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None or row[0] != expect:
+            raise errors.Conflict(f"job {row[1] if row else job_id!r} is "
+                                  f"{row[0] if row else 'gone'}, no longer {expect}")
     columns: dict[str, Any] = {"ended_at": now} if phase in TERMINAL else {}
     return None, [_transition(conn, job_id, phase, now, reason, message, **columns)]
 
