@@ -20,8 +20,9 @@ from noduslocal.container_attempts import ContainerAttempts
 from noduslocal.gpu.cost import Meter
 from noduslocal.gpu.model import Inventory
 from noduslocal.gpu_attempts import GpuAttempts
+from noduslocal.job_controls import JobControls
 from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
-from noduslocal.outcomes import Attempt, outcome_of, overrides, settled_inspect
+from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
 from noduslocal.outputs import Collected
 from noduslocal.runtime.attempts import (
     Alive,
@@ -39,12 +40,13 @@ from noduslocal.scheduler.fairshare import Ledger
 from noduslocal.scheduler.gpus import GpuPool
 from noduslocal.scheduler.queue import Capacity, Limits, Queue, Request
 from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
+from noduslocal.stops import Stops
 from noduslocal.store import Store, ops
 
 log = logging.getLogger(__name__)
 
 
-class Supervisor(ContainerAttempts, GpuAttempts):
+class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
     def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime,
                  containers: ContainerRuntime | None = None,
                  inventory: Inventory | None = None) -> None:
@@ -116,61 +118,6 @@ class Supervisor(ContainerAttempts, GpuAttempts):
         if created.created:
             self._enqueue(created.job)
         return created.job, created.created
-
-    async def cancel(self, job: JobRecord) -> None:
-        if job.phase == Phase.CANCELLED:
-            return
-        if job.phase in TERMINAL:
-            raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
-        if self.queue.remove(job.id) is not None:
-            self._pending_jobs.pop(job.id, None)
-            await self.store.write(lambda c: ops.cancel_pending(
-                c, job.id, time.time(), "cancelled before it started"))
-            self._kick()
-            return
-        attempt = self.active.get(job.id)
-        if attempt is not None:
-            await self._request_stop(attempt, Reason.CANCELLED)
-            return
-        if job.id in self._finishing:
-            # Its end is being recorded right now; if that end leaves it suspended or
-            # queued again, the cancel is applied once it is committed.
-            self._cancel_after.add(job.id)
-            return
-        if job.phase == Phase.SUSPENDED:
-            await self.store.write(lambda c: ops.set_phase(
-                c, job.id, Phase.CANCELLED, time.time(), Reason.CANCELLED,
-                "cancelled while suspended", expect=Phase.SUSPENDED))
-            return
-        raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be cancelled now")
-
-    async def suspend(self, job: JobRecord) -> None:
-        """Stop the job as a cancel would, and keep it aside until resume()."""
-        if job.phase == Phase.SUSPENDED:
-            return
-        if job.phase in TERMINAL:
-            raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
-        if self.queue.remove(job.id) is not None:
-            self._pending_jobs.pop(job.id, None)
-            await self.store.write(lambda c: ops.set_phase(
-                c, job.id, Phase.SUSPENDED, time.time(), Reason.SUSPENDED,
-                "suspended before it started; `job resume` queues it again"))
-            self._kick()
-            return
-        attempt = self.active.get(job.id)
-        if attempt is None:
-            raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be suspended "
-                                  "now")
-        await self._request_stop(attempt, Reason.SUSPENDED)
-
-    async def resume(self, job: JobRecord) -> None:
-        if job.phase != Phase.SUSPENDED:
-            raise errors.Conflict(f"job {job.name!r} is {job.phase}; only a suspended job "
-                                  "can be resumed")
-        await self.store.write(lambda c: ops.set_phase(
-            c, job.id, Phase.PENDING, time.time(), Reason.RESUMED,
-            "resumed; queued again at its old place", expect=Phase.SUSPENDED))
-        self._enqueue(replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED))
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -411,52 +358,6 @@ class Supervisor(ContainerAttempts, GpuAttempts):
             if out is not None:
                 collected.append(out)
         return collected
-
-    async def _request_stop(self, attempt: Attempt, reason: str) -> None:
-        if attempt.stop_reason is not None and not overrides(reason, attempt.stop_reason):
-            return
-        resend = attempt.stop_reason is not None  # e.g. a cancel over a suspend: stopping
-        attempt.stop_reason = reason
-        if resend:
-            if not attempt.number and attempt.started is not None:
-                attempt.number = await attempt.started
-            await self.store.write(lambda c: ops.request_stop(
-                c, attempt.job.id, attempt.number, reason))
-            return
-        if attempt.running:
-            attempt.stop_sent = False  # until the signal lands; an exit before it is the job's
-        if not attempt.number and attempt.started is not None:
-            # Acknowledged only once it is durable: wait for the start commit so the stop
-            # can be recorded on the attempt (_run_attempt then ends it unstarted).
-            attempt.number = await attempt.started
-        # Persisted so a restarted daemon reads the exit the same way.
-        await self.store.write(lambda c: ops.request_stop(
-            c, attempt.job.id, attempt.number, reason))
-        if self.active.get(attempt.job.id) is attempt and attempt.running:
-            await self._send_stop(attempt)
-
-    async def _send_stop(self, attempt: Attempt) -> None:
-        delivered = await self._signal(attempt, signal.SIGTERM)
-        if not delivered and attempt.job.spec.image is not None and attempt.retry_stop is None:
-            # dockerd away, or the container not adopted yet: the stop stays due.
-            attempt.retry_stop = asyncio.create_task(self._retry_stop(attempt))
-        if delivered:
-            attempt.stop_sent = True  # no await since the kill: the exit cannot be seen yet
-        if delivered and self.active.get(attempt.job.id) is attempt:
-            attempt.timers.append(asyncio.get_running_loop().call_later(
-                self.settings.kill_grace, lambda: asyncio.ensure_future(
-                    self._signal(attempt, signal.SIGKILL))))
-
-    async def _retry_stop(self, attempt: Attempt) -> None:
-        while (self.active.get(attempt.job.id) is attempt and not self._stopping
-               and not (attempt.ended is not None and attempt.ended.done())):
-            await asyncio.sleep(1)
-            if await self._signal(attempt, signal.SIGTERM):
-                attempt.stop_sent = True
-                attempt.timers.append(asyncio.get_running_loop().call_later(
-                    self.settings.kill_grace, lambda: asyncio.ensure_future(
-                        self._signal(attempt, signal.SIGKILL))))
-                return
 
     async def _reconcile(self, job: JobRecord) -> None:
         last: AttemptRecord = (await self.store.attempts(job.id))[-1]
