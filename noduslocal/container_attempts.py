@@ -97,7 +97,7 @@ class ContainerAttempts:
                              if job.spec.secrets else {})
             while True:
                 try:
-                    state, container_id, started = await self.containers.adopt(
+                    state, container_id, started, ended = await self.containers.adopt(
                         job.id, last.number, attempt.directory,
                         sorted(set(secret_values.values())), recorded_running=attempt.running,
                         stopping=attempt.stop_reason is not None)
@@ -107,11 +107,11 @@ class ContainerAttempts:
             if not isinstance(state, Alive):
                 await self._finish(attempt, state)
                 return
-            assert container_id is not None
+            assert container_id is not None and ended is not None
             log.info("adopting job %s attempt %d (container %s)", job.name, last.number,
                      container_id[:12])
             attempt.container_id = container_id
-            attempt.ended = self.containers.watched(container_id)
+            attempt.ended = ended
             await self._adopt(attempt, last, started)
         except asyncio.CancelledError:
             raise

@@ -184,10 +184,11 @@ class ContainerRuntime:
 
     async def adopt(self, job_id: int, number: int, directory: Path, mask: list[str],
                     recorded_running: bool, stopping: bool,
-                    ) -> tuple[AttemptState, str | None, float]:
-        """After a daemon restart: (Alive, id, started) when the attempt's container
-        exists (its end then comes from `watched(id)`), else what became of the attempt.
-        `stopping`: we had asked it to stop, so kills are ours."""
+                    ) -> tuple[AttemptState, str | None, float,
+                               asyncio.Future[AttemptState] | None]:
+        """After a daemon restart: (Alive, id, started, its end) when the attempt's
+        container exists, else what became of the attempt. `stopping`: we had asked it to
+        stop, so kills are ours."""
         await self.wait_available()
         client = self.client
         found = await self.call(lambda: client.api.containers(
@@ -196,7 +197,7 @@ class ContainerRuntime:
                                          f"{LABEL}.attempt={number}"]}))
         if not found:
             return (Vanished("its container is gone") if recorded_running
-                    else NeverStarted()), None, 0.0
+                    else NeverStarted()), None, 0.0, None
         container_id: str = found[0]["Id"]
         watch = self._watch(container_id, directory, mask)
         if stopping:
@@ -206,12 +207,12 @@ class ContainerRuntime:
         attrs = await self.call(self._inspect, container_id)
         if attrs is None:
             self._watches.pop(container_id, None)
-            return Vanished("its container is gone"), None, 0.0
+            return Vanished("its container is gone"), None, 0.0, None
         state = attrs["State"]
         if state.get("Status") == "created":  # the daemon died between create and start
             self._watches.pop(container_id, None)
             await self.remove(container_id)
-            return NeverStarted(), None, 0.0
+            return NeverStarted(), None, 0.0, None
         started = parse_time(state.get("StartedAt"))
         watch.settled = True
         self._start_pump(watch)  # the whole log again: the old pump died with the daemon
@@ -219,10 +220,7 @@ class ContainerRuntime:
             kills, verdict = await self.call(ended_while_away, client, container_id, attrs)
             watch.kills_seen = max(watch.kills_seen, kills)
             self._spawn(self._finish(watch, verdict))
-        return Alive(0), container_id, started
-
-    def watched(self, container_id: str) -> asyncio.Future[AttemptState]:
-        return self._watches[container_id].done
+        return Alive(0), container_id, started, watch.done
 
     async def signal(self, container_id: str, sig: int) -> bool:
         """False when the signal could not be delivered (ended, or dockerd away)."""
