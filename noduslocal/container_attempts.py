@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from noduslocal.models import AttemptRecord
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 
 
 class ContainerAttempts:
-    _background: set[asyncio.Task[None]]  # held so they are not collected while running
     settings: Settings
     store: Store
     layout: JobLayout
@@ -43,6 +43,7 @@ class ContainerAttempts:
     if TYPE_CHECKING:  # provided by the Supervisor (stubs here would shadow it)
         def gpu_env(self, uuids: list[str], in_container: bool) -> dict[str, str]: ...
         def _kick(self) -> None: ...
+        def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
         async def _finish(self, attempt: Attempt, state: AttemptState,
                           running: asyncio.Future[Any] | None = None) -> None: ...
         async def _give_up(self, attempt: Attempt, message: str) -> None: ...
@@ -57,9 +58,7 @@ class ContainerAttempts:
         if self.containers is not None and self.containers.available:
             self.queue.blocked.pop("docker", None)
             self._kick()
-            task = asyncio.create_task(self._sweep_containers())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._sweep_containers())
         else:
             why = self.containers.unavailable_reason if self.containers else "not configured"
             self.queue.blocked["docker"] = f"dockerd unreachable: {why}"

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from noduslocal.gpu.model import Inventory, job_env
@@ -29,10 +30,10 @@ class GpuAttempts:
     active: dict[int, Attempt]
     ledger: Ledger
     settings: Settings
-    _background: set[asyncio.Task[Any]]  # held so they are not collected while running
 
     if TYPE_CHECKING:  # provided by the Supervisor (stubs here would shadow it)
         def _kick(self) -> None: ...
+        def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
         async def _request_stop(self, attempt: Attempt, reason: str) -> None: ...
         async def _signal(self, attempt: Attempt, sig: int) -> bool: ...
 
@@ -57,9 +58,7 @@ class GpuAttempts:
                 attempt.lost = f"GPU {hit.index} unhealthy: {hit.problem or 'unknown'}"
                 log.warning("job %s: %s; stopping it", attempt.job.name, attempt.lost)
                 if attempt.running:
-                    task = asyncio.ensure_future(self._signal(attempt, signal.SIGKILL))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
+                    self._spawn(self._signal(attempt, signal.SIGKILL))
         self._kick()
 
     def set_drained(self, uuid: str, drained: bool) -> None:
@@ -108,9 +107,6 @@ class GpuAttempts:
                             and attempt.job.cost + self.attempt_cost(attempt) > limit):
                         log.info("job %s passed its max_cost of %g", attempt.job.name, limit)
                         # Its own task: one slow stop never delays the others' checks.
-                        task = asyncio.ensure_future(
-                            self._request_stop(attempt, Reason.MAX_COST_EXCEEDED))
-                        self._background.add(task)
-                        task.add_done_callback(self._background.discard)
+                        self._spawn(self._request_stop(attempt, Reason.MAX_COST_EXCEEDED))
                 except Exception:
                     log.exception("checking the cost of job %s failed", attempt.job.name)

@@ -10,6 +10,7 @@ import logging
 import secrets
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -139,8 +140,7 @@ class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
                 self._enqueue(job)
         self._ready = True
         self._kick()
-        watcher = asyncio.create_task(self.watch_costs(), name="max-cost")
-        self._background.add(watcher)
+        self._spawn(self.watch_costs())
 
     async def stop(self) -> None:
         """Stop supervising; jobs keep running and are adopted by the next daemon."""
@@ -167,6 +167,12 @@ class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
         self.queue.push(request)
         self._kick()
 
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run `coro` on its own, held so it is not collected, cancelled by stop()."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _kick(self) -> None:
         if not self._pass_scheduled and not self._stopping:
             self._pass_scheduled = True
@@ -183,9 +189,7 @@ class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
                 self.queue.stopping.add(job_id)
                 log.info("preempting job %s (interruptible) for a waiting job",
                          victim.job.name)
-                task = asyncio.ensure_future(self._request_stop(victim, Reason.PREEMPTED))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._spawn(self._request_stop(victim, Reason.PREEMPTED))
         for request in started:
             job = self._pending_jobs.pop(request.job_id)
             attempt = Attempt(job, request)

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import pwd
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -127,39 +128,33 @@ async def get_job(request: web.Request) -> web.Response:
     return job_response(request, await lookup(request))
 
 
-@routes.post("/v1/jobs/{name}/cancel")
-async def cancel_job(request: web.Request) -> web.Response:
+async def _control(request: web.Request, verb: str,
+                   act: Callable[[JobRecord], Awaitable[None]]) -> web.Response:
+    """An owner's (or admin's) action on a job; answers with the job as it is after."""
     services = request.app[SERVICES]
     job = await lookup(request)
-    require_control(request, job, "cancel")
-    await services.supervisor.cancel(job)
+    require_control(request, job, verb)
+    await act(job)
     fresh = await services.store.job_by_id(job.id)
     assert fresh is not None
     return job_response(request, fresh)
+
+
+@routes.post("/v1/jobs/{name}/cancel")
+async def cancel_job(request: web.Request) -> web.Response:
+    return await _control(request, "cancel", request.app[SERVICES].supervisor.cancel)
 
 
 @routes.post("/v1/jobs/{name}/suspend")
 async def suspend_job(request: web.Request) -> web.Response:
     """Stop the job (SIGTERM, grace, SIGKILL) and keep it aside, its workspace and
     checkpoint kept, until resume."""
-    services = request.app[SERVICES]
-    job = await lookup(request)
-    require_control(request, job, "suspend")
-    await services.supervisor.suspend(job)
-    fresh = await services.store.job_by_id(job.id)
-    assert fresh is not None
-    return job_response(request, fresh)
+    return await _control(request, "suspend", request.app[SERVICES].supervisor.suspend)
 
 
 @routes.post("/v1/jobs/{name}/resume")
 async def resume_job(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    job = await lookup(request)
-    require_control(request, job, "resume")
-    await services.supervisor.resume(job)
-    fresh = await services.store.job_by_id(job.id)
-    assert fresh is not None
-    return job_response(request, fresh)
+    return await _control(request, "resume", request.app[SERVICES].supervisor.resume)
 
 
 @routes.get("/v1/jobs/{name}/wait")

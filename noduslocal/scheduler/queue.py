@@ -190,17 +190,13 @@ class Queue:
         none when even all of them would not."""
         cap = self.capacity
         pool, gpu = cap.gpus, head.gpu
-        by_uuid = pool.inventory.by_uuid() if pool is not None else {}
         free = [cap.cpu_m - cap.used_cpu_m, cap.memory - cap.used_memory,
                 len(pool.free(gpu)) if pool is not None and gpu is not None else 0]
 
         def add(req: Request) -> None:
             free[0] += req.cpu_m
             free[1] += req.memory
-            if pool is not None and gpu is not None:
-                free[2] += sum(1 for u in pool.by_job.get(req.job_id, [])
-                               if u in by_uuid and pool.matches(by_uuid[u], gpu)
-                               and pool.busy(by_uuid[u]) is None)
+            free[2] += self._usable_held(req.job_id, gpu)
 
         def fits() -> bool:
             return (free[0] >= head.cpu_m and free[1] >= head.memory
@@ -224,6 +220,16 @@ class Queue:
                 return victims
         return []
 
+    def _usable_held(self, job_id: int, gpu: GpuRequest | None) -> int:
+        """How many of a running job's GPUs the request `gpu` could use once it ends."""
+        pool = self.capacity.gpus
+        if pool is None or gpu is None:
+            return 0
+        by_uuid = pool.inventory.by_uuid()
+        return sum(1 for u in pool.by_job.get(job_id, [])
+                   if u in by_uuid and pool.matches(by_uuid[u], gpu)
+                   and pool.busy(by_uuid[u]) is None)
+
     def _reservation(self, req: Request, now: float) -> float | None:
         """When the head could start, if the running jobs end when they expect to; None
         when that depends on a job without an expected duration."""
@@ -232,7 +238,6 @@ class Queue:
         pool, gpu = cap.gpus, req.gpu
         free_gpus = len(pool.free(gpu)) if pool is not None and gpu is not None else 0
         need_gpus = gpu.count if gpu is not None else 0
-        by_uuid = pool.inventory.by_uuid() if pool is not None else {}
         ends = sorted(cap.running.values(), key=lambda item: (item[1] is None, item[1] or 0))
         self._freed_by = None
         for running, end in ends:
@@ -242,10 +247,7 @@ class Queue:
                 return None
             free_cpu += running.cpu_m
             free_mem += running.memory
-            if pool is not None and gpu is not None:
-                free_gpus += sum(1 for u in pool.by_job.get(running.job_id, [])
-                                 if u in by_uuid and pool.matches(by_uuid[u], gpu)
-                                 and pool.busy(by_uuid[u]) is None)
+            free_gpus += self._usable_held(running.job_id, gpu)
             now = max(now, end)
             self._freed_by = running.job_id
         if free_cpu >= req.cpu_m and free_mem >= req.memory and free_gpus >= need_gpus:
