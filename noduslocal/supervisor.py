@@ -22,9 +22,10 @@ from noduslocal.gpu.cost import Meter
 from noduslocal.gpu.model import Inventory
 from noduslocal.gpu_attempts import GpuAttempts
 from noduslocal.job_controls import JobControls
-from noduslocal.models import AttemptRecord, CreateRequest, JobRecord
+from noduslocal.models import CreateRequest, JobRecord
 from noduslocal.outcomes import Attempt, outcome_of, settled_inspect
 from noduslocal.outputs import Collected
+from noduslocal.recovery import Recovery
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -32,7 +33,6 @@ from noduslocal.runtime.attempts import (
     NeverStarted,
     Vanished,
     kill_leftovers,
-    read_pid,
 )
 from noduslocal.runtime.containers import ContainerRuntime
 from noduslocal.runtime.layout import JobLayout
@@ -47,7 +47,7 @@ from noduslocal.store import Store, ops
 log = logging.getLogger(__name__)
 
 
-class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
+class Supervisor(JobControls, Stops, Recovery, ContainerAttempts, GpuAttempts):
     def __init__(self, settings: Settings, store: Store, runtime: ProcessRuntime,
                  containers: ContainerRuntime | None = None,
                  inventory: Inventory | None = None) -> None:
@@ -95,7 +95,7 @@ class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
             raise errors.InvalidArgument(
                 f"priority: at most {self.settings.max_user_priority} for users; admins may "
                 "go higher", field="priority")
-        request = _request(0, req.spec, owner.uid)
+        request = Request.of(0, req.spec, owner.uid)
         limit = self.settings.user_max_gpus
         if limit is not None and request.gpu_count > limit:
             raise errors.InvalidArgument(f"gpu: {request.gpu_count} GPUs requested; a user may "
@@ -156,7 +156,7 @@ class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _enqueue(self, job: JobRecord) -> None:
-        request = _request(job.id, job.spec, job.owner_uid)
+        request = Request.of(job.id, job.spec, job.owner_uid)
         if (why := self.queue.capacity.refusal(request)) is not None:
             # Admitted by a daemon with more CPUs or memory than this one: it would wait
             # at the head of the queue forever, and everything behind it too.
@@ -362,57 +362,3 @@ class Supervisor(JobControls, Stops, ContainerAttempts, GpuAttempts):
             if out is not None:
                 collected.append(out)
         return collected
-
-    async def _reconcile(self, job: JobRecord) -> None:
-        last: AttemptRecord = (await self.store.attempts(job.id))[-1]
-        attempt = Attempt(job, _request(job.id, job.spec, job.owner_uid),
-                          number=last.number, directory=self.attempt_dir(job.id, last.number),
-                          running=last.phase == AttemptPhase.RUNNING,
-                          shim_pid=last.shim_pid, boot_id=last.boot_id,
-                          stop_reason=last.stop_reason)
-        attempt.gpus = last.gpus
-        if last.gpus:  # the energy before the restart is not known: time only, from here
-            attempt.meter = Meter.start(last.gpus, self.inventory,
-                                        last.started_at or last.created_at)
-            attempt.meter.energy_start = dict.fromkeys(last.gpus)
-        self.active[job.id] = attempt
-        self.queue.capacity.take(attempt.request, gpus=last.gpus,
-                                 started_at=last.started_at or last.created_at)
-        assert attempt.directory is not None
-        if job.spec.image is not None:
-            # dockerd may be away: the attempt holds its CPUs until it is back and says.
-            attempt.task = asyncio.create_task(self._reconcile_container(attempt, last))
-            return
-        state = await settled_inspect(attempt.directory)
-        if isinstance(state, Alive):
-            log.info("adopting job %s attempt %d (shim %d)", job.name, last.number,
-                     state.shim_pid)
-            attempt.shim_pid = state.shim_pid
-            attempt.task = asyncio.create_task(self._adopt(attempt, last))
-        else:
-            attempt.task = asyncio.create_task(self._finish(attempt, state))
-
-    async def _adopt(self, attempt: Attempt, last: AttemptRecord,
-                     started_at: float | None = None) -> None:
-        """Watch an attempt that runs on after a restart; `started_at`: a container's
-        start, as dockerd recorded it."""
-        job = attempt.job
-        started = last.started_at
-        if not attempt.running:  # the daemon died between the launch and its commit
-            assert attempt.directory is not None
-            pid = read_pid(attempt.directory)
-            started = pid["started_at"] if pid else (started_at or time.time())
-            attempt.running = True
-            if attempt.container_id is None:
-                attempt.boot_id = self.runtime.boot_id
-            await self.store.write(lambda c: ops.attempt_running(
-                c, job.id, attempt.number, started, attempt.shim_pid, attempt.boot_id,
-                attempt.container_id))
-        assert started is not None
-        await self._watch(attempt, started)
-
-
-def _request(job_id: int, spec: Any, owner_uid: int) -> Request:
-    return Request(job_id, spec.cpu_m, spec.memory or 0,
-                   "process" if spec.image is None else "docker", spec.gpu, owner_uid,
-                   spec.priority, spec.expected_duration, spec.interruptible)

@@ -11,7 +11,7 @@ import click
 from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.client.api import Client
-from noduslocal.states import TERMINAL, Phase
+from noduslocal.states import Phase
 from noduslocal.units import fmt_bytes, parse_duration
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
@@ -287,48 +287,6 @@ def wait(name: str, project: str | None, timeout: str | None, as_json: bool) -> 
     sys.exit(_exit_code(final))
 
 
-@job.command("suspend")
-@click.argument("name")
-@project_option
-@json_option
-def suspend(name: str, project: str | None, as_json: bool) -> None:
-    """Stop a job and keep it aside (workspace and checkpoint kept) until `job resume`."""
-    doc = Client().suspend_job(name, project)
-    if as_json:
-        output.print_json(doc)
-    else:
-        click.echo(f"{doc['name']}: " + ("suspended" if doc["phase"] == "Suspended" else
-                                         "suspending (SIGTERM sent; SIGKILL after the grace)"))
-
-
-@job.command("resume")
-@click.argument("name")
-@project_option
-@json_option
-def resume(name: str, project: str | None, as_json: bool) -> None:
-    """Queue a suspended job again, at its old place."""
-    doc = Client().resume_job(name, project)
-    if as_json:
-        output.print_json(doc)
-    else:
-        click.echo(f"{doc['name']}: queued again ({doc.get('hold') or doc['phase']})")
-
-
-@job.command("kill")
-@click.argument("name")
-@project_option
-@json_option
-def kill(name: str, project: str | None, as_json: bool) -> None:
-    """Cancel a job: SIGTERM to its process group, SIGKILL after the grace period."""
-    doc = Client().cancel_job(name, project)
-    if as_json:
-        output.print_json(doc)
-    elif doc["phase"] in TERMINAL:
-        click.echo(output.summary(doc))
-    else:
-        click.echo(f"{doc['name']}: stopping (SIGTERM sent; SIGKILL after the grace period)")
-
-
 @job.command("attempts")
 @click.argument("name")
 @project_option
@@ -345,26 +303,3 @@ def attempts(name: str, project: str | None, as_json: bool) -> None:
         [(a["number"], a["phase"], a.get("started_at"), a.get("ended_at"), a.get("exit_code"),
           a.get("signal"), a.get("reason"), a.get("container"), a.get("message"))
          for a in rows])
-
-
-@job.command("exec")
-@click.argument("name")
-@project_option
-@click.option("--timeout", default="5m", show_default=True, help="Kill it after this long.")
-@click.argument("command", nargs=-1, required=True)
-def exec_(name: str, project: str | None, timeout: str, command: tuple[str, ...]) -> None:
-    """Run COMMAND beside the running job NAME, as its owner, in its workdir:
-    noduslocal job exec NAME [--project P] -- CMD ARGS..."""
-    try:
-        seconds = parse_duration(timeout, "timeout")
-    except errors.InvalidArgument as exc:
-        raise click.BadParameter(exc.message, param_hint="--timeout") from None
-    argv = list(command[1:] if command[0] == "--" else command)
-    if not argv:
-        raise click.UsageError("give the command to run after NAME")
-    result = Client().exec_job(name, project, argv, seconds)
-    sys.stdout.write(result["stdout"])
-    sys.stderr.write(result["stderr"])
-    if result["truncated"]:
-        click.echo("noduslocal: output truncated at 16 MiB", err=True)
-    sys.exit(result["returncode"] if 0 <= result["returncode"] < 256 else 1)

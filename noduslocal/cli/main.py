@@ -10,6 +10,7 @@ from noduslocal.cli.daemon import daemon
 from noduslocal.cli.files import download, ls
 from noduslocal.cli.gpus import gpus
 from noduslocal.cli.job import job
+from noduslocal.cli.job_control import kill  # noqa: F401 (registers kill, suspend, resume, exec)
 from noduslocal.cli.outputs import download_output, outputs
 from noduslocal.cli.queue import queue
 from noduslocal.cli.secrets import secret

@@ -6,6 +6,7 @@ Pure logic, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from noduslocal.gpu.request import GpuRequest
 from noduslocal.scheduler.gpus import GpuPool
@@ -23,6 +24,13 @@ class Request:
     priority: int = 0  # higher first
     expected: float | None = None  # seconds it expects to run (expected_duration)
     interruptible: bool = False  # may be stopped and queued again for a job that waits
+
+    @classmethod
+    def of(cls, job_id: int, spec: Any, owner_uid: int) -> Request:
+        """What a job (its JobSpec) asks of the host."""
+        return cls(job_id, spec.cpu_m, spec.memory or 0,
+                   "process" if spec.image is None else "docker", spec.gpu, owner_uid,
+                   spec.priority, spec.expected_duration, spec.interruptible)
 
     @property
     def gpu_count(self) -> int:
