@@ -139,7 +139,7 @@ async def refresh_identities() -> None:
     """Forget cached user names and admin membership now and then, so a user removed from
     the admin group loses the rights within a minute, without a restart."""
     from noduslocal.api import identity
-    from noduslocal.runtime.layout import account
+    from noduslocal.layout import account
 
     while True:
         await asyncio.sleep(IDENTITY_TTL)
@@ -149,14 +149,15 @@ async def refresh_identities() -> None:
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     # Imported here so `noduslocald --help` and the CLI stay fast.
-    from noduslocal.api.app import Services, build_app
+    from noduslocal.api.app import build_app
+    from noduslocal.api.services import Services
     from noduslocal.events import EventHub
     from noduslocal.gpu.service import GpuService
-    from noduslocal.runtime.container_spec import instance_id
-    from noduslocal.runtime.containers import ContainerRuntime
-    from noduslocal.runtime.process import ProcessRuntime
+    from noduslocal.layout import JobLayout
+    from noduslocal.lifecycle.coordinator import Lifecycle
+    from noduslocal.runtime.docker import DockerRuntime
+    from noduslocal.runtime.host import HostRuntime
     from noduslocal.store import Store
-    from noduslocal.supervisor import Supervisor
 
     claim_socket(settings.socket, settings.user_mode)
     lock_fd = lock_data_dir(settings.data_dir, settings.user_mode)
@@ -169,18 +170,19 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await store.open(hub.publish, settings.commit_batch)
     gpus = GpuService(settings)
     inventory = await gpus.start()
-    runtime = ProcessRuntime()
-    await runtime.start()
-    containers = ContainerRuntime(settings.docker_host, instance_id(settings.data_dir),
-                                  settings.image_pull, lambda: supervisor.docker_changed())
-    supervisor = Supervisor(settings, store, runtime, containers, inventory)
-    supervisor.docker_changed()
-    gpus.watch(supervisor.set_inventory)
-    await containers.start()
+    layout = JobLayout(settings.data_dir)
+    host = HostRuntime(layout)
+    await host.start()
+    docker = DockerRuntime(settings, layout, lambda: lifecycle.runtime_changed(),
+                           store.attempt_ended)
+    lifecycle = Lifecycle(settings, store, layout, {host.kind: host, docker.kind: docker},
+                          inventory)
+    gpus.watch(lifecycle.set_inventory)
+    await docker.start()
     runner: web.AppRunner | None = None
     try:
-        await supervisor.start()
-        app = build_app(Services(settings, store, supervisor, hub, time.time()))
+        await lifecycle.start()
+        app = build_app(Services(settings, store, lifecycle, layout, hub, time.time()))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.SockSite(runner, bind_socket(settings), shutdown_timeout=SHUTDOWN_TIMEOUT)
@@ -197,14 +199,14 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         log.info("stopping: jobs keep running and will be adopted on the next start")
         sd_notify("STOPPING=1")
     finally:
-        await supervisor.stop()
+        await lifecycle.stop()
         if runner is not None:
             await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
             settings.socket.unlink()
-        await containers.close()
+        await docker.close()
         await gpus.close()
-        await runtime.close()
+        await host.close()
         await store.close()
         os.close(lock_fd)
 

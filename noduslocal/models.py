@@ -44,6 +44,11 @@ class JobSpec:
     def argv(self) -> list[str]:
         return [*self.command, *self.args]
 
+    @property
+    def runtime(self) -> str:
+        """The kind of runtime that runs the job: "docker" for an image, else "process"."""
+        return "process" if self.image is None else "docker"
+
     def to_wire(self) -> dict[str, Any]:
         return {
             "command": self.command,
@@ -190,6 +195,35 @@ class JobRecord:
         }
 
 
+@dataclass(frozen=True)
+class Handle:
+    """How a runtime finds one rank again, in the database and after a restart: `ref` is
+    the runtime's own id (a shim's pid, a container id, a cluster's job id), `boot` the
+    boot it belongs to where that matters (a pid means nothing after a reboot)."""
+
+    runtime: str
+    ref: str
+    rank: int = 0
+    boot: str | None = None
+
+    def to_stored(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "ref": self.ref, "rank": self.rank,
+                "boot": self.boot}
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> Handle:
+        return cls(data["runtime"], str(data["ref"]), int(data.get("rank", 0)),
+                   data.get("boot"))
+
+
+def handles_to_json(handles: list[Handle]) -> str | None:
+    return json.dumps([h.to_stored() for h in handles]) if handles else None
+
+
+def handles_from_json(text: str | None) -> list[Handle]:
+    return [Handle.from_stored(h) for h in json.loads(text)] if text else []
+
+
 @dataclass
 class AttemptRecord:
     job_id: int
@@ -203,15 +237,17 @@ class AttemptRecord:
     reason: str | None = None
     message: str | None = None
     stop_reason: str | None = None
-    shim_pid: int | None = None
-    boot_id: str | None = None
-    container_id: str | None = None
     gpus_json: str | None = None
     cost: float | None = None
+    handles_json: str | None = None
 
     @property
     def gpus(self) -> list[str]:
         return json.loads(self.gpus_json) if self.gpus_json else []
+
+    @property
+    def handles(self) -> list[Handle]:
+        return handles_from_json(self.handles_json)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -220,7 +256,8 @@ class AttemptRecord:
             "cost": self.cost,
             "number": self.number,
             "phase": self.phase,
-            "container": self.container_id[:12] if self.container_id else None,
+            "container": next((h.ref[:12] for h in self.handles if h.runtime == "docker"),
+                              None),
             "created_at": iso(self.created_at),
             "started_at": iso(self.started_at),
             "ended_at": iso(self.ended_at),

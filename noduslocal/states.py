@@ -47,6 +47,9 @@ class AttemptPhase(StrEnum):
     NOT_STARTED = "NotStarted"
 
 
+ATTEMPT_ENDED: frozenset[AttemptPhase] = frozenset(
+    {AttemptPhase.EXITED, AttemptPhase.LOST, AttemptPhase.NOT_STARTED})
+
 ATTEMPT_TRANSITIONS: dict[AttemptPhase, frozenset[AttemptPhase]] = {
     AttemptPhase.STARTING: frozenset(
         {AttemptPhase.RUNNING, AttemptPhase.EXITED, AttemptPhase.LOST, AttemptPhase.NOT_STARTED}

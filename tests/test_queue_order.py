@@ -238,7 +238,7 @@ def test_a_victim_does_not_take_back_its_gpu_while_another_still_stops() -> None
 
 
 def test_stop_reasons_that_override_one_under_way() -> None:
-    from noduslocal.outcomes import overrides
+    from noduslocal.lifecycle.outcomes import overrides
     from noduslocal.states import Reason
 
     assert overrides(Reason.CANCELLED, Reason.SUSPENDED)

@@ -26,7 +26,7 @@ from noduslocal.runtime.attempts import (
     read_exit,
     read_pid,
 )
-from noduslocal.runtime.process import ProcessRuntime, SpawnError
+from noduslocal.runtime.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone
 
 T = TypeVar("T")
@@ -42,8 +42,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-async def with_runtime(body: Callable[[ProcessRuntime], Awaitable[T]]) -> T:
-    runtime = ProcessRuntime()
+async def with_runtime(body: Callable[[Spawner], Awaitable[T]]) -> T:
+    runtime = Spawner()
     await runtime.start()
     try:
         return await body(runtime)
@@ -63,7 +63,7 @@ def new_dir(base: Path, name: str = "attempt") -> Path:
     return directory
 
 
-async def run_job(runtime: ProcessRuntime, directory: Path, argv: list[str],
+async def run_job(runtime: Spawner, directory: Path, argv: list[str],
                   **kwargs: Any) -> AttemptState:
     shim_pid = await runtime.launch(request(directory, argv, **kwargs))
     return await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
@@ -113,7 +113,7 @@ def cleanup() -> Iterator[list[int]]:
 def test_exit_status_and_the_files_a_shim_leaves(tmp_path: Path) -> None:
     directory = new_dir(tmp_path)
 
-    async def body(runtime: ProcessRuntime) -> tuple[int, AttemptState]:
+    async def body(runtime: Spawner) -> tuple[int, AttemptState]:
         shim_pid = await runtime.launch(request(directory, ["sh", "-c", "exit 7"]))
         return shim_pid, await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
 
@@ -143,7 +143,7 @@ def test_output_log_interleaves_stdout_and_stderr_in_order(tmp_path: Path,
         "emit out-1 out; emit err-1 err; emit out-2 out; emit err-2 err; emit out-3 out\n"
     )
 
-    async def body(runtime: ProcessRuntime) -> AttemptState:
+    async def body(runtime: Spawner) -> AttemptState:
         shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
         await until(lambda: read_pid(directory) is not None, "pid.json")
         pid = read_pid(directory)
@@ -201,7 +201,7 @@ def test_job_killed_from_outside_reports_the_signal(tmp_path: Path,
                                                     cleanup: list[int]) -> None:
     directory = new_dir(tmp_path)
 
-    async def body(runtime: ProcessRuntime) -> AttemptState:
+    async def body(runtime: Spawner) -> AttemptState:
         shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
         job = await running_job(directory)
         cleanup.append(job["pgid"])
@@ -217,7 +217,7 @@ def test_job_killed_from_outside_reports_the_signal(tmp_path: Path,
 def test_signal_group_reaches_the_job(tmp_path: Path, cleanup: list[int]) -> None:
     directory = new_dir(tmp_path)
 
-    async def body(runtime: ProcessRuntime) -> tuple[bool, AttemptState, bool]:
+    async def body(runtime: Spawner) -> tuple[bool, AttemptState, bool]:
         shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
         cleanup.append((await running_job(directory))["pgid"])
         sent = await runtime.signal_group(directory, signal.SIGTERM)
@@ -241,7 +241,7 @@ def test_background_children_die_with_the_main_process(tmp_path: Path,
         "sleep 300 & echo $! > bg.pid\n"
     )
 
-    async def body(runtime: ProcessRuntime) -> tuple[AttemptState, int]:
+    async def body(runtime: Spawner) -> tuple[AttemptState, int]:
         shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
         await until(lambda: read_pid(directory) is not None, "pid.json")
         pid = read_pid(directory)
@@ -274,7 +274,7 @@ def test_env_is_exactly_the_requested_one(tmp_path: Path, monkeypatch: pytest.Mo
 def test_launch_needs_a_started_runtime(tmp_path: Path) -> None:
     async def body() -> None:
         with pytest.raises(SpawnError):
-            await ProcessRuntime().launch(request(new_dir(tmp_path), ["true"]))
+            await Spawner().launch(request(new_dir(tmp_path), ["true"]))
 
     run(body())
 
@@ -295,7 +295,7 @@ def test_inspect_a_directory_no_shim_ever_used(tmp_path: Path) -> None:
 def test_inspect_a_running_then_finished_shim(tmp_path: Path, cleanup: list[int]) -> None:
     directory = new_dir(tmp_path)
 
-    async def body(runtime: ProcessRuntime) -> tuple[int, AttemptState, AttemptState]:
+    async def body(runtime: Spawner) -> tuple[int, AttemptState, AttemptState]:
         shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
         job = await running_job(directory)
         cleanup.append(job["pgid"])
@@ -319,7 +319,7 @@ def test_inspect_a_running_then_finished_shim(tmp_path: Path, cleanup: list[int]
 def test_inspect_a_shim_killed_under_its_job(tmp_path: Path, cleanup: list[int]) -> None:
     directory = new_dir(tmp_path)
 
-    async def body(runtime: ProcessRuntime) -> tuple[AttemptState, AttemptState]:
+    async def body(runtime: Spawner) -> tuple[AttemptState, AttemptState]:
         shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
         job = await running_job(directory)
         cleanup.append(job["pgid"])
@@ -355,7 +355,7 @@ def test_shims_outlive_the_spawner(tmp_path: Path, cleanup: list[int]) -> None:
     script = "until [ -e go ]; do sleep 0.02; done; echo finished"
 
     async def body() -> tuple[int, int, AttemptState]:
-        runtime = ProcessRuntime()
+        runtime = Spawner()
         await runtime.start()
         try:
             assert runtime._proc is not None
@@ -384,7 +384,7 @@ def test_shims_outlive_the_spawner(tmp_path: Path, cleanup: list[int]) -> None:
 
 def test_process_group_exists_once_pid_json_names_it(tmp_path: Path,
                                                      cleanup: list[int]) -> None:
-    async def body(runtime: ProcessRuntime) -> int:
+    async def body(runtime: Spawner) -> int:
         launched: list[tuple[Path, int]] = []
         missed = 0
         for i in range(40):
@@ -416,7 +416,7 @@ def test_shim_notices_a_main_process_that_exited_before_pumping(tmp_path: Path,
     os.mkfifo(directory / shim.OUTPUT_LOG)
     script = "sleep 300 & echo $! > bg.pid; exit 0"
 
-    async def body(runtime: ProcessRuntime) -> AttemptState | None:
+    async def body(runtime: Spawner) -> AttemptState | None:
         shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
         await until(lambda: read_pid(directory) is not None
                     and (directory / "bg.pid").exists()

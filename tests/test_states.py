@@ -65,8 +65,9 @@ def test_attempt_ends_are_final() -> None:
 
 
 def test_an_exit_before_the_stop_signal_landed_is_the_jobs_own() -> None:
+    from noduslocal.lifecycle.attempt import Attempt
+    from noduslocal.lifecycle.outcomes import outcome_of
     from noduslocal.models import JobRecord, JobSpec
-    from noduslocal.outcomes import Attempt, outcome_of
     from noduslocal.runtime.attempts import Exited
     from noduslocal.scheduler.queue import Request
 

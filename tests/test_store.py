@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from noduslocal import errors
-from noduslocal.models import CreateRequest, Event, JobRecord, JobSpec
+from noduslocal.models import CreateRequest, Event, Handle, JobRecord, JobSpec
 from noduslocal.states import AttemptPhase, IllegalTransition, Phase, Reason
 from noduslocal.store import Store, ops
 from noduslocal.store.migrate import available, migrate, split_statements
@@ -292,6 +292,39 @@ def test_failed_migration_on_a_fresh_database_keeps_the_good_ones(
         names = {row[1] for row in schema(conn)}
         assert "jobs" in names
         assert not names & {"extra", "never"}
+    finally:
+        conn.close()
+
+
+def test_attempt_handles_are_carried_over_from_the_runtime_columns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempts recorded before 0011 (a shim's pid and boot, a container id) keep what a
+    restarted daemon needs to find their ranks again."""
+    shipped = available()
+    before = next(v for v, name, _ in shipped if name == "0011_attempt_handles.sql") - 1
+    monkeypatch.setattr(migrate_module, "available", lambda: shipped[:before])
+    conn = raw(tmp_path / "db.sqlite")
+    try:
+        migrate(conn)
+        spec = '{"command": ["true"]}'
+        for job_id in (1, 2, 3):
+            conn.execute("INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, "
+                         "phase, spec, labels, created_at) VALUES (?, 'p', ?, 0, 0, 'root', "
+                         "'Running', ?, '{}', 0)", (job_id, f"j{job_id}", spec))
+        conn.execute("INSERT INTO attempts (job_id, number, phase, created_at, shim_pid, "
+                     "boot_id) VALUES (1, 1, 'Running', 0, 4242, 'boot-a')")
+        conn.execute("INSERT INTO attempts (job_id, number, phase, created_at, "
+                     "container_id) VALUES (2, 1, 'Running', 0, 'c0ffee')")
+        conn.execute("INSERT INTO attempts (job_id, number, phase, created_at) "
+                     "VALUES (3, 1, 'Starting', 0)")
+        monkeypatch.setattr(migrate_module, "available", lambda: shipped)
+        assert migrate(conn) == len(shipped)
+        rows = conn.execute(f"SELECT {ops.ATTEMPT_COLUMNS} FROM attempts ORDER BY job_id")
+        handles = [ops.attempt_from_row(row).handles for row in rows]
+        assert handles == [[Handle("process", "4242", 0, "boot-a")],
+                           [Handle("docker", "c0ffee", 0, None)], []]
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(attempts)")}
+        assert not columns & {"shim_pid", "boot_id", "container_id"}
     finally:
         conn.close()
 

@@ -7,31 +7,28 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api import identity
-from noduslocal.config import Settings
-from noduslocal.events import EventHub
-from noduslocal.store import Store
-from noduslocal.supervisor import Supervisor
+from noduslocal.api import (
+    estimate,
+    files,
+    gpus,
+    identity,
+    jobs,
+    outputs,
+    queue,
+    secrets,
+    sources,
+    streams,
+    system,
+    volumes,
+)
+from noduslocal.api.services import SERVICES, Services
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class Services:
-    settings: Settings
-    store: Store
-    supervisor: Supervisor
-    hub: EventHub
-    started_at: float
-
-
-SERVICES = web.AppKey("services", Services)
 
 
 def error_response(exc: errors.NodusError) -> web.Response:
@@ -77,20 +74,6 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
 
 
 def route_tables() -> list[web.RouteTableDef]:
-    from noduslocal.api import (
-        estimate,
-        files,
-        gpus,
-        jobs,
-        outputs,
-        queue,
-        secrets,
-        sources,
-        streams,
-        system,
-        volumes,
-    )
-
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
             estimate.routes]

@@ -10,8 +10,8 @@ import time
 
 from aiohttp import web
 
-from noduslocal.api.app import SERVICES
 from noduslocal.api.jobs import lookup
+from noduslocal.api.services import SERVICES
 from noduslocal.models import JobRecord, iso
 from noduslocal.scheduler.estimate import estimate_start
 from noduslocal.states import Phase
@@ -27,11 +27,11 @@ def _pct(values: list[float], p: float) -> float:
 @routes.get("/v1/jobs/{name}/estimate")
 async def estimate(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    supervisor, settings = services.supervisor, services.settings
+    lifecycle, settings = services.lifecycle, services.settings
     job: JobRecord = await lookup(request)
     now = time.time()
     if job.phase == Phase.PENDING:
-        start = estimate_start(supervisor.queue, job.id, now)
+        start = estimate_start(lifecycle.queue, job.id, now)
         start_at, start_why = start.at, start.why
     elif job.phase in (Phase.STARTING, Phase.RUNNING):
         start_at, start_why = job.started_at or now, "it started"
@@ -40,7 +40,7 @@ async def estimate(request: web.Request) -> web.Response:
     spec = job.spec
     gpus = spec.gpu.count if spec.gpu else 0
     model = (spec.gpu.model if spec.gpu and spec.gpu.model else
-             next((g.model for g in supervisor.inventory.gpus), ""))
+             next((g.model for g in lifecycle.inventory.gpus), ""))
     rate = settings.gpu_hour_rates.get(model, settings.gpu_hour_rates.get("default", 0.0))
     costs: list[float] = []
     source = "no expected_duration and no earlier run of the same command"
@@ -62,4 +62,4 @@ async def estimate(request: web.Request) -> web.Response:
         else round(max(0.0, start_at - now), 1), "start_basis": start_why,
         "cost_p50": round(_pct(costs, 50), 6) if costs else None,
         "cost_p90": round(_pct(costs, 90), 6) if costs else None, "cost_basis": source,
-        "hold": supervisor.hold(job.id)})
+        "hold": lifecycle.hold(job.id)})

@@ -10,8 +10,8 @@ from pathlib import Path
 from aiohttp import web
 
 from noduslocal import errors, workspace
-from noduslocal.api.app import SERVICES
 from noduslocal.api.jobs import lookup, require_control
+from noduslocal.api.services import SERVICES
 
 routes = web.RouteTableDef()
 SHA256_HEADER = "X-Nodus-SHA256"
@@ -21,7 +21,7 @@ async def job_workspace(request: web.Request) -> tuple[Path, int]:
     """The workspace of the job the request names, and its owner, for owner or admin."""
     job = await lookup(request)
     require_control(request, job, "read the files of")
-    root = request.app[SERVICES].supervisor.layout.workspace(job.id)
+    root = request.app[SERVICES].layout.workspace(job.id)
     if not root.exists():
         raise errors.NotFound(f"job {job.name!r} has no workspace yet (it has not started)")
     return root, job.owner_uid

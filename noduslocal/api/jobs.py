@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
+from noduslocal.api.services import SERVICES
 from noduslocal.models import JobRecord
 from noduslocal.states import TERMINAL, Phase
 from noduslocal.units import parse_duration
@@ -27,9 +27,9 @@ EXEC_TIMEOUT_MAX = 24 * 3600.0
 
 def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
     caller: Caller = request["caller"]
-    supervisor = request.app[SERVICES].supervisor
-    return job.to_wire(supervisor.hold(job.id), redact=not caller.may_control(job.owner_uid),
-                       running_cost=supervisor.running_cost(job.id))
+    lifecycle = request.app[SERVICES].lifecycle
+    return job.to_wire(lifecycle.hold(job.id), redact=not caller.may_control(job.owner_uid),
+                       running_cost=lifecycle.running_cost(job.id))
 
 
 def job_response(request: web.Request, job: JobRecord, status: int = 200) -> web.Response:
@@ -86,7 +86,7 @@ async def create_job(request: web.Request) -> web.Response:
         raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
                                      field=IDEMPOTENCY_HEADER)
     digest = hashlib.sha256(raw).hexdigest() if key is not None else None
-    job, created = await services.supervisor.create(req, caller.owner, key, digest)
+    job, created = await services.lifecycle.create(req, caller.owner, key, digest)
     return job_response(request, job, 201 if created else 200)
 
 
@@ -142,19 +142,19 @@ async def _control(request: web.Request, verb: str,
 
 @routes.post("/v1/jobs/{name}/cancel")
 async def cancel_job(request: web.Request) -> web.Response:
-    return await _control(request, "cancel", request.app[SERVICES].supervisor.cancel)
+    return await _control(request, "cancel", request.app[SERVICES].lifecycle.cancel)
 
 
 @routes.post("/v1/jobs/{name}/suspend")
 async def suspend_job(request: web.Request) -> web.Response:
     """Stop the job (SIGTERM, grace, SIGKILL) and keep it aside, its workspace and
     checkpoint kept, until resume."""
-    return await _control(request, "suspend", request.app[SERVICES].supervisor.suspend)
+    return await _control(request, "suspend", request.app[SERVICES].lifecycle.suspend)
 
 
 @routes.post("/v1/jobs/{name}/resume")
 async def resume_job(request: web.Request) -> web.Response:
-    return await _control(request, "resume", request.app[SERVICES].supervisor.resume)
+    return await _control(request, "resume", request.app[SERVICES].lifecycle.resume)
 
 
 @routes.get("/v1/jobs/{name}/wait")
@@ -197,8 +197,6 @@ async def job_attempts(request: web.Request) -> web.Response:
 @routes.post("/v1/jobs/{name}/exec")
 async def exec_in_job(request: web.Request) -> web.Response:
     """Run a command beside a running job, as its owner, with its environment and workdir."""
-    from noduslocal.runtime.execute import run_in_job
-
     services = request.app[SERVICES]
     job = await lookup(request)
     require_control(request, job, "exec in")
@@ -215,28 +213,5 @@ async def exec_in_job(request: web.Request) -> web.Response:
     if timeout > EXEC_TIMEOUT_MAX:
         raise errors.InvalidArgument("timeout: an exec may run 24h at most; start a job for "
                                      "longer work", field="timeout")
-    attempt = services.supervisor.active.get(job.id)
-    if job.phase != Phase.RUNNING or attempt is None or not attempt.running:
-        raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
-    secrets = await services.store.job_secret_values(job.id) if job.spec.secrets else {}
-    if job.spec.image is not None:
-        if attempt.container_id is None:
-            raise errors.Conflict(f"job {job.name!r}: its container is not adopted yet "
-                                  "(dockerd unreachable?); try again shortly")
-        from noduslocal.runtime.container_exec import exec_in_container
-        from noduslocal.runtime.containers import DockerUnavailable
-
-        containers = services.supervisor.containers
-        assert containers is not None
-        try:
-            result = await exec_in_container(
-                containers.call, containers.client, attempt.container_id, command,
-                f"{job.owner_uid}:{job.owner_gid}", job.spec.workdir,
-                sorted(set(secrets.values())), timeout)
-        except DockerUnavailable as exc:
-            raise errors.Conflict(f"dockerd unreachable: {exc}") from None
-        return web.json_response(result.to_wire())
-    launch = services.supervisor.layout.launch_request(
-        job, attempt.number, secrets, services.supervisor.gpu_env(attempt.gpus, False))
-    result = await run_in_job(launch, command, timeout)
+    result = await services.lifecycle.exec(job, command, timeout)
     return web.json_response(result.to_wire())

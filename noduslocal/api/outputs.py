@@ -9,9 +9,9 @@ import os
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api.app import SERVICES
 from noduslocal.api.files import send_fd
 from noduslocal.api.jobs import lookup, require_control
+from noduslocal.api.services import SERVICES
 from noduslocal.models import iso
 
 routes = web.RouteTableDef()
@@ -44,7 +44,7 @@ async def download_output(request: web.Request) -> web.StreamResponse:
         raise errors.NotFound(f"output {name!r} of job {job.name!r} was not collected "
                               f"(nothing at {job.spec.outputs[name]} when an attempt ended)")
     try:
-        fd = os.open(services.supervisor.blobs.path(row["sha256"]), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(services.layout.blobs.path(row["sha256"]), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise errors.NotFound(f"output {name!r}: its stored copy is missing") from None
     return await send_fd(request, fd, os.fstat(fd).st_size, row["sha256"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from noduslocal.api.app import SERVICES
+from noduslocal.api.services import SERVICES
 from noduslocal.models import iso
 
 routes = web.RouteTableDef()
@@ -15,12 +15,12 @@ routes = web.RouteTableDef()
 
 @routes.get("/v1/queue")
 async def list_queue(request: web.Request) -> web.Response:
-    supervisor = request.app[SERVICES].supervisor
-    queue = supervisor.queue
+    lifecycle = request.app[SERVICES].lifecycle
+    queue = lifecycle.queue
     entries = []
     # The last pass's order (what the holds describe), not a fresh sort of everything.
     for place, req in enumerate(r for r in queue.last_order() if r.job_id in queue):
-        job = supervisor.pending_job(req.job_id)
+        job = lifecycle.pending_job(req.job_id)
         if job is None:
             continue
         entries.append({

@@ -10,8 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
+from noduslocal.api.services import SERVICES
 from noduslocal.models import iso
 from noduslocal.store import ops
 from noduslocal.validation import ENV_KEY_RE, validate_secret_value

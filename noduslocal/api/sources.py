@@ -10,8 +10,8 @@ import time
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
+from noduslocal.api.services import SERVICES
 from noduslocal.client.source import LARGE_SOURCE
 from noduslocal.outputs import HashingWriter
 from noduslocal.store import ops
@@ -45,7 +45,7 @@ async def put_source(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     sha = source_sha(request)
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
-    blobs = services.supervisor.blobs
+    blobs = services.layout.blobs
     fd, tmp = blobs.new()
     writer = HashingWriter(fd)
     kept = False

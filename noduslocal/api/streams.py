@@ -11,9 +11,8 @@ from pathlib import Path
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api.app import SERVICES, Services
 from noduslocal.api.jobs import lookup, project_of, require_control
-from noduslocal.runtime.shim import OUTPUT_LOG, STDERR_LOG
+from noduslocal.api.services import SERVICES, Services
 from noduslocal.states import TERMINAL
 
 routes = web.RouteTableDef()
@@ -93,7 +92,6 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     stream = request.query.get("stream", "all")
     if stream not in ("all", "stderr"):
         raise errors.InvalidArgument("stream: use all or stderr", field="stream")
-    filename = OUTPUT_LOG if stream == "all" else STDERR_LOG
     number = _int_param(request, "attempt") or job.attempts
     if number > job.attempts:
         raise errors.NotFound(f"job {job.name!r} has no attempt {number}")
@@ -101,25 +99,24 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
-    supervisor = services.supervisor
-    path = supervisor.attempt_dir(job.id, number) if number else None
-    offset = tail_offset(path / filename, tail) if path and tail is not None else 0
+    lifecycle = services.lifecycle
+    path = lifecycle.log_path(job, number, stream) if number else None
+    offset = tail_offset(path, tail) if path and tail is not None else 0
     while True:
         if path is not None:
-            offset = await _send_from(resp, path / filename, offset)
+            offset = await _send_from(resp, path, offset)
         if not follow or gone(request):
             break
-        active = supervisor.active.get(job.id)
-        if active is not None and number and active.number == number:
+        if lifecycle.writing_logs(job.id, number):
             await asyncio.sleep(FOLLOW_POLL)  # the attempt is still writing
             continue
         fresh = await services.store.job_by_id(job.id)
         assert fresh is not None
         if path is not None:
-            offset = await _send_from(resp, path / filename, offset)
+            offset = await _send_from(resp, path, offset)
         if fresh.attempts > number:  # started, retried or requeued: follow the next attempt
             number, offset = number + 1, 0
-            path = supervisor.attempt_dir(job.id, number)
+            path = lifecycle.log_path(job, number, stream)
             continue
         if fresh.phase in TERMINAL:
             break

@@ -9,8 +9,8 @@ from importlib import resources
 from aiohttp import web
 
 from noduslocal import __version__
-from noduslocal.api.app import SERVICES
 from noduslocal.api.identity import Caller
+from noduslocal.api.services import SERVICES
 
 routes = web.RouteTableDef()
 
@@ -24,7 +24,7 @@ async def health(request: web.Request) -> web.Response:
 async def info(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     settings = services.settings
-    capacity = services.supervisor.queue.capacity
+    capacity = services.lifecycle.queue.capacity
     caller: Caller = request["caller"]
     return web.json_response({
         "version": __version__,
@@ -40,8 +40,8 @@ async def info(request: web.Request) -> web.Response:
             "cpus_used": capacity.used_cpu_m / 1000,
             "memory_used": capacity.used_memory,
         },
-        "queue": {"pending": len(services.supervisor.queue),
-                  "active": len(services.supervisor.active)},
+        "queue": {"pending": len(services.lifecycle.queue),
+                  "active": services.lifecycle.active_count()},
         "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
                    "admin": caller.admin},
     })

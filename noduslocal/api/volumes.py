@@ -15,9 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.api.app import SERVICES
 from noduslocal.api.files import file_response, list_response
 from noduslocal.api.identity import Caller
+from noduslocal.api.services import SERVICES
 from noduslocal.models import iso
 from noduslocal.store import ops
 from noduslocal.validation import validate_name
@@ -50,7 +50,7 @@ async def create_volume(request: web.Request) -> web.Response:
     # winner touches the directory.
     await services.store.write(lambda c: ops.create_volume(c, name, caller.owner,
                                                            time.time()))
-    directory = services.supervisor.layout.volume_dir(name)
+    directory = services.layout.volume_dir(name)
     try:
         if directory.exists():  # left by a crash or a failed removal: the name is ours now
             await asyncio.to_thread(discard, directory)
@@ -87,7 +87,7 @@ async def delete_volume(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     volume = await owned_volume(request, "remove")
     await services.store.write(lambda c: ops.delete_volume(c, volume["name"]))
-    directory = services.supervisor.layout.volume_dir(volume["name"])
+    directory = services.layout.volume_dir(volume["name"])
     if directory.exists():
         await asyncio.to_thread(discard, directory)
     return web.json_response({"name": volume["name"], "deleted": True})
@@ -96,12 +96,12 @@ async def delete_volume(request: web.Request) -> web.Response:
 @routes.get("/v1/volumes/{name}/files")
 async def volume_files(request: web.Request) -> web.Response:
     volume = await owned_volume(request, "read")
-    root = request.app[SERVICES].supervisor.layout.volume_dir(volume["name"])
+    root = request.app[SERVICES].layout.volume_dir(volume["name"])
     return await list_response(request, root)
 
 
 @routes.get("/v1/volumes/{name}/files/content")
 async def volume_download(request: web.Request) -> web.StreamResponse:
     volume = await owned_volume(request, "read")
-    root = request.app[SERVICES].supervisor.layout.volume_dir(volume["name"])
+    root = request.app[SERVICES].layout.volume_dir(volume["name"])
     return await file_response(request, root, volume["owner_uid"])

@@ -5,6 +5,7 @@ clean-up of processes a vanished attempt left behind.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import json
@@ -143,3 +144,15 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     except OSError:
         return None
     return stat[stat.rindex(b")") + 2:].split()
+
+
+async def settled_inspect(directory: Path) -> AttemptState:
+    """inspect(), waiting out a shim that holds its lock but has not written pid.json yet
+    (it does so right after starting the job)."""
+    state = inspect(directory)
+    for _ in range(500):
+        if not (isinstance(state, Alive) and state.shim_pid == 0):
+            break
+        await asyncio.sleep(0.01)
+        state = inspect(directory)
+    return state

@@ -12,8 +12,8 @@ from typing import Any
 from docker.types import DeviceRequest, LogConfig, Mount
 
 from noduslocal.config import Settings
+from noduslocal.layout import JobLayout, account
 from noduslocal.models import JobRecord
-from noduslocal.runtime.layout import JobLayout, account
 from noduslocal.workspace import CONTAINER_ROOT
 
 LABEL = "io.noduslocal"

@@ -18,7 +18,7 @@ class Request:
     job_id: int  # also the submission order
     cpu_m: int
     memory: int
-    runtime: str = "process"  # "docker" for container jobs
+    runtime: str = "process"  # the kind of runtime (JobSpec.runtime)
     gpu: GpuRequest | None = None
     owner_uid: int = 0
     priority: int = 0  # higher first
@@ -29,7 +29,7 @@ class Request:
     def of(cls, job_id: int, spec: Any, owner_uid: int) -> Request:
         """What a job (its JobSpec) asks of the host."""
         return cls(job_id, spec.cpu_m, spec.memory or 0,
-                   "process" if spec.image is None else "docker", spec.gpu, owner_uid,
+                   spec.runtime, spec.gpu, owner_uid,
                    spec.priority, spec.expected_duration, spec.interruptible)
 
     @property

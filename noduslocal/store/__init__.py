@@ -15,6 +15,7 @@ from typing import Any
 import aiosqlite
 
 from noduslocal.models import AttemptRecord, Event, JobRecord
+from noduslocal.states import ATTEMPT_ENDED
 from noduslocal.store import jobs as ops
 from noduslocal.store.migrate import migrate
 from noduslocal.store.writer import OnCommit, Operation, Writer
@@ -27,7 +28,6 @@ _PRAGMAS = (
     "PRAGMA busy_timeout = 5000",
     "PRAGMA foreign_keys = ON",
 )
-
 
 class Store:
     def __init__(self, path: Path) -> None:
@@ -126,6 +126,12 @@ class Store:
             f"SELECT {ops.ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY number",
             (job_id,))
         return [ops.attempt_from_row(row) for row in rows]
+
+    async def attempt_ended(self, job_id: int, number: int) -> bool:
+        """Whether that attempt's end is committed (exited, lost or never started)."""
+        rows = await self._fetchall(
+            "SELECT phase FROM attempts WHERE job_id = ? AND number = ?", (job_id, number))
+        return bool(rows) and rows[0][0] in ATTEMPT_ENDED
 
     async def events(self, *, since: int = 0, job_id: int | None = None,
                      project: str | None = None, limit: int = 10000) -> list[Event]:

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from noduslocal import errors
-from noduslocal.models import AttemptRecord, CreateRequest, Event, JobRecord, JobSpec
+from noduslocal.models import (
+    AttemptRecord,
+    CreateRequest,
+    Event,
+    Handle,
+    JobRecord,
+    JobSpec,
+    handles_to_json,
+)
 from noduslocal.outputs import Collected
 from noduslocal.states import (
     TERMINAL,
@@ -32,7 +40,7 @@ JOB_COLUMNS = (
 TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
     "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
-    "message, stop_reason, shim_pid, boot_id, container_id, gpus, cost"
+    "message, stop_reason, gpus, cost, handles"
 )
 
 
@@ -184,10 +192,10 @@ def start_attempt(conn: sqlite3.Connection, job_id: int, now: float,
 
 
 def attempt_running(conn: sqlite3.Connection, job_id: int, number: int, now: float,
-                    shim_pid: int | None = None, boot_id: str | None = None,
-                    container_id: str | None = None) -> tuple[None, list[Event]]:
+                    handles: list[Handle] | None = None) -> tuple[None, list[Event]]:
+    """Starting -> Running, with each rank's handle so a restarted daemon finds them."""
     _attempt_to(conn, job_id, number, AttemptPhase.RUNNING, started_at=now,
-                shim_pid=shim_pid, boot_id=boot_id, container_id=container_id)
+                handles=handles_to_json(handles or []))
     started = conn.execute("SELECT started_at FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
     return None, [_transition(conn, job_id, Phase.RUNNING, now, Reason.STARTED.value,
                               attempt=number, started_at=started or now)]

@@ -1,48 +1,16 @@
-"""An attempt as the supervisor holds it, and what its end means for the job: the next
-phase and reason for an exit, a lost shim, an attempt that never started, or a stop we
-asked for; retries are spent here and only here.
+"""What an attempt's end means for its job: the next phase and reason for an exit, a lost
+rank, an attempt that never started, or a stop we asked for; retries are spent here and
+only here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import signal
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from noduslocal.gpu.cost import Meter
-from noduslocal.models import JobRecord
-from noduslocal.runtime.attempts import Alive, AttemptState, Exited, NeverStarted, Vanished, inspect
-from noduslocal.scheduler.queue import Request
+from noduslocal.lifecycle.attempt import Attempt
+from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.states import AttemptPhase, Phase, Reason
 from noduslocal.store.jobs import Outcome
-
-
-@dataclass
-class Attempt:
-    """A job that holds resources: being launched, running, or being stopped."""
-
-    job: JobRecord
-    request: Request
-    number: int = 0
-    directory: Path | None = None
-    started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
-    running: bool = False  # a shim was started (the attempt row says Running)
-    shim_pid: int | None = None
-    boot_id: str | None = None
-    container_id: str | None = None
-    ended: asyncio.Future[AttemptState] | None = None  # a container's end, from its runtime
-    gpus: list[str] = field(default_factory=list)  # UUIDs of the GPUs it holds
-    lost: str | None = None  # why the daemon ended it as lost (a GPU broke under it)
-    meter: Meter | None = None  # what its GPUs cost so far
-    stop_reason: str | None = None
-    # Whether the stop's SIGTERM reached the job: False while it has not (a job that ends on
-    # its own meanwhile was not stopped), None when unknown (adopted after a restart).
-    stop_sent: bool | None = None
-    timers: list[asyncio.TimerHandle] = field(default_factory=list)
-    retry_stop: asyncio.Task[None] | None = None  # a container stop waiting for dockerd
-    task: asyncio.Task[None] | None = None
-
 
 # Stops that put the job aside rather than end it: its phase next, and why.
 PAUSES: dict[str, tuple[Phase, str]] = {
@@ -117,15 +85,3 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
                        f"{left} retr{'y' if left == 1 else 'ies'} left", spend_retry=True)
     return Outcome(AttemptPhase.LOST, Phase.FAILED, Reason.LOST,
                    f"attempt {attempt.number} lost ({why}) and no retries left")
-
-
-async def settled_inspect(directory: Path) -> AttemptState:
-    """inspect(), waiting out a shim that holds its lock but has not written pid.json yet
-    (it does so right after starting the job)."""
-    state = inspect(directory)
-    for _ in range(500):
-        if not (isinstance(state, Alive) and state.shim_pid == 0):
-            break
-        await asyncio.sleep(0.01)
-        state = inspect(directory)
-    return state

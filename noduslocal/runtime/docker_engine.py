@@ -1,4 +1,4 @@
-"""The docker runtime: creates and starts an attempt's container, pumps its logs into the
+"""The docker engine link: creates and starts an attempt's container, pumps its logs into the
 attempt directory, learns its end from dockerd's events, and finds this daemon's
 containers again after a restart of the daemon or of dockerd.
 """
@@ -54,7 +54,7 @@ class Watch:
     closed: threading.Event = field(default_factory=threading.Event)
 
 
-class ContainerRuntime:
+class DockerEngine:
     def __init__(self, docker_host: str | None, instance: str, image_pull: bool,
                  on_availability: Callable[[], None]) -> None:
         self.instance = instance

@@ -1,5 +1,5 @@
-"""The host-process runtime, daemon side: keeps the spawner child (shim.py), launches
-attempts through it, watches shims with pidfds, and signals a job's process group.
+"""The host runtime's spawner, daemon side: keeps the spawner child (shim.py), forks a
+shim per attempt through it, watches shims with pidfds, and signals a job's process group.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def settled(directory: Path) -> AttemptState:
     return Vanished() if isinstance(state, Alive) else state
 
 
-class ProcessRuntime:
+class Spawner:
     def __init__(self) -> None:
         self._proc: asyncio.subprocess.Process | None = None
         self._alive = asyncio.Event()

@@ -1,5 +1,5 @@
-"""Where a job lives on disk (its directory, kept workspace and one directory per attempt)
-and what a host-process attempt is started with: environment, workdir and identity.
+"""Where a job lives on disk (its directory, kept workspace and one directory per attempt,
+volumes, stored blobs), made with the owner's rights; and the owner's account details.
 """
 
 from __future__ import annotations
@@ -151,41 +151,3 @@ class JobLayout:
     def _own(path: Path, job: JobRecord) -> None:
         if os.getuid() == 0:
             os.chown(path, job.owner_uid, job.owner_gid, follow_symlinks=False)
-
-    def launch_request(self, job: JobRecord, number: int,
-                       secrets: dict[str, str] | None = None,
-                       gpu_env: dict[str, str] | None = None) -> dict[str, Any]:
-        """What the shim needs; `secrets` are added to the environment, and their values
-        masked in the stored log; `gpu_env` pins the job's GPUs (over the job's env)."""
-        workspace = self.workspace(job.id)
-        home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
-        env = {
-            "PATH": DEFAULT_PATH,
-            "HOME": home,
-            "USER": job.owner,
-            "LOGNAME": job.owner,
-            "SHELL": shell,
-            "LANG": "C.UTF-8",
-            "NODUS_JOB": job.name,
-            "NODUS_PROJECT": job.project,
-            "NODUS_ATTEMPT": str(number),
-            "NODUS_WORKSPACE": str(workspace),
-            **({"NODUS_CHECKPOINT_DIR": str(workspace / job.spec.checkpoint)}
-               if job.spec.checkpoint else {}),
-            **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": str(workspace / rel)
-               for rel, name in job.spec.volumes.items()},
-            **job.spec.env,
-            **(gpu_env or {}),
-            **(secrets or {}),
-        }
-        request: dict[str, Any] = {
-            "dir": str(self.attempt_dir(job.id, number)),
-            "argv": job.spec.argv,
-            "env": env,
-            "cwd": job.spec.workdir or str(workspace),
-            "uid": None,
-            "mask": sorted(set((secrets or {}).values())),
-        }
-        if os.getuid() == 0:
-            request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)
-        return request

@@ -1,0 +1,28 @@
+"""What the route modules are given: the daemon's services, under one application key.
+Route modules import this, never app.py, so the API has no import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from noduslocal.config import Settings
+from noduslocal.events import EventHub
+from noduslocal.layout import JobLayout
+from noduslocal.lifecycle.coordinator import Lifecycle
+from noduslocal.store import Store
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: Store
+    lifecycle: Lifecycle  # jobs, attempts, the queue, GPUs, exec and log locations
+    layout: JobLayout  # workspaces, volumes and stored blobs (the data plane)
+    hub: EventHub
+    started_at: float
+
+
+SERVICES = web.AppKey("services", Services)

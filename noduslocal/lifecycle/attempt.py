@@ -1,0 +1,70 @@
+"""An attempt as the lifecycle holds it (runtime-neutral: a handle and an end per rank),
+and the board of attempts that hold resources, which every part of the lifecycle reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from noduslocal.gpu.cost import Meter
+from noduslocal.models import JobRecord
+from noduslocal.runtime.attempts import AttemptState
+from noduslocal.runtime.base import AttemptRef, Handle
+from noduslocal.scheduler.queue import Request
+
+
+@dataclass
+class Attempt:
+    """A job that holds resources: being launched, running, or being stopped."""
+
+    job: JobRecord
+    request: Request
+    number: int = 0
+    directory: Path | None = None
+    started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
+    running: bool = False  # its ranks were launched (the attempt row says Running)
+    # One per rank: set at launch or adoption; after a restart, as recorded until then.
+    handles: list[Handle] = field(default_factory=list)
+    ends: list[asyncio.Future[AttemptState]] = field(default_factory=list)  # each rank's
+    gpus: list[str] = field(default_factory=list)  # UUIDs of the GPUs it holds
+    lost: str | None = None  # why the daemon ended it as lost (a GPU broke under it)
+    meter: Meter | None = None  # what its GPUs cost so far
+    stop_reason: str | None = None
+    # Whether the stop's SIGTERM reached the job: False while it has not (a job that ends on
+    # its own meanwhile was not stopped), None when unknown (adopted after a restart).
+    stop_sent: bool | None = None
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    retry_stop: asyncio.Task[None] | None = None  # a stop waiting for its runtime
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def ref(self) -> AttemptRef:
+        assert self.directory is not None, "the attempt has no directory yet"
+        return AttemptRef(self.job, self.number, self.directory)
+
+    @property
+    def ended(self) -> bool:
+        """Every rank it launched has ended (the end may not be recorded yet)."""
+        return bool(self.ends) and all(end.done() for end in self.ends)
+
+
+class Board:
+    """The attempts that hold resources, by job id, and the jobs whose end is being
+    recorded right now (a future that resolves once it is committed)."""
+
+    def __init__(self) -> None:
+        self.active: dict[int, Attempt] = {}
+        self.finishing: dict[int, asyncio.Future[None]] = {}
+
+    def holds(self, attempt: Attempt) -> bool:
+        return self.active.get(attempt.job.id) is attempt
+
+    def job_name(self, job_id: int) -> str | None:
+        attempt = self.active.get(job_id)
+        return attempt.job.name if attempt is not None else None
+
+    def running_job(self, job_id: int) -> JobRecord | None:
+        attempt = self.active.get(job_id)
+        return attempt.job if attempt is not None else None

@@ -1,0 +1,163 @@
+"""The lifecycle's coordinator: builds its parts (admission and the queue pass, the
+attempt runner, stops and owners' controls, recovery, GPU health and cost) around one
+board of attempts, and is their one face for the daemon and the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+
+from noduslocal import errors
+from noduslocal.config import Settings
+from noduslocal.gpu.model import Inventory
+from noduslocal.layout import JobLayout
+from noduslocal.lifecycle.accounting import GpuAccounting
+from noduslocal.lifecycle.admission import Admission
+from noduslocal.lifecycle.attempt import Attempt, Board
+from noduslocal.lifecycle.background import Background
+from noduslocal.lifecycle.controls import OwnerControls
+from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.gpu_health import GpuHealth
+from noduslocal.lifecycle.recovery import Recovery
+from noduslocal.lifecycle.runner import AttemptRunner
+from noduslocal.lifecycle.stops import Stopper
+from noduslocal.models import CreateRequest, JobRecord
+from noduslocal.runtime.base import Runtime
+from noduslocal.runtime.execute import ExecResult
+from noduslocal.scheduler.fairshare import Ledger
+from noduslocal.scheduler.gpus import GpuPool
+from noduslocal.scheduler.queue import Capacity, Limits, Queue
+from noduslocal.states import Phase
+from noduslocal.store import Store, ops
+
+
+class Lifecycle:
+    def __init__(self, settings: Settings, store: Store, layout: JobLayout,
+                 runtimes: Mapping[str, Runtime], inventory: Inventory | None = None) -> None:
+        """`runtimes`: by kind (JobSpec.runtime), each job goes to its own."""
+        self.store = store
+        self.layout = layout
+        self.runtimes = runtimes
+        self.board = Board()
+        self.background = Background()
+        inventory = inventory or Inventory([], "none", "no GPU inventory")
+        capacity = Capacity(settings.cpus_m, settings.memory,
+                            gpus=GpuPool(inventory, settings.gpu_busy_memory))
+        self.accounting = GpuAccounting(settings, capacity, inventory)
+        self.queue = Queue(capacity, limits=Limits(settings.user_max_gpus,
+                                                   settings.user_max_jobs),
+                           usage=self.accounting.usage, describe=self.board.job_name)
+        self.stopper = Stopper(settings, store, self.board, runtimes, self.background)
+        self.dispatch = Dispatch(store, self.queue, self.board, self.accounting, self.stopper,
+                                 self.background, on_start=self._run)
+        self.admission = Admission(settings, store, capacity, self.dispatch, self.background)
+        self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
+                                    self.stopper, self.accounting)
+        self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper)
+        self.recovery = Recovery(store, layout, runtimes, self.board, self.dispatch,
+                                 self.accounting, self.runner)
+        self.health = GpuHealth(settings, capacity, self.accounting, self.board,
+                                self.stopper, self.dispatch.kick)
+
+    def _run(self, attempt: Attempt) -> None:
+        attempt.task = asyncio.create_task(self.runner.run(attempt))
+
+    # --- the daemon's -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.runtime_changed()
+        await self.recovery.recover()
+        self.background.spawn(self.health.watch_costs())
+
+    async def stop(self) -> None:
+        """Stop supervising; jobs keep running and are adopted by the next daemon."""
+        self.background.close()
+        attempts = list(self.board.active.values())
+        for attempt in attempts:
+            for timer in attempt.timers:
+                timer.cancel()
+        tasks = [a.task for a in attempts if a.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def runtime_changed(self) -> None:
+        """A runtime came or went (dockerd): its jobs wait with the reason as their hold,
+        without holding up the jobs behind them, or may start again."""
+        for kind, runtime in self.runtimes.items():
+            why = runtime.hold()
+            if why is None:
+                self.queue.blocked.pop(kind, None)
+            else:
+                self.queue.blocked[kind] = why
+        self.dispatch.kick()
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        self.health.set_inventory(inventory)
+
+    def set_drained(self, uuid: str, drained: bool) -> None:
+        self.health.set_drained(uuid, drained)
+
+    # --- the API's ----------------------------------------------------------------------
+
+    async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
+                     request_hash: str | None) -> tuple[JobRecord, bool]:
+        return await self.admission.create(req, owner, idempotency_key, request_hash)
+
+    async def cancel(self, job: JobRecord) -> None:
+        await self.controls.cancel(job)
+
+    async def suspend(self, job: JobRecord) -> None:
+        await self.controls.suspend(job)
+
+    async def resume(self, job: JobRecord) -> None:
+        await self.controls.resume(job)
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.accounting.inventory
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.accounting.ledger
+
+    def hold(self, job_id: int) -> str | None:
+        return self.queue.hold(job_id)
+
+    def pending_job(self, job_id: int) -> JobRecord | None:
+        return self.dispatch.pending.get(job_id)
+
+    def running_job(self, job_id: int) -> JobRecord | None:
+        return self.board.running_job(job_id)
+
+    def active_count(self) -> int:
+        return len(self.board.active)
+
+    def running_cost(self, job_id: int) -> float:
+        attempt = self.board.active.get(job_id)
+        return 0.0 if attempt is None else self.accounting.attempt_cost(attempt)
+
+    def log_path(self, job: JobRecord, number: int, stream: str) -> Path:
+        """Where attempt `number`'s log is (stream "all" or "stderr")."""
+        return self.runtimes[job.spec.runtime].log_path(
+            self.layout.attempt_dir(job.id, number), stream)
+
+    def writing_logs(self, job_id: int, number: int) -> bool:
+        """Whether attempt `number` of the job may still add to its log."""
+        attempt = self.board.active.get(job_id)
+        return attempt is not None and number > 0 and attempt.number == number
+
+    async def exec(self, job: JobRecord, command: list[str], timeout: float) -> ExecResult:
+        """Run a command beside the job's running rank 0, as its owner."""
+        attempt = self.board.active.get(job.id)
+        if job.phase != Phase.RUNNING or attempt is None or not attempt.running:
+            raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
+        runtime = self.runtimes[job.spec.runtime]
+        if not attempt.ends:
+            why = runtime.hold() or "the daemon has just restarted"
+            raise errors.Conflict(f"job {job.name!r}: it is not adopted yet ({why}); try "
+                                  "again shortly")
+        launch = await self.runner.launch_of(attempt)
+        return await runtime.exec(launch, attempt.handles[0], command, timeout)

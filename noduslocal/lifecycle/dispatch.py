@@ -1,0 +1,104 @@
+"""The queue pass: pending jobs in, attempts out. Holds the jobs that wait, starts what
+the queue lets start (its start committed with whatever freed the room), asks for the
+preemptions the head needs, and gives an ended attempt's share back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from noduslocal.gpu.cost import Meter
+from noduslocal.lifecycle.accounting import GpuAccounting
+from noduslocal.lifecycle.attempt import Attempt, Board
+from noduslocal.lifecycle.background import Background
+from noduslocal.lifecycle.stops import Stopper
+from noduslocal.models import JobRecord
+from noduslocal.scheduler.queue import Queue, Request
+from noduslocal.states import Reason
+from noduslocal.store import Store, ops
+
+log = logging.getLogger(__name__)
+
+
+class Dispatch:
+    def __init__(self, store: Store, queue: Queue, board: Board, accounting: GpuAccounting,
+                 stopper: Stopper, background: Background,
+                 on_start: Callable[[Attempt], None]) -> None:
+        """`on_start`: runs a new attempt (its start is queued for commit already)."""
+        self.store = store
+        self.queue = queue
+        self.board = board
+        self.accounting = accounting
+        self.stopper = stopper
+        self.background = background
+        self._on_start = on_start
+        self.pending: dict[int, JobRecord] = {}
+        self.ready = False  # set once recovery has given running jobs their share back
+        self._scheduled = False
+
+    def enqueue(self, job: JobRecord) -> None:
+        request = Request.of(job.id, job.spec, job.owner_uid)
+        if (why := self.queue.capacity.refusal(request)) is not None:
+            # Admitted by a daemon with more CPUs or memory than this one: it would wait
+            # at the head of the queue forever, and everything behind it too.
+            self.store.write(lambda c: ops.fail_job(
+                c, job.id, time.time(), Reason.UNSCHEDULABLE, f"{why} (after a restart)"))
+            return
+        self.pending[job.id] = job
+        self.queue.push(request)
+        self.kick()
+
+    def remove(self, job_id: int) -> bool:
+        """Take a pending job out of the queue; False when it was not waiting there."""
+        if self.queue.remove(job_id) is None:
+            return False
+        self.pending.pop(job_id, None)
+        return True
+
+    def kick(self) -> None:
+        """A pass soon, once for everything that changed meanwhile."""
+        if not self._scheduled and not self.background.closed:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.run_pass)
+
+    def run_pass(self) -> None:
+        self._scheduled = False
+        if self.background.closed or not self.ready:
+            return
+        started = self.queue.schedule()
+        for job_id in self.queue.preempt:
+            victim = self.board.active.get(job_id)
+            if victim is not None and victim.stop_reason is None and victim.running:
+                self.queue.stopping.add(job_id)
+                log.info("preempting job %s (interruptible) for a waiting job",
+                         victim.job.name)
+                self.stopper.stop_soon(victim, Reason.PREEMPTED)
+        gpus = self.queue.capacity.gpus
+        for request in started:
+            job = self.pending.pop(request.job_id)
+            attempt = Attempt(job, request)
+            if gpus is not None:
+                attempt.gpus = list(gpus.by_job.get(job.id, []))
+            if attempt.gpus:
+                attempt.meter = Meter.start(attempt.gpus, self.accounting.inventory,
+                                            time.time())
+            self.board.active[job.id] = attempt
+            # Queued now, so it joins the commit of whatever freed the capacity.
+            attempt.started = self.store.write(
+                lambda c, job_id=job.id, uuids=attempt.gpus: ops.start_attempt(
+                    c, job_id, time.time(), uuids))
+            self._on_start(attempt)
+
+    def release(self, attempt: Attempt) -> None:
+        """The attempt holds nothing any more: its share goes to the next pass."""
+        for timer in attempt.timers:
+            timer.cancel()
+        if self.board.holds(attempt):
+            del self.board.active[attempt.job.id]
+            self.queue.stopping.discard(attempt.job.id)
+            self.accounting.charge(attempt.request)
+            self.queue.capacity.give(attempt.request)
+            self.run_pass()

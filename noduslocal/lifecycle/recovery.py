@@ -1,0 +1,104 @@
+"""After a daemon restart: the fair-share ledger and drains are read back, every attempt
+that may still run takes its share back (CPUs, memory, the same GPUs) before any pass, and
+is adopted if its ranks live, or ended as what it became meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from noduslocal.gpu.cost import Meter
+from noduslocal.layout import JobLayout
+from noduslocal.lifecycle.accounting import GpuAccounting
+from noduslocal.lifecycle.attempt import Attempt, Board
+from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.runner import AttemptRunner
+from noduslocal.models import AttemptRecord, JobRecord
+from noduslocal.runtime.base import Rank, Runtime
+from noduslocal.scheduler.queue import Request
+from noduslocal.states import AttemptPhase, Phase
+from noduslocal.store import Store, ops
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    def __init__(self, store: Store, layout: JobLayout, runtimes: Mapping[str, Runtime],
+                 board: Board, dispatch: Dispatch, accounting: GpuAccounting,
+                 runner: AttemptRunner) -> None:
+        self.store = store
+        self.layout = layout
+        self.runtimes = runtimes
+        self.board = board
+        self.dispatch = dispatch
+        self.accounting = accounting
+        self.runner = runner
+
+    async def recover(self) -> None:
+        self.layout.create_root()
+        pool = self.dispatch.queue.capacity.gpus
+        if pool is not None:
+            pool.drained = await self.store.drained_gpus()
+        await self.accounting.replay(self.store)
+        jobs = await self.store.active_jobs()
+        # Everything that may still run takes its share back before any pass can start a
+        # pending job; the pass is held until then.
+        for job in jobs:
+            if job.phase in (Phase.STARTING, Phase.RUNNING):
+                await self._reconcile(job)
+        for job in jobs:
+            if job.phase == Phase.PENDING:
+                self.dispatch.enqueue(job)
+        self.dispatch.ready = True
+        self.dispatch.kick()
+
+    async def _reconcile(self, job: JobRecord) -> None:
+        last: AttemptRecord = (await self.store.attempts(job.id))[-1]
+        attempt = Attempt(job, Request.of(job.id, job.spec, job.owner_uid),
+                          number=last.number,
+                          directory=self.layout.attempt_dir(job.id, last.number),
+                          running=last.phase == AttemptPhase.RUNNING, handles=last.handles,
+                          stop_reason=last.stop_reason)
+        attempt.gpus = last.gpus
+        if last.gpus:  # the energy before the restart is not known: time only, from here
+            attempt.meter = Meter.start(last.gpus, self.accounting.inventory,
+                                        last.started_at or last.created_at)
+            attempt.meter.energy_start = dict.fromkeys(last.gpus)
+        self.board.active[job.id] = attempt
+        self.dispatch.queue.capacity.take(attempt.request, gpus=last.gpus,
+                                          started_at=last.started_at or last.created_at)
+        # Its own task: a runtime may be away (dockerd), and the attempt holds its share
+        # until it is back and says what became of it.
+        attempt.task = asyncio.create_task(self._adopt(attempt, last))
+
+    async def _adopt(self, attempt: Attempt, last: AttemptRecord) -> None:
+        job = attempt.job
+        try:
+            launch = await self.runner.launch_of(attempt)
+            found = await self.runner.runtime_of(job).adopt(
+                launch, attempt.handles, recorded_running=attempt.running,
+                stopping=attempt.stop_reason is not None)
+            if not isinstance(found, list):
+                await self.runner.finish(attempt, found)
+                return
+            await self._watch_adopted(attempt, last, found)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("reconciling job %s failed", job.name)
+            await self.runner.give_up(attempt, f"the daemon could not adopt it: {exc}")
+
+    async def _watch_adopted(self, attempt: Attempt, last: AttemptRecord,
+                             ranks: list[Rank]) -> None:
+        job = attempt.job
+        recorded_running = attempt.running
+        self.runner.take(attempt, ranks)
+        started = last.started_at
+        if not recorded_running or started is None:
+            # The daemon died between the launch and its commit.
+            started = min(rank.started_at for rank in ranks)
+            await self.store.write(lambda c, at=started: ops.attempt_running(
+                c, job.id, attempt.number, at, attempt.handles))
+        await self.runner.watch(attempt, started)

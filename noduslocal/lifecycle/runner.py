@@ -1,0 +1,189 @@
+"""Running one attempt: prepare its directory, launch its ranks through the job's runtime,
+watch them (timeout, a stop asked for meanwhile, a GPU that broke), and record the end:
+outputs collected before it is committed, the job queued again or ended, the share
+handed on in the same commit as the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from noduslocal.layout import JobLayout
+from noduslocal.lifecycle.accounting import GpuAccounting
+from noduslocal.lifecycle.attempt import Attempt, Board
+from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.outcomes import outcome_of
+from noduslocal.lifecycle.stops import Stopper
+from noduslocal.models import JobRecord
+from noduslocal.outputs import Collected
+from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.runtime.base import (
+    Launch,
+    LaunchFailed,
+    NotLaunched,
+    Rank,
+    Runtime,
+    attempt_state,
+)
+from noduslocal.states import AttemptPhase, Phase, Reason
+from noduslocal.store import Store, ops
+
+log = logging.getLogger(__name__)
+
+
+class AttemptRunner:
+    def __init__(self, store: Store, layout: JobLayout, runtimes: Mapping[str, Runtime],
+                 board: Board, dispatch: Dispatch, stopper: Stopper,
+                 accounting: GpuAccounting) -> None:
+        self.store = store
+        self.layout = layout
+        self.runtimes = runtimes
+        self.board = board
+        self.dispatch = dispatch
+        self.stopper = stopper
+        self.accounting = accounting
+
+    def runtime_of(self, job: JobRecord) -> Runtime:
+        return self.runtimes[job.spec.runtime]
+
+    async def launch_of(self, attempt: Attempt) -> Launch:
+        """What the runtime needs for this attempt: its place, secrets and GPUs."""
+        job = attempt.job
+        secrets = await self.store.job_secret_values(job.id) if job.spec.secrets else {}
+        return Launch(attempt.ref, secrets, self.accounting.grant(attempt.gpus))
+
+    @staticmethod
+    def take(attempt: Attempt, ranks: list[Rank]) -> None:
+        attempt.handles = [rank.handle for rank in ranks]
+        attempt.ends = [rank.ended for rank in ranks]
+        attempt.running = True
+
+    async def run(self, attempt: Attempt) -> None:
+        job = attempt.job
+        assert attempt.started is not None
+        try:
+            attempt.number = await attempt.started
+            if attempt.stop_reason is not None:
+                await self.finish(attempt, NeverStarted())
+                return
+            if attempt.lost is not None:  # its GPU broke before it was launched
+                await self.finish(attempt, NeverStarted(attempt.lost))
+                return
+            if job.spec.source and attempt.number == 1:  # unpacking may take a while
+                attempt.directory = await asyncio.to_thread(self.layout.prepare, job, 1)
+            else:
+                attempt.directory = self.layout.prepare(job, attempt.number)
+            launch = await self.launch_of(attempt)
+            try:
+                ranks = await self.runtime_of(job).launch(launch)
+            except NotLaunched as exc:
+                await self.finish(attempt, exc.state)
+                return
+            except LaunchFailed as exc:
+                await self.give_up(attempt, str(exc))
+                return
+            self.take(attempt, ranks)
+            now = min(rank.started_at for rank in ranks)
+            # Not awaited here: the writer keeps order, so this commits before the end does.
+            running = self.store.write(lambda c: ops.attempt_running(
+                c, job.id, attempt.number, now, attempt.handles))
+            await self.watch(attempt, now, running)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("supervising job %s failed", job.name)
+            await self.give_up(attempt, f"the daemon could not run it: {exc}")
+
+    async def watch(self, attempt: Attempt, started_at: float,
+                    running: asyncio.Future[Any] | None = None) -> None:
+        """Until every rank has ended: the timeout, and stops asked for meanwhile."""
+        timeout = attempt.job.spec.timeout
+        if attempt.lost is not None:  # its GPU broke while it was being launched
+            await self.stopper.signal(attempt, signal.SIGKILL)
+        if attempt.stop_reason is not None:
+            await self.stopper.send_stop(attempt)
+        elif timeout is not None:
+            delay = max(0.0, started_at + timeout - time.time())
+            attempt.timers.append(asyncio.get_running_loop().call_later(
+                delay, self.stopper.stop_soon, attempt, Reason.TIMEOUT))
+        states = [await end for end in attempt.ends]
+        await self.finish(attempt, attempt_state(states), running)
+
+    async def finish(self, attempt: Attempt, state: AttemptState,
+                     running: asyncio.Future[Any] | None = None) -> None:
+        job = attempt.job
+        if attempt.lost is not None and not isinstance(state, NeverStarted):
+            state = Vanished(attempt.lost)
+        outcome = replace(outcome_of(state, attempt),
+                          cost=self.accounting.attempt_cost(attempt))
+        runtime = self.runtime_of(job)
+        if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
+            await runtime.clear_lost(attempt.ref, attempt.handles)
+        collected = []
+        if isinstance(state, Exited) and job.spec.outputs:
+            # Before the end is committed, so a wait() that returns finds them.
+            collected = await asyncio.to_thread(self._collect, job)
+        ended = self.store.write(lambda c: ops.finish_attempt(
+            c, job.id, attempt.number, outcome, time.time(), collected))
+        if outcome.job_phase == Phase.PENDING:
+            # Back in the queue at its old place before its share is handed on; any start
+            # this allows is committed after the end above (the writer keeps order).
+            self.dispatch.enqueue(replace(
+                job, phase=Phase.PENDING.value, reason=outcome.reason,
+                attempts=attempt.number, cost=job.cost + outcome.cost,
+                retries_used=job.retries_used + outcome.spend_retry))
+        # The ranks are gone, so their share goes to the next job now: that job's start and
+        # this end share one commit instead of waiting for each other.
+        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.board.finishing[job.id] = recorded
+        self.dispatch.release(attempt)
+        try:
+            if running is not None:
+                await running
+            await ended
+        finally:
+            self.board.finishing.pop(job.id, None)
+            recorded.set_result(None)
+        if attempt.handles and attempt.directory is not None:
+            await runtime.release(attempt.ref, attempt.handles)
+
+    async def give_up(self, attempt: Attempt, message: str) -> None:
+        """End a job whose attempt broke in the daemon itself, so it is never left
+        Starting or Running with nobody watching it."""
+        job = attempt.job
+        try:
+            if attempt.running and attempt.directory is not None:
+                await self.stopper.signal(attempt, signal.SIGKILL)
+            if attempt.number:
+                phase = AttemptPhase.LOST if attempt.running else AttemptPhase.NOT_STARTED
+                outcome = ops.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
+                await self.store.write(lambda c: ops.finish_attempt(
+                    c, job.id, attempt.number, outcome, time.time()))
+            else:
+                await self.store.write(lambda c: ops.fail_job(
+                    c, job.id, time.time(), Reason.START_FAILED, message))
+            if attempt.handles and attempt.directory is not None:  # a kill may have failed
+                await self.runtime_of(job).release(attempt.ref, attempt.handles)
+        except Exception:
+            log.exception("recording the failure of job %s failed", job.name)
+        finally:
+            self.dispatch.release(attempt)
+
+    def _collect(self, job: JobRecord) -> list[Collected]:
+        workspace = self.layout.workspace(job.id)
+        collected = []
+        for name, path in job.spec.outputs.items():
+            try:
+                out = self.layout.blobs.collect(workspace, name, path, job.owner_uid)
+            except Exception:  # one bad output never fails the job or the others
+                log.exception("collecting output %s of job %s failed", name, job.name)
+                continue
+            if out is not None:
+                collected.append(out)
+        return collected

@@ -1,0 +1,131 @@
+"""The one interface every runtime implements (host processes, docker; later a cluster):
+launch an attempt's ranks, learn each rank's end, signal, adopt or judge after a restart,
+exec beside a rank, and where its logs are. The lifecycle sees only this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from noduslocal.gpu.model import Gpu, job_env
+from noduslocal.models import Handle, JobRecord
+from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.runtime.execute import ExecResult
+from noduslocal.runtime.shim import OUTPUT_LOG, STDERR_LOG
+
+LOG_FILES = {"all": OUTPUT_LOG, "stderr": STDERR_LOG}
+
+
+@dataclass
+class Rank:
+    """A rank that runs: its handle, when it started, and a future of its end."""
+
+    handle: Handle
+    started_at: float
+    ended: asyncio.Future[AttemptState]
+
+
+@dataclass(frozen=True)
+class GpuGrant:
+    """The GPUs an attempt was given (UUIDs; `gpus` the ones the inventory still lists),
+    and what a job learns of them."""
+
+    uuids: list[str] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
+    box_has_gpus: bool = False
+    simulated: bool = False
+
+    def env(self, in_container: bool) -> dict[str, str]:
+        return job_env(self.gpus, self.box_has_gpus, in_container, self.simulated)
+
+    @property
+    def device_ids(self) -> list[str] | None:
+        """The real GPUs a container is given (simulated ones exist only in its env)."""
+        return None if self.simulated else list(self.uuids)
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    """Which attempt: its job, its number and its directory (logs, pid and exit files)."""
+
+    job: JobRecord
+    number: int
+    directory: Path
+
+
+@dataclass(frozen=True)
+class Launch:
+    """All a runtime needs to start, or exec beside, an attempt."""
+
+    ref: AttemptRef
+    secrets: dict[str, str]
+    gpus: GpuGrant
+
+    @property
+    def mask(self) -> list[str]:
+        return sorted(set(self.secrets.values()))
+
+
+class LaunchFailed(RuntimeError):
+    """The attempt cannot run (a bad image, a refused start); the message is for the user
+    and the job fails StartFailed."""
+
+
+class NotLaunched(RuntimeError):
+    """The attempt did not start, or ended during its launch: `state` says which."""
+
+    def __init__(self, state: AttemptState) -> None:
+        super().__init__(str(state))
+        self.state = state
+
+
+class Runtime(Protocol):
+    kind: str  # recorded in every handle; the job's spec names the runtime it needs
+
+    def hold(self) -> str | None:
+        """Why new attempts cannot be launched now (a queue hold), or None."""
+
+    async def launch(self, launch: Launch) -> list[Rank]:
+        """Start every rank, or none (LaunchFailed, NotLaunched)."""
+
+    async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
+                    stopping: bool) -> list[Rank] | AttemptState:
+        """After a daemon restart: the ranks that still run, or what the attempt became.
+        `stopping`: we had asked it to stop, so kills seen meanwhile are ours."""
+
+    async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
+        """False when it could not be delivered (ended, or the runtime unreachable)."""
+
+    async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        """Before a lost attempt is retried: nothing it left may run beside the retry."""
+
+    async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        """Once the attempt's end is committed: free what the runtime kept for it."""
+
+    async def exec(self, launch: Launch, handle: Handle, command: list[str],
+                   timeout: float) -> ExecResult:
+        """Run a command to its end beside a running rank, as the job's owner."""
+
+    def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
+        """Where a rank's log (stream "all" or "stderr") is written."""
+
+
+def rank_dir(directory: Path, rank: int) -> Path:
+    """Where a rank's pid, exit and log files are: the attempt directory for rank 0, a
+    directory of its own in there for each further rank."""
+    return directory if rank == 0 else directory / f"rank-{rank}"
+
+
+def attempt_state(states: list[AttemptState]) -> AttemptState:
+    """One verdict for the attempt from each rank's end: a rank lost or never started
+    decides it, else the first rank that failed, else rank 0's exit."""
+    for state in states:
+        if isinstance(state, Vanished | NeverStarted):
+            return state
+    for state in states:
+        if isinstance(state, Exited) and (state.exit_code != 0 or state.oom_killed is not False):
+            return state
+    return states[0]

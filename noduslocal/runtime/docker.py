@@ -1,0 +1,151 @@
+"""The docker runtime: each rank a container of dockerd's, created as the job's owner with
+its limits and GPUs, found again by its labels after a restart of the daemon or dockerd,
+and removed once its end is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.config import Settings
+from noduslocal.layout import JobLayout
+from noduslocal.runtime import container_spec
+from noduslocal.runtime.attempts import Alive, AttemptState, NeverStarted
+from noduslocal.runtime.base import (
+    LOG_FILES,
+    AttemptRef,
+    Handle,
+    Launch,
+    LaunchFailed,
+    NotLaunched,
+    Rank,
+    rank_dir,
+)
+from noduslocal.runtime.container_exec import exec_in_container
+from noduslocal.runtime.docker_engine import DockerEngine, DockerUnavailable, LaunchError
+from noduslocal.runtime.execute import ExecResult
+
+log = logging.getLogger(__name__)
+ADOPT_RETRY = 1.0  # seconds between looks for a dockerd that is away, after a restart
+
+
+class DockerRuntime:
+    kind = "docker"
+
+    def __init__(self, settings: Settings, layout: JobLayout, on_change: Callable[[], None],
+                 is_ended: Callable[[int, int], Awaitable[bool]]) -> None:
+        """`on_change`: dockerd came or went (hold() changed); `is_ended(job_id, number)`:
+        whether that attempt's end is committed, so its container may go."""
+        self.settings = settings
+        self.layout = layout
+        self._on_change = on_change
+        self._is_ended = is_ended
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.engine = DockerEngine(settings.docker_host,
+                                   container_spec.instance_id(settings.data_dir),
+                                   settings.image_pull, self._availability_changed)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.engine.close()
+
+    def hold(self) -> str | None:
+        if self.engine.available:
+            return None
+        return f"dockerd unreachable: {self.engine.unavailable_reason}"
+
+    def _availability_changed(self) -> None:
+        if self.engine.available:
+            task = asyncio.ensure_future(self._sweep())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._on_change()
+
+    async def launch(self, launch: Launch) -> list[Rank]:
+        ref, job = launch.ref, launch.ref.job
+        assert job.spec.image is not None
+        kwargs = container_spec.create_kwargs(
+            self.settings, self.layout, self.engine.instance, job, ref.number, launch.secrets,
+            launch.gpus.env(in_container=True), launch.gpus.device_ids)
+        try:
+            container_id, ended = await self.engine.launch(
+                job.spec.image, kwargs, job.id, ref.number, ref.directory, launch.mask)
+        except DockerUnavailable as exc:  # queued again, no retry spent
+            raise NotLaunched(NeverStarted(f"dockerd went away ({exc})")) from None
+        except LaunchError as exc:
+            raise LaunchFailed(str(exc)) from None
+        return [Rank(Handle(self.kind, container_id), time.time(), ended)]
+
+    async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
+                    stopping: bool) -> list[Rank] | AttemptState:
+        # The containers are found by their labels, so a container created after the
+        # last commit is found too; `recorded` adds nothing to that.
+        del recorded
+        ref = launch.ref
+        while True:
+            try:
+                state, container_id, started, ended = await self.engine.adopt(
+                    ref.job.id, ref.number, ref.directory, launch.mask,
+                    recorded_running=recorded_running, stopping=stopping)
+                break
+            except DockerUnavailable:
+                await asyncio.sleep(ADOPT_RETRY)  # adopt() waits for dockerd to be back
+        if not isinstance(state, Alive):
+            return state
+        assert container_id is not None and ended is not None
+        log.info("adopting job %s attempt %d (container %s)", ref.job.name, ref.number,
+                 container_id[:12])
+        return [Rank(Handle(self.kind, container_id), started, ended)]
+
+    async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
+        return await self.engine.signal(handle.ref, sig)
+
+    async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        """Nothing now: a lost attempt's container goes with release(), once its end is
+        committed, and the next attempt's launch removes whatever earlier ones left."""
+
+    async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        for handle in handles:
+            await self.engine.remove(handle.ref)
+
+    async def exec(self, launch: Launch, handle: Handle, command: list[str],
+                   timeout: float) -> ExecResult:
+        job = launch.ref.job
+        try:
+            return await exec_in_container(
+                self.engine.call, self.engine.client, handle.ref, command,
+                f"{job.owner_uid}:{job.owner_gid}", job.spec.workdir, launch.mask, timeout)
+        except DockerUnavailable as exc:
+            raise errors.Conflict(f"dockerd unreachable: {exc}") from None
+
+    def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
+        return rank_dir(directory, rank) / LOG_FILES[stream]
+
+    async def _sweep(self) -> None:
+        """Remove containers whose attempt's end is committed: ones whose removal failed
+        (dockerd away), or whose daemon died between the commit and the removal."""
+        engine = self.engine
+        try:
+            # Running ones too: a container whose attempt was judged lost (dockerd
+            # restarted) may live on under live-restore, and its job has moved on.
+            found: list[dict[str, Any]] = await engine.call(
+                lambda: engine.client.api.containers(
+                    all=True, filters=container_spec.job_filter(engine.instance)))
+            for container in found:
+                labels = container["Labels"]
+                job_id = int(labels[f"{container_spec.LABEL}.job-id"])
+                number = int(labels[f"{container_spec.LABEL}.attempt"])
+                if await self._is_ended(job_id, number):
+                    await engine.remove(container["Id"])
+        except Exception:
+            log.exception("removing ended containers failed")

@@ -1,0 +1,105 @@
+"""The host runtime: each rank a process group under a shim that outlives the daemon, its
+exit recorded in the attempt directory; adopted again after a restart by the shim's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from noduslocal.layout import JobLayout
+from noduslocal.runtime.attempts import (
+    Alive,
+    AttemptState,
+    kill_leftovers,
+    read_pid,
+    settled_inspect,
+)
+from noduslocal.runtime.base import (
+    LOG_FILES,
+    AttemptRef,
+    Handle,
+    Launch,
+    NotLaunched,
+    Rank,
+    rank_dir,
+)
+from noduslocal.runtime.execute import ExecResult, run_in_job
+from noduslocal.runtime.host_launch import launch_request
+from noduslocal.runtime.spawner import Spawner, SpawnError
+
+log = logging.getLogger(__name__)
+
+
+class HostRuntime:
+    kind = "process"
+
+    def __init__(self, layout: JobLayout, spawner: Spawner | None = None) -> None:
+        self.layout = layout
+        self.spawner = spawner or Spawner()
+
+    async def start(self) -> None:
+        await self.spawner.start()
+
+    async def close(self) -> None:
+        await self.spawner.close()
+
+    def hold(self) -> str | None:
+        return None
+
+    def _request(self, launch: Launch) -> dict[str, Any]:
+        ref = launch.ref
+        return launch_request(self.layout, ref.job, ref.number, launch.secrets,
+                              launch.gpus.env(in_container=False))
+
+    def _rank(self, ref: AttemptRef, shim_pid: int, started_at: float) -> Rank:
+        return Rank(Handle(self.kind, str(shim_pid), boot=self.spawner.boot_id), started_at,
+                    self.spawner.watch(ref.directory, shim_pid))
+
+    async def launch(self, launch: Launch) -> list[Rank]:
+        ref = launch.ref
+        try:
+            shim_pid = await self.spawner.launch(self._request(launch))
+        except SpawnError:
+            # The spawner died mid-request: the attempt directory says whether a shim
+            # started (its lock) before it went.
+            log.exception("spawning job %s failed", ref.job.name)
+            state = await settled_inspect(ref.directory)
+            if not isinstance(state, Alive):
+                raise NotLaunched(state) from None
+            shim_pid = state.shim_pid
+        return [self._rank(ref, shim_pid, time.time())]
+
+    async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
+                    stopping: bool) -> list[Rank] | AttemptState:
+        # A shim that lives holds its lock whatever was recorded; kills are not ours to
+        # judge here (the shim recorded the exit status itself).
+        del recorded, recorded_running, stopping
+        ref = launch.ref
+        state = await settled_inspect(ref.directory)
+        if not isinstance(state, Alive):
+            return state
+        log.info("adopting job %s attempt %d (shim %d)", ref.job.name, ref.number,
+                 state.shim_pid)
+        pid = read_pid(ref.directory)
+        return [self._rank(ref, state.shim_pid, pid["started_at"] if pid else time.time())]
+
+    async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
+        return await self.spawner.signal_group(rank_dir(ref.directory, handle.rank), sig)
+
+    async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        for handle in handles:
+            kill_leftovers(rank_dir(ref.directory, handle.rank), int(handle.ref), handle.boot)
+
+    async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        """Nothing is kept: a shim removes nothing and leaves its files for the logs."""
+
+    async def exec(self, launch: Launch, handle: Handle, command: list[str],
+                   timeout: float) -> ExecResult:
+        del handle  # beside the job, not inside its process group
+        return await run_in_job(self._request(launch), command, timeout)
+
+    def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
+        return rank_dir(directory, rank) / LOG_FILES[stream]
