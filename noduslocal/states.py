@@ -1,4 +1,5 @@
-"""Job and attempt phases, the legal transitions between them, and the reasons we record.
+"""Job, attempt and sweep phases, the legal transitions between them, and the reasons we
+record.
 
 Stdlib only: the daemon's store enforces this table inside each transaction, and the client
 and CLI read the terminal sets from here. Nothing else may spell a phase or reason by hand.
@@ -61,6 +62,37 @@ ATTEMPT_TRANSITIONS: dict[AttemptPhase, frozenset[AttemptPhase]] = {
 }
 
 
+class SweepPhase(StrEnum):
+    PENDING = "Pending"
+    CANARY = "Canary"  # cell 0 (or the smoke command) runs alone and gates the rest
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+SWEEP_TERMINAL: frozenset[SweepPhase] = frozenset(
+    {SweepPhase.SUCCEEDED, SweepPhase.FAILED, SweepPhase.CANCELLED})
+
+# A sweep ends Succeeded, Failed or Cancelled; only a Failed one moves again, when
+# `sweep retry` runs its failed cells (the canary first after a canary failure).
+SWEEP_TRANSITIONS: dict[SweepPhase, frozenset[SweepPhase]] = {
+    SweepPhase.PENDING: frozenset({SweepPhase.CANARY, SweepPhase.RUNNING,
+                                   SweepPhase.SUCCEEDED, SweepPhase.FAILED,
+                                   SweepPhase.CANCELLED, SweepPhase.SUSPENDED}),
+    SweepPhase.CANARY: frozenset({SweepPhase.RUNNING, SweepPhase.FAILED,
+                                  SweepPhase.CANCELLED, SweepPhase.SUSPENDED}),
+    SweepPhase.RUNNING: frozenset({SweepPhase.SUCCEEDED, SweepPhase.FAILED,
+                                   SweepPhase.CANCELLED, SweepPhase.SUSPENDED}),
+    SweepPhase.SUSPENDED: frozenset({SweepPhase.CANARY, SweepPhase.RUNNING,
+                                     SweepPhase.CANCELLED}),
+    SweepPhase.SUCCEEDED: frozenset(),
+    SweepPhase.FAILED: frozenset({SweepPhase.CANARY, SweepPhase.RUNNING}),
+    SweepPhase.CANCELLED: frozenset(),
+}
+
+
 class Reason(StrEnum):
     CREATED = "Created"
     SCHEDULED = "Scheduled"
@@ -80,6 +112,8 @@ class Reason(StrEnum):
     SUSPENDED = "Suspended"  # on request (job suspend); resumed by job resume
     RESUMED = "Resumed"
     CELLS_FAILED = "CellsFailed"
+    CANARY_FAILED = "CanaryFailed"  # cell 0 or the smoke command failed: nothing else ran
+    CANARY_PASSED = "CanaryPassed"
 
 
 class IllegalTransition(RuntimeError):
@@ -95,3 +129,7 @@ def check_attempt_transition(current: str, target: str) -> None:
     if AttemptPhase(target) not in ATTEMPT_TRANSITIONS[AttemptPhase(current)]:
         raise IllegalTransition(f"attempt phase {current} -> {target} is not a legal transition")
 
+
+def check_sweep_transition(current: str, target: str) -> None:
+    if SweepPhase(target) not in SWEEP_TRANSITIONS[SweepPhase(current)]:
+        raise IllegalTransition(f"sweep phase {current} -> {target} is not a legal transition")

@@ -40,6 +40,11 @@ if [ "$(id -u)" = 0 ]; then
     command -v gcc >/dev/null && [ -e /usr/include/stdio.h ] || apt_install gcc libc6-dev
 fi
 
+# `noduslocal map --dry-run` is checked against GNU parallel's (tests/test_map_expand.py).
+if [ "$(id -u)" = 0 ]; then
+    command -v parallel >/dev/null || apt_install parallel
+fi
+
 # Container tests need a docker engine and two images built here (no registry is reachable).
 docker_up() { docker info >/dev/null 2>&1; }
 if [ "$(id -u)" = 0 ] && ! docker_up; then

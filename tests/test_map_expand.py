@@ -1,0 +1,109 @@
+"""`noduslocal map`'s argument grammar: the forms GNU parallel also accepts give the same
+commands in the same order as Debian's `parallel --dry-run`; our own forms (named groups,
+commas, {i}, {n}) and the refusals get tests of their own."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from noduslocal.errors import InvalidArgument
+from noduslocal.sweeps.expand import GRAMMAR, parse
+
+PARALLEL = shutil.which("parallel")
+
+# (arguments after `--`, stdin or None): forms both accept.
+SHARED_FORMS: list[tuple[list[str], str | None]] = [
+    (["echo", "{}", ":::", "a", "b", "c"], None),
+    (["echo", ":::", "a", "b", "c"], None),  # appended without a placeholder
+    (["echo", "{1}", "{2}", ":::", "a", "b", ":::", "1", "2", "3"], None),
+    (["echo", "{2}", "{1}", ":::", "a", "b", ":::", "1", "2"], None),  # any order
+    (["echo", ":::", "a", "b", ":::", "1", "2", ":::", "x", "y"], None),  # three, appended
+    (["echo", "{}", ":::", "a", "b", ":::", "1", "2"], None),  # {} alone: every value
+    (["python3", "train.py", "--shard={1}", "--of", "{2}", ":::", "0", "1", ":::", "4"], None),
+    (["echo", "pre{1}post", "{1}", ":::", "a", "b"], None),  # inside a word, twice
+    (["echo", "{}"], "alpha\nbeta\ngamma\n"),  # one task per stdin line
+    (["echo"], "one\ntwo\n"),  # stdin, appended
+    (["echo", "{}"], "has space\nit's\n\n"),  # quoting, and an empty line
+    (["cp", "{}", "{}.bak", ":::", "f1", "f2"], None),
+]
+
+
+def parallel_dry_run(args: list[str], stdin: str | None) -> list[str]:
+    assert PARALLEL is not None
+    done = subprocess.run([PARALLEL, "--will-cite", "-k", "--dry-run", *args],
+                          input=stdin if stdin is not None else "", capture_output=True,
+                          text=True, timeout=60, check=True,
+                          env={**os.environ, "PARALLEL_HOME": "/tmp/.parallel-tests"})
+    return done.stdout.splitlines()
+
+
+def ours(args: list[str], stdin: str | None) -> list[str]:
+    lines = stdin.splitlines(keepends=True) if stdin is not None else None
+    return [shlex.join(task.argv) for task in parse(args, lines).tasks()]
+
+
+@pytest.mark.skipif(PARALLEL is None and not os.environ.get("CI"),
+                    reason="GNU parallel is not installed (scripts/test.sh installs it)")
+@pytest.mark.parametrize(("args", "stdin"), SHARED_FORMS)
+def test_same_commands_as_gnu_parallel(args: list[str], stdin: str | None) -> None:
+    assert PARALLEL is not None, "CI must have GNU parallel (scripts/test.sh installs it)"
+    assert ours(args, stdin) == parallel_dry_run(args, stdin)
+
+
+def test_named_groups_and_commas() -> None:
+    expansion = parse(["python", "train.py", "--lr", "{lr}", "--bs", "{bs}",
+                       ":::", "lr=1e-4,3e-4", ":::", "bs=32", "64"])
+    assert [shlex.join(t.argv) for t in expansion.tasks()] == [
+        "python train.py --lr 1e-4 --bs 32", "python train.py --lr 1e-4 --bs 64",
+        "python train.py --lr 3e-4 --bs 32", "python train.py --lr 3e-4 --bs 64"]
+    assert expansion.task(3).named(expansion.groups) == {"lr": "3e-4", "bs": "64"}
+    assert parse(["echo", ":::", "1,2", "3"]).task(2).argv == ["echo", "3"]
+
+
+def test_index_and_count() -> None:
+    expansion = parse(["gen", "--shard", "{i}", "--of", "{n}", "--x={}"], ["a\n", "b\n"])
+    assert [t.argv for t in expansion.tasks()] == [
+        ["gen", "--shard", "0", "--of", "2", "--x=a"],
+        ["gen", "--shard", "1", "--of", "2", "--x=b"]]
+
+
+def test_braces_that_are_no_placeholder_stay() -> None:
+    task = parse(["awk", "{print $1}", "{foo}", "{}", ":::", "f"]).task(0)
+    assert task.argv == ["awk", "{print $1}", "{foo}", "f"]
+
+
+def test_ten_thousand_tasks_are_computed_by_index() -> None:
+    expansion = parse(["run", "{1}", "{2}", ":::", *map(str, range(100)),
+                       ":::", *map(str, range(100))])
+    assert len(expansion) == 10_000
+    assert expansion.task(9_999).argv == ["run", "99", "99"]
+    assert expansion.task(101).argv == ["run", "1", "1"]
+
+
+@pytest.mark.parametrize(("args", "stdin", "message"), [
+    ([":::", "a"], None, "command: nothing before the first :::"),
+    (["echo", ":::"], None, "group 1 after ::: has no values"),
+    (["echo", ":::", "x=", ","], None, "group 1 after ::: has no values"),
+    (["echo", "{3}", ":::", "a", ":::", "b"], None, "{3} names group 3, but there are 2"),
+    (["echo", ":::", "i=1,2"], None, "may not be named 'i'"),
+    (["echo", ":::", "a=1", ":::", "a=2"], None, "two groups are named 'a'"),
+    (["echo", "{}"], None, "no ::: groups and no standard input"),
+    (["echo", "{}"], "", "standard input had no lines"),
+])
+def test_refusals_name_what_is_wrong(args: list[str], stdin: str | None,
+                                     message: str) -> None:
+    lines = stdin.splitlines(keepends=True) if stdin is not None else None
+    with pytest.raises(InvalidArgument, match=message.replace("{", r"\{").replace(
+            "}", r"\}")):
+        parse(args, lines)
+
+
+def test_the_grammar_names_every_placeholder() -> None:
+    for placeholder in ("{}", "{1}", "{lr}", "{i}", "{n}", ":::", "SUPERCOMPUTER_TASK_ID",
+                        "NODUS_TASK_ID"):
+        assert placeholder in GRAMMAR

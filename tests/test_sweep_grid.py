@@ -1,0 +1,63 @@
+"""The SDK's sweep grid: order, repetitions, comma strings, and refusals naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from noduslocal.errors import InvalidArgument
+from noduslocal.states import (
+    SWEEP_TERMINAL,
+    SWEEP_TRANSITIONS,
+    IllegalTransition,
+    SweepPhase,
+    check_sweep_transition,
+)
+from noduslocal.sweeps.grid import Grid, parse_grid
+
+
+def test_cartesian_product_in_key_order_last_key_fastest() -> None:
+    grid = parse_grid({"gpu": ["H100", "L4"], "BATCH_SIZE": [8, 16]})
+    assert [grid.params(i) for i in range(len(grid))] == [
+        {"gpu": "H100", "BATCH_SIZE": "8"}, {"gpu": "H100", "BATCH_SIZE": "16"},
+        {"gpu": "L4", "BATCH_SIZE": "8"}, {"gpu": "L4", "BATCH_SIZE": "16"}]
+
+
+def test_repetitions_of_a_cell_are_adjacent_and_strings_are_lists() -> None:
+    grid = parse_grid({"LR": "1e-4, 3e-4"}, repetitions=3)
+    assert len(grid) == 6
+    assert [grid.params(i)["LR"] for i in range(6)] == ["1e-4"] * 3 + ["3e-4"] * 3
+
+
+def test_no_grid_is_one_cell_per_repetition() -> None:
+    grid = parse_grid(None, 2)
+    assert len(grid) == 2 and grid.params(1) == {}
+
+
+def test_wire_round_trip() -> None:
+    grid = parse_grid({"gpu": [1, "H100:2"], "X": ["a"]}, 2)
+    assert Grid.from_wire(grid.to_wire()) == grid
+
+
+@pytest.mark.parametrize(("grid", "repetitions", "message"), [
+    ({"lr rate": [1]}, None, "'lr rate' is neither gpu, region nor"),
+    ({"LR": []}, None, "LR: no values"),
+    ({"LR": 3}, None, "LR: expected a list of values"),
+    ({"LR": [{"a": 1}]}, None, "is not a string or a number"),
+    ({"LR": [True]}, None, "is not a string or a number"),
+    ([1, 2], None, "grid: expected a mapping"),
+    (None, 0, "repetitions: expected an integer from 1"),
+    ({"A": list(range(1000)), "B": list(range(1000))}, None, "at most 100000"),
+])
+def test_refusals_name_the_field(grid: object, repetitions: object, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        parse_grid(grid, repetitions)
+
+
+def test_sweep_phases() -> None:
+    assert {SweepPhase.SUCCEEDED, SweepPhase.FAILED, SweepPhase.CANCELLED} == SWEEP_TERMINAL
+    check_sweep_transition("Canary", "Running")
+    check_sweep_transition("Failed", "Canary")  # sweep retry
+    for end in (SweepPhase.SUCCEEDED, SweepPhase.CANCELLED):
+        assert not SWEEP_TRANSITIONS[end]
+        with pytest.raises(IllegalTransition):
+            check_sweep_transition(end, "Running")
