@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from noduslocal import errors
 from noduslocal.client.job import Distributed, Job
+from noduslocal.client.sweep import Sweep
 from noduslocal.client.view import View
 
 __version__ = "0.1.0"
-__all__ = ["Distributed", "Job", "View", "__version__", "errors"]
+__all__ = ["Distributed", "Job", "Sweep", "View", "__version__", "errors"]

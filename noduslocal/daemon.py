@@ -178,6 +178,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     lifecycle = Lifecycle(settings, store, layout, {host.kind: host, docker.kind: docker},
                           inventory)
     gpus.watch(lifecycle.set_inventory)
+    hub.listen(lifecycle.on_committed)
     await docker.start()
     runner: web.AppRunner | None = None
     try:

@@ -5,7 +5,7 @@ log followers all learn of a transition here, after its transaction has committe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from noduslocal.models import Event
@@ -17,8 +17,15 @@ class EventHub:
     def __init__(self) -> None:
         self._streams: set[asyncio.Queue[Event | None]] = set()
         self._watchers: dict[int, list[asyncio.Future[Event]]] = {}
+        self._listeners: list[Callable[[list[Event]], None]] = []
+
+    def listen(self, listener: Callable[[list[Event]], None]) -> None:
+        """Call `listener` with every batch of committed events (the lifecycle's sweeps)."""
+        self._listeners.append(listener)
 
     def publish(self, events: list[Event]) -> None:
+        for listener in self._listeners:
+            listener(events)
         for event in events:
             for queue in list(self._streams):
                 try:

@@ -39,6 +39,8 @@ class JobSpec:
     max_cost: float | None = None  # stop it (MaxCostExceeded) once it cost more
     interruptible: bool = False  # may be preempted (and queued again) for other work
     network: str | None = None  # containers: None (docker's default bridge) or "none"
+    # A `map` task's: a non-zero exit spends a retry too (not 126/127, not an OOM kill).
+    retry_errors: bool = False
 
     @property
     def argv(self) -> list[str]:
@@ -71,6 +73,7 @@ class JobSpec:
             "expected_duration": self.expected_duration,
             "max_cost": self.max_cost,
             "interruptible": self.interruptible,
+            "retry_errors": self.retry_errors,
         }
 
     @classmethod
@@ -96,6 +99,7 @@ class JobSpec:
             expected_duration=data.get("expected_duration"),
             max_cost=data.get("max_cost"),
             interruptible=bool(data.get("interruptible")),
+            retry_errors=bool(data.get("retry_errors")),
         )
 
 
@@ -160,6 +164,8 @@ class JobRecord:
     attempts: int = 0
     retries_used: int = 0
     cost: float = 0.0  # of its ended attempts
+    sweep_id: int | None = None  # a sweep's cell: the sweep, and the cell's index
+    cell: int | None = None
 
     def to_wire(self, hold: str | None = None, *, redact: bool = False,
                 running_cost: float = 0.0) -> dict[str, Any]:
@@ -191,8 +197,39 @@ class JobRecord:
             "retries_used": self.retries_used,
             "cost": round(self.cost + running_cost, 6),
             "labels": self.labels,
+            "cell": self.cell,
             "spec": spec,
         }
+
+
+@dataclass
+class SweepRecord:
+    """One row of the sweeps table. `spec` is the definition its cells were made from:
+    template (a JobSpec's wire form), grid or map, canary, max_cost, webhook."""
+
+    id: int
+    project: str
+    name: str
+    owner_uid: int
+    owner_gid: int
+    owner: str
+    phase: str
+    spec: dict[str, Any]
+    labels: dict[str, str]
+    cells: int
+    max_parallel: int
+    created_at: float
+    reason: str | None = None
+    message: str | None = None
+    ended_at: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": "Sweep", "name": self.name, "project": self.project,
+                "owner": self.owner, "uid": self.owner_uid, "phase": self.phase,
+                "reason": self.reason, "message": self.message, "cells": self.cells,
+                "max_parallel": self.max_parallel, "created_at": iso(self.created_at),
+                "ended_at": iso(self.ended_at), "labels": self.labels,
+                "canary": self.spec.get("canary")}
 
 
 @dataclass(frozen=True)

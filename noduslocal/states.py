@@ -114,6 +114,7 @@ class Reason(StrEnum):
     CELLS_FAILED = "CellsFailed"
     CANARY_FAILED = "CanaryFailed"  # cell 0 or the smoke command failed: nothing else ran
     CANARY_PASSED = "CanaryPassed"
+    RETRYING = "Retrying"  # a map task exited non-zero and has retries left
 
 
 class IllegalTransition(RuntimeError):

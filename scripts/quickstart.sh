@@ -131,6 +131,13 @@ else
     log "4. (skipped) no docker engine answers, so no container job"
 fi
 
+log "5. a sweep: one command over every combination of values, the canary (task 0) first"
+noduslocal map --no-code --name "sweep-$$" --max-parallel "$CPUS" --label "demo=quickstart-$$" \
+    -- sh -c 'sleep 1; echo "lr=$0 batch=$1"' ::: 1e-4 3e-4 1e-3 ::: 16 32
+noduslocal sweep wait "sweep-$$"
+echo "   its report, one row per cell:"
+noduslocal sweep status "sweep-$$" --cells
+
 log "result"
 noduslocal job list --all --label "demo=quickstart-$$"
 if [ -n "$STARTED" ]; then

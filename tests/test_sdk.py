@@ -20,7 +20,8 @@ REFERENCE_CREATE = [
 
 
 def test_public_surface_is_pinned() -> None:
-    assert sorted(nodus.__all__) == ["Distributed", "Job", "View", "__version__", "errors"]
+    assert sorted(nodus.__all__) == ["Distributed", "Job", "Sweep", "View", "__version__",
+                                     "errors"]
 
 
 def test_create_has_exactly_the_reference_keywords() -> None:

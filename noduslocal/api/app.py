@@ -22,6 +22,7 @@ from noduslocal.api import (
     secrets,
     sources,
     streams,
+    sweeps,
     system,
     volumes,
 )
@@ -76,7 +77,7 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
 def route_tables() -> list[web.RouteTableDef]:
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
-            estimate.routes]
+            estimate.routes, sweeps.routes]
 
 
 def build_app(services: Services) -> web.Application:

@@ -20,6 +20,10 @@ COMMANDS = {
     "volume": "noduslocal.cli.volumes:volume",
     "gpus": "noduslocal.cli.gpus:gpus",
     "queue": "noduslocal.cli.queue:queue",
+    "map": "noduslocal.cli.map:map_",
+    "sweeps": "noduslocal.cli.sweeps:sweeps",
+    "sweep": "noduslocal.cli.sweeps:sweep",
+    "help": "noduslocal.cli.main:help_",
 }
 
 
@@ -47,6 +51,19 @@ class Root(click.Group):
 @click.version_option(package_name="noduslocal")
 def cli() -> None:
     """noduslocal: one shared multi-GPU workstation as a durable job runner."""
+
+
+@click.command("help")
+@click.argument("topic", required=False)
+@click.pass_context
+def help_(ctx: click.Context, topic: str | None) -> None:
+    """Help on a command: `noduslocal help map` prints map's argument grammar."""
+    root = ctx.find_root()
+    command = cli.get_command(root, topic) if topic else cli
+    if command is None:
+        raise click.UsageError(f"no command {topic!r}; try `noduslocal --help`")
+    with click.Context(command, info_name=topic or "noduslocal", parent=root) as sub:
+        click.echo(command.get_help(sub))
 
 
 def main() -> None:

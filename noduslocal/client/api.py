@@ -14,7 +14,7 @@ from typing import Any
 
 from noduslocal import errors
 from noduslocal.client.transport import Transport
-from noduslocal.states import TERMINAL
+from noduslocal.states import SWEEP_TERMINAL, TERMINAL
 
 # Long enough to ride out a daemon restart (kill -9, then systemd starting it again).
 RESTART_GRACE = 30.0
@@ -35,6 +35,9 @@ def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
     except tarfile.FilterError as exc:
         warnings.warn(f"left out of the download: {exc}", stacklevel=2)
         return None
+
+
+CELLS_PAGE = 10_000  # a sweep's cells per request
 
 
 class Client:
@@ -112,6 +115,60 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise errors.WaitTimeout(
                     f"job {name!r} is still {job['phase']} after {timeout:g}s")
+
+    def create_sweep(self, body: Mapping[str, Any], *,
+                     idempotency_key: str | None = None) -> dict[str, Any]:
+        """Create a sweep and every cell in one call, exactly once (as create_job)."""
+        key = idempotency_key or uuid.uuid4().hex
+        return self.transport.request("POST", "/v1/sweeps", body=dict(body),
+                                      headers={"Idempotency-Key": key},
+                                      retry_for=RESTART_GRACE, timeout=600.0)
+
+    def get_sweep(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("GET", f"/v1/sweeps/{_quote(name)}",
+                                      query={"project": project})
+
+    def list_sweeps(self, *, project: str | None = None,
+                    all: bool = False) -> list[dict[str, Any]]:
+        return self.transport.request("GET", "/v1/sweeps", query={
+            "project": project, "all": "1" if all else None})["sweeps"]
+
+    def sweep_cells(self, name: str, project: str | None = None) -> list[dict[str, Any]]:
+        cells: list[dict[str, Any]] = []
+        while True:
+            page = self.transport.request(
+                "GET", f"/v1/sweeps/{_quote(name)}/cells",
+                query={"project": project, "offset": len(cells), "limit": CELLS_PAGE})
+            cells += page["cells"]
+            if len(page["cells"]) < CELLS_PAGE:
+                return cells
+
+    def wait_sweep(self, name: str, project: str | None = None,
+                   timeout: float | None = None) -> dict[str, Any]:
+        """Block until the sweep is terminal (long polls that ride out a restart)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            poll = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            sweep = self.transport.request(
+                "GET", f"/v1/sweeps/{_quote(name)}/wait",
+                query={"project": project, "timeout": f"{min(poll, 60.0):.3f}"},
+                timeout=min(poll, 60.0) + 30.0, retry_for=RESTART_GRACE)
+            if sweep["phase"] in SWEEP_TERMINAL:
+                return sweep
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.WaitTimeout(
+                    f"sweep {name!r} is still {sweep['phase']} after {timeout:g}s")
+
+    def cancel_sweep(self, name: str, project: str | None = None,
+                     remaining: bool = False) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/cancel", query={
+            "project": project, "remaining": "1" if remaining else None})
+
+    def set_sweep(self, name: str, project: str | None = None, *,
+                  max_parallel: int) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/set",
+                                      query={"project": project},
+                                      body={"max_parallel": max_parallel})
 
     def attempts(self, name: str, project: str | None = None) -> list[dict[str, Any]]:
         return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/attempts",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from noduslocal import errors
@@ -18,19 +19,26 @@ from noduslocal.store import Store, ops
 
 
 class OwnerControls:
-    def __init__(self, store: Store, dispatch: Dispatch, board: Board,
-                 stopper: Stopper) -> None:
+    def __init__(self, store: Store, dispatch: Dispatch, board: Board, stopper: Stopper,
+                 withdraw: Callable[[int], bool]) -> None:
+        """`withdraw(job_id)`: takes back a sweep's cell that was never released to the
+        queue; False when the job is not such a cell."""
         self.store = store
         self.dispatch = dispatch
         self.board = board
         self.stopper = stopper
+        self._withdraw = withdraw
+
+    def _take_back(self, job_id: int) -> bool:
+        """Out of the queue, or out of its sweep's held cells: it never started."""
+        return self.dispatch.remove(job_id) or self._withdraw(job_id)
 
     async def cancel(self, job: JobRecord) -> None:
         if job.phase == Phase.CANCELLED:
             return
         if job.phase in TERMINAL:
             raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
-        if self.dispatch.remove(job.id):
+        if self._take_back(job.id):
             await self.store.write(lambda c: ops.cancel_pending(
                 c, job.id, time.time(), "cancelled before it started"))
             self.dispatch.kick()
@@ -60,7 +68,7 @@ class OwnerControls:
             return
         if job.phase in TERMINAL:
             raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
-        if self.dispatch.remove(job.id):
+        if self._take_back(job.id):
             await self.store.write(lambda c: ops.set_phase(
                 c, job.id, Phase.SUSPENDED, time.time(), Reason.SUSPENDED,
                 "suspended before it started; `job resume` queues it again"))

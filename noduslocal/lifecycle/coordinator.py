@@ -23,14 +23,17 @@ from noduslocal.lifecycle.gpu_health import GpuHealth
 from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.stops import Stopper
-from noduslocal.models import CreateRequest, JobRecord
+from noduslocal.lifecycle.sweep_admission import SweepAdmission
+from noduslocal.lifecycle.sweeps import SweepController
+from noduslocal.models import CreateRequest, Event, JobRecord, SweepRecord
 from noduslocal.runtime.base import Runtime
 from noduslocal.runtime.execute import ExecResult
 from noduslocal.scheduler.fairshare import Ledger
 from noduslocal.scheduler.gpus import GpuPool
 from noduslocal.scheduler.queue import Capacity, Limits, Queue
-from noduslocal.states import Phase
+from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, SweepPhase
 from noduslocal.store import Store, ops
+from noduslocal.sweeps.plan import Plan
 
 
 class Lifecycle:
@@ -55,9 +58,12 @@ class Lifecycle:
         self.admission = Admission(settings, store, capacity, self.dispatch, self.background)
         self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
                                     self.stopper, self.accounting)
-        self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper)
+        self.sweeps = SweepController(store, self.dispatch, self.background)
+        self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
+        self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
+                                      withdraw=self.sweeps.withdraw)
         self.recovery = Recovery(store, layout, runtimes, self.board, self.dispatch,
-                                 self.accounting, self.runner)
+                                 self.accounting, self.runner, self.sweeps)
         self.health = GpuHealth(settings, capacity, self.accounting, self.board,
                                 self.stopper, self.dispatch.kick)
 
@@ -94,6 +100,10 @@ class Lifecycle:
                 self.queue.blocked[kind] = why
         self.dispatch.kick()
 
+    def on_committed(self, events: list[Event]) -> None:
+        """Every committed job event (the store's hub calls this)."""
+        self.sweeps.on_events(events)
+
     def set_inventory(self, inventory: Inventory) -> None:
         self.health.set_inventory(inventory)
 
@@ -115,6 +125,29 @@ class Lifecycle:
     async def resume(self, job: JobRecord) -> None:
         await self.controls.resume(job)
 
+    async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
+                           request_hash: str | None) -> tuple[SweepRecord, bool]:
+        return await self.sweep_admission.create(plan, owner, idempotency_key, request_hash)
+
+    async def cancel_sweep(self, sweep: SweepRecord, remaining_only: bool = False) -> None:
+        """End the sweep Cancelled: cells not started are cancelled, and running ones too
+        unless `remaining_only`."""
+        if sweep.phase in SWEEP_TERMINAL:
+            if sweep.phase == SweepPhase.CANCELLED:
+                return
+            raise errors.Conflict(f"sweep {sweep.name!r} has already ended ({sweep.phase})")
+        running = await self.sweeps.cancel(sweep, remaining_only)
+        for job in await self.store.jobs_by_ids(running):
+            if job.phase not in TERMINAL:
+                await self.controls.cancel(job)
+
+    async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:
+        await self.sweeps.set_max_parallel(sweep, max_parallel)
+
+    def sweep_changed(self, sweep_id: int) -> asyncio.Future[None]:
+        """A future for the sweep's next transition."""
+        return self.sweeps.next_change(sweep_id)
+
     @property
     def inventory(self) -> Inventory:
         return self.accounting.inventory
@@ -124,7 +157,7 @@ class Lifecycle:
         return self.accounting.ledger
 
     def hold(self, job_id: int) -> str | None:
-        return self.queue.hold(job_id)
+        return self.dispatch.hold(job_id) or self.sweeps.hold(job_id)
 
     def pending_job(self, job_id: int) -> JobRecord | None:
         return self.dispatch.pending.get(job_id)

@@ -36,6 +36,7 @@ class Dispatch:
         self.background = background
         self._on_start = on_start
         self.pending: dict[int, JobRecord] = {}
+        self._later: dict[int, tuple[asyncio.TimerHandle, float]] = {}  # job id -> (timer, due)
         self.ready = False  # set once recovery has given running jobs their share back
         self._scheduled = False
 
@@ -51,12 +52,31 @@ class Dispatch:
         self.queue.push(request)
         self.kick()
 
+    def enqueue_later(self, job: JobRecord, delay: float) -> None:
+        """Queue the job after `delay` seconds (a failed task's pause before its retry)."""
+        timer = asyncio.get_running_loop().call_later(delay, self._due, job)
+        self._later[job.id] = (timer, time.time() + delay)
+
+    def _due(self, job: JobRecord) -> None:
+        if self._later.pop(job.id, None) is not None and not self.background.closed:
+            self.enqueue(job)
+
     def remove(self, job_id: int) -> bool:
-        """Take a pending job out of the queue; False when it was not waiting there."""
+        """Take a pending job out of the queue (or out of its pause before a retry);
+        False when it was not waiting there."""
+        if (later := self._later.pop(job_id, None)) is not None:
+            later[0].cancel()
+            return True
         if self.queue.remove(job_id) is None:
             return False
         self.pending.pop(job_id, None)
         return True
+
+    def hold(self, job_id: int) -> str | None:
+        """Why a pending job waits, as far as the queue knows."""
+        if (later := self._later.get(job_id)) is not None:
+            return f"retrying in {max(0.0, later[1] - time.time()):.0f}s"
+        return self.queue.hold(job_id)
 
     def kick(self) -> None:
         """A pass soon, once for everything that changed meanwhile."""

@@ -20,6 +20,15 @@ PAUSES: dict[str, tuple[Phase, str]] = {
 }
 
 
+NOT_RETRIED = frozenset({126, 127})  # cannot execute, not found: a retry cannot help
+RETRY_PAUSE_MAX = 60.0
+
+
+def retry_pause(retries_used: int) -> float:
+    """Seconds before a failed task runs again: 1, 2, 4, ... up to a minute."""
+    return min(RETRY_PAUSE_MAX, 2.0 ** retries_used)
+
+
 def overrides(new: str, current: str) -> bool:
     """Whether a stop asked for now replaces one under way (the first otherwise wins): a
     cancel ends a suspend or a preemption, and a suspend keeps a preempted job aside."""
@@ -59,6 +68,14 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
                            "it, and nobody here sent the kill", code, sig)
         if code == 0:
             return Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED, None, 0)
+        if (job.spec.retry_errors and job.retries_used < job.spec.retries
+                and code not in NOT_RETRIED):
+            left = job.spec.retries - job.retries_used - 1
+            return Outcome(AttemptPhase.EXITED, Phase.PENDING, Reason.RETRYING,
+                           f"exited with code {code}; retrying in "
+                           f"{retry_pause(job.retries_used):g}s, {left} "
+                           f"retr{'y' if left == 1 else 'ies'} left", code, sig,
+                           spend_retry=True)
         if sig is not None:
             return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.SIGNALED,
                                f"killed by signal {sig} ({signal.Signals(sig).name})", code, sig)

@@ -15,6 +15,7 @@ from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.runner import AttemptRunner
+from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.models import AttemptRecord, JobRecord
 from noduslocal.runtime.base import Rank, Runtime
 from noduslocal.scheduler.queue import Request
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 class Recovery:
     def __init__(self, store: Store, layout: JobLayout, runtimes: Mapping[str, Runtime],
                  board: Board, dispatch: Dispatch, accounting: GpuAccounting,
-                 runner: AttemptRunner) -> None:
+                 runner: AttemptRunner, sweeps: SweepController) -> None:
         self.store = store
         self.layout = layout
         self.runtimes = runtimes
@@ -35,6 +36,7 @@ class Recovery:
         self.dispatch = dispatch
         self.accounting = accounting
         self.runner = runner
+        self.sweeps = sweeps
 
     async def recover(self) -> None:
         self.layout.create_root()
@@ -49,8 +51,9 @@ class Recovery:
             if job.phase in (Phase.STARTING, Phase.RUNNING):
                 await self._reconcile(job)
         for job in jobs:
-            if job.phase == Phase.PENDING:
+            if job.phase == Phase.PENDING and job.sweep_id is None:
                 self.dispatch.enqueue(job)
+        await self.sweeps.recover()  # a sweep's pending cells: its controller releases them
         self.dispatch.ready = True
         self.dispatch.kick()
 

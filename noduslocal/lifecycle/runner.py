@@ -18,7 +18,7 @@ from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.dispatch import Dispatch
-from noduslocal.lifecycle.outcomes import outcome_of
+from noduslocal.lifecycle.outcomes import outcome_of, retry_pause
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.models import JobRecord
 from noduslocal.outputs import Collected
@@ -134,10 +134,13 @@ class AttemptRunner:
         if outcome.job_phase == Phase.PENDING:
             # Back in the queue at its old place before its share is handed on; any start
             # this allows is committed after the end above (the writer keeps order).
-            self.dispatch.enqueue(replace(
-                job, phase=Phase.PENDING.value, reason=outcome.reason,
-                attempts=attempt.number, cost=job.cost + outcome.cost,
-                retries_used=job.retries_used + outcome.spend_retry))
+            again = replace(job, phase=Phase.PENDING.value, reason=outcome.reason,
+                            attempts=attempt.number, cost=job.cost + outcome.cost,
+                            retries_used=job.retries_used + outcome.spend_retry)
+            if outcome.reason == Reason.RETRYING:  # a failed task: after a growing pause
+                self.dispatch.enqueue_later(again, retry_pause(job.retries_used))
+            else:
+                self.dispatch.enqueue(again)
         # The ranks are gone, so their share goes to the next job now: that job's start and
         # this end share one commit instead of waiting for each other.
         recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()

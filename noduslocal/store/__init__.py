@@ -14,9 +14,10 @@ from typing import Any
 
 import aiosqlite
 
-from noduslocal.models import AttemptRecord, Event, JobRecord
+from noduslocal.models import AttemptRecord, Event, JobRecord, SweepRecord
 from noduslocal.states import ATTEMPT_ENDED
 from noduslocal.store import jobs as ops
+from noduslocal.store import sweeps as sweep_ops
 from noduslocal.store.migrate import migrate
 from noduslocal.store.writer import OnCommit, Operation, Writer
 
@@ -132,6 +133,48 @@ class Store:
         rows = await self._fetchall(
             "SELECT phase FROM attempts WHERE job_id = ? AND number = ?", (job_id, number))
         return bool(rows) and rows[0][0] in ATTEMPT_ENDED
+
+    async def jobs_by_ids(self, ids: list[int]) -> list[JobRecord]:
+        rows = await self._fetchall(
+            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE id IN ({','.join('?' * len(ids))})",
+            tuple(ids))
+        return [ops.job_from_row(row) for row in rows]
+
+    async def sweep(self, project: str, name: str) -> SweepRecord | None:
+        rows = await self._fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps "
+                                    "WHERE project = ? AND name = ?", (project, name))
+        return sweep_ops.sweep_from_row(rows[0]) if rows else None
+
+    async def sweeps(self, *, project: str | None = None, active_only: bool = False,
+                     limit: int = 1000) -> list[SweepRecord]:
+        where, params = [], []
+        if active_only:
+            where.append(f"phase NOT IN ({ops.TERMINAL_SQL})")
+        if project is not None:
+            where.append("project = ?")
+            params.append(project)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps {clause} "
+                                    "ORDER BY id DESC LIMIT ?", (*params, limit))
+        return [sweep_ops.sweep_from_row(row) for row in reversed(rows)]
+
+    async def sweep_cells(self, sweep_id: int) -> list[tuple[int, int, str]]:
+        """(job id, cell, phase) of every cell, in cell order."""
+        return [tuple(row) for row in await self._fetchall(
+            "SELECT id, cell, phase FROM jobs WHERE sweep_id = ? ORDER BY cell", (sweep_id,))]
+
+    async def sweep_cell_jobs(self, sweep_id: int, offset: int = 0,
+                              limit: int = -1) -> list[JobRecord]:
+        rows = await self._fetchall(
+            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE sweep_id = ? AND cell >= ? "
+            "ORDER BY cell LIMIT ?", (sweep_id, offset, limit))
+        return [ops.job_from_row(row) for row in rows]
+
+    async def sweep_totals(self, sweep_id: int) -> tuple[dict[str, int], float]:
+        """Cells per phase, and the cost of their ended attempts."""
+        rows = await self._fetchall("SELECT phase, COUNT(*), SUM(cost) FROM jobs "
+                                    "WHERE sweep_id = ? GROUP BY phase", (sweep_id,))
+        return {row[0]: row[1] for row in rows}, sum(row[2] or 0.0 for row in rows)
 
     async def events(self, *, since: int = 0, job_id: int | None = None,
                      project: str | None = None, limit: int = 10000) -> list[Event]:

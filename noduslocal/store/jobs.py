@@ -35,7 +35,8 @@ from noduslocal.states import (
 
 JOB_COLUMNS = (
     "id, project, name, owner_uid, owner_gid, owner, phase, reason, message, spec, labels, "
-    "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used, cost"
+    "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used, cost, "
+    "sweep_id, cell"
 )
 TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
@@ -51,6 +52,7 @@ def job_from_row(row: tuple[Any, ...]) -> JobRecord:
         spec=JobSpec.from_stored(json.loads(row[9])), labels=json.loads(row[10]),
         created_at=row[11], started_at=row[12], ended_at=row[13], exit_code=row[14],
         signal=row[15], attempts=row[16], retries_used=row[17], cost=row[18],
+        sweep_id=row[19], cell=row[20],
     )
 
 
@@ -138,6 +140,21 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
          idempotency_key, request_hash, now),
     )
     job_id = cur.lastrowid or 0
+    insert_refs(conn, [job_id], resolve_refs(conn, req, owner), req.spec)
+    event = _event(conn, (job_id, project, name), now, Phase.PENDING.value,
+                   Reason.CREATED.value, None, None)
+    job = JobRecord(id=job_id, project=project, name=name, owner_uid=owner.uid,
+                    owner_gid=owner.gid, owner=owner.name, phase=Phase.PENDING.value,
+                    spec=req.spec, labels=req.labels, created_at=now,
+                    reason=Reason.CREATED.value)
+    return Created(job, created=True), [event]
+
+
+def resolve_refs(conn: sqlite3.Connection, req: CreateRequest,
+                 owner: Owner) -> list[tuple[str, str]]:
+    """Check what a job names (its secrets, source and volumes) before it is stored;
+    returns each secret's (env, value)."""
+    secrets = []
     for ref in req.secrets:
         value = ref.value
         if value is None:
@@ -148,14 +165,13 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
                     f"secrets: you have no secret named {ref.name!r}; set it with "
                     f"`noduslocal secret set {ref.name}`", field="secrets")
             value = row[0]
-        conn.execute("INSERT INTO job_secrets (job_id, env, value) VALUES (?,?,?)",
-                     (job_id, ref.env, value))
+        secrets.append((ref.env, value))
     if req.spec.source is not None and not conn.execute(
             "SELECT 1 FROM sources WHERE sha256 = ? AND owner_uid = ?",
             (req.spec.source, owner.uid)).fetchone():
         raise errors.InvalidArgument(f"source: you have uploaded no source {req.spec.source}",
                                      field="source")
-    for path, volume in req.spec.volumes.items():
+    for volume in req.spec.volumes.values():
         row = conn.execute("SELECT owner_uid, owner FROM volumes WHERE name = ?",
                            (volume,)).fetchone()
         if row is None:
@@ -164,15 +180,17 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
                 f"`noduslocal volume create {volume}`", field="volumes")
         if row[0] != owner.uid and not owner.admin:
             raise errors.PermissionDenied(f"volumes: volume {volume!r} belongs to {row[1]}")
-        conn.execute("INSERT INTO job_volumes (job_id, path, volume) VALUES (?,?,?)",
-                     (job_id, path, volume))
-    event = _event(conn, (job_id, project, name), now, Phase.PENDING.value,
-                   Reason.CREATED.value, None, None)
-    job = JobRecord(id=job_id, project=project, name=name, owner_uid=owner.uid,
-                    owner_gid=owner.gid, owner=owner.name, phase=Phase.PENDING.value,
-                    spec=req.spec, labels=req.labels, created_at=now,
-                    reason=Reason.CREATED.value)
-    return Created(job, created=True), [event]
+    return secrets
+
+
+def insert_refs(conn: sqlite3.Connection, job_ids: list[int], secrets: list[tuple[str, str]],
+                spec: JobSpec) -> None:
+    """The secrets and volumes of jobs just inserted (resolve_refs checked them)."""
+    conn.executemany("INSERT INTO job_secrets (job_id, env, value) VALUES (?,?,?)",
+                     [(job_id, env, value) for job_id in job_ids for env, value in secrets])
+    conn.executemany("INSERT INTO job_volumes (job_id, path, volume) VALUES (?,?,?)",
+                     [(job_id, path, volume) for job_id in job_ids
+                      for path, volume in spec.volumes.items()])
 
 
 def start_attempt(conn: sqlite3.Connection, job_id: int, now: float,

@@ -1,0 +1,149 @@
+"""Sweep resources: create (one call for every cell), list, status, the cells' report,
+wait (a server-side long poll), cancel and a live max_parallel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from typing import Any
+
+from aiohttp import web
+
+from noduslocal import errors
+from noduslocal.api.identity import Caller
+from noduslocal.api.jobs import IDEMPOTENCY_HEADER, check_project, project_of
+from noduslocal.api.services import SERVICES
+from noduslocal.models import SweepRecord
+from noduslocal.states import SWEEP_TERMINAL
+from noduslocal.sweeps import report
+from noduslocal.sweeps.plan import MAX_PARALLEL, parse_sweep
+
+routes = web.RouteTableDef()
+CELLS_PAGE = 10_000  # cells in one answer at most; ?offset= pages on
+
+
+async def lookup(request: web.Request) -> SweepRecord:
+    name = request.match_info["name"]
+    project = project_of(request)
+    sweep = await request.app[SERVICES].store.sweep(project, name)
+    if sweep is None:
+        raise errors.NotFound(f"sweep {name!r} not found in project {project!r}")
+    return sweep
+
+
+def require_control(request: web.Request, sweep: SweepRecord, action: str) -> None:
+    caller: Caller = request["caller"]
+    if not caller.may_control(sweep.owner_uid):
+        raise errors.PermissionDenied(
+            f"{caller.name} may not {action} sweep {sweep.name!r}: it belongs to {sweep.owner}")
+
+
+async def status_doc(request: web.Request, sweep: SweepRecord) -> dict[str, Any]:
+    counts, cost = await request.app[SERVICES].store.sweep_totals(sweep.id)
+    return report.status(sweep, counts, cost)
+
+
+async def fresh(request: web.Request, sweep: SweepRecord) -> SweepRecord:
+    found = await request.app[SERVICES].store.sweep(sweep.project, sweep.name)
+    assert found is not None
+    return found
+
+
+@routes.post("/v1/sweeps")
+async def create_sweep(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    raw = await request.read()
+    plan = parse_sweep(json.loads(raw or b"null"), regions=(services.settings.region,))
+    check_project(caller, plan.project)
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not (0 < len(key) <= 200):
+        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
+                                     field=IDEMPOTENCY_HEADER)
+    digest = hashlib.sha256(raw).hexdigest() if key is not None else None
+    sweep, created = await services.lifecycle.create_sweep(plan, caller.owner, key, digest)
+    return web.json_response(await status_doc(request, await fresh(request, sweep)),
+                             status=201 if created else 200)
+
+
+@routes.get("/v1/sweeps")
+async def list_sweeps(request: web.Request) -> web.Response:
+    store = request.app[SERVICES].store
+    project = request.query.get("project")
+    sweeps = await store.sweeps(
+        project=None if project is None else project_of(request),
+        active_only=request.query.get("all") not in ("1", "true"))
+    return web.json_response({"sweeps": [await status_doc(request, s) for s in sweeps]})
+
+
+@routes.get("/v1/sweeps/{name}")
+async def get_sweep(request: web.Request) -> web.Response:
+    return web.json_response(await status_doc(request, await lookup(request)))
+
+
+@routes.get("/v1/sweeps/{name}/cells")
+async def sweep_cells(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    sweep = await lookup(request)
+    try:
+        offset = int(request.query.get("offset", "0"))
+        limit = min(int(request.query.get("limit", str(CELLS_PAGE))), CELLS_PAGE)
+    except ValueError:
+        raise errors.InvalidArgument("offset, limit: expected integers", field="offset") \
+            from None
+    jobs = await services.store.sweep_cell_jobs(sweep.id, max(0, offset), max(1, limit))
+    redact = not caller.may_control(sweep.owner_uid)
+    lifecycle = services.lifecycle
+    return web.json_response({"cells": [
+        report.cell_row(sweep, job, services.settings.region, lifecycle.running_cost(job.id),
+                        redact) for job in jobs]})
+
+
+@routes.get("/v1/sweeps/{name}/wait")
+async def wait_sweep(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    try:
+        timeout = float(request.query.get("timeout", services.settings.max_wait_poll))
+    except ValueError:
+        raise errors.InvalidArgument("timeout: expected seconds", field="timeout") from None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, min(timeout, services.settings.max_wait_poll))
+    sweep = await lookup(request)
+    while sweep.phase not in SWEEP_TERMINAL and (remaining := deadline - loop.time()) > 0:
+        change = services.lifecycle.sweep_changed(sweep.id)
+        sweep = await fresh(request, sweep)  # after registering: no commit is missed
+        if sweep.phase in SWEEP_TERMINAL:
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(change), remaining)
+        sweep = await fresh(request, sweep)
+    return web.json_response(await status_doc(request, sweep))
+
+
+@routes.post("/v1/sweeps/{name}/cancel")
+async def cancel_sweep(request: web.Request) -> web.Response:
+    sweep = await lookup(request)
+    require_control(request, sweep, "cancel")
+    remaining = request.query.get("remaining") in ("1", "true")
+    await request.app[SERVICES].lifecycle.cancel_sweep(sweep, remaining_only=remaining)
+    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+
+
+@routes.post("/v1/sweeps/{name}/set")
+async def set_sweep(request: web.Request) -> web.Response:
+    sweep = await lookup(request)
+    require_control(request, sweep, "change")
+    body: Any = json.loads(await request.read() or b"null")
+    if not isinstance(body, dict) or set(body) != {"max_parallel"}:
+        raise errors.InvalidArgument('body: expected {"max_parallel": N}', field="body")
+    value = body["max_parallel"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
+        raise errors.InvalidArgument(f"max_parallel: expected an integer from 1 to "
+                                     f"{MAX_PARALLEL}", field="max_parallel")
+    if sweep.phase in SWEEP_TERMINAL:
+        raise errors.Conflict(f"sweep {sweep.name!r} has already ended ({sweep.phase})")
+    await request.app[SERVICES].lifecycle.set_max_parallel(sweep, value)
+    return web.json_response(await status_doc(request, await fresh(request, sweep)))

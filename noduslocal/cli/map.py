@@ -1,0 +1,158 @@
+"""`noduslocal map`: one command over many values, GNU-parallel style, as a sweep: the code
+snapshot uploaded once, the canary first, then the rest in the background."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from noduslocal import errors
+from noduslocal.cli import output
+from noduslocal.cli.job import _pairs, json_option, project_option
+from noduslocal.sweeps import expand
+
+CANARY_POLL = 0.5  # seconds between looks at a canary that runs
+
+
+@click.command("map", context_settings={"allow_interspersed_args": False},
+               epilog="\b\n" + expand.GRAMMAR)
+@click.option("--name", help="Sweep name (default: sweep-<8 hex>); tasks are NAME-<index>.")
+@project_option
+@click.option("--image", help="Run each task in a container of this docker image.")
+@click.option("--gpus", metavar="SPEC", help="GPUs per task: 1, H100, H100:2, 2xH100.")
+@click.option("--sku", metavar="SKU", help="GPUs per task as a sku, e.g. gpu_1x_l4.")
+@click.option("--cpu", help="CPUs per task (default 1), e.g. 2 or 500m.")
+@click.option("--memory", help="Memory per task, e.g. 4GiB.")
+@click.option("--timeout", help="Stop a task after this long: 90s, 15m, 2h.")
+@click.option("--max-parallel", type=click.IntRange(1, 10_000), default=8, show_default=True,
+              help="Tasks running at once; change it live with `sweep set`.")
+@click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="Re-runs of a task that exits non-zero (after 1 s, 2 s, 4 s ...; not "
+                   "exit 126/127 or an OOM kill). A lost task runs again without one.")
+@click.option("--canary-smoke", metavar="CMD", help="Gate on this cheap command instead.")
+@click.option("--no-canary", is_flag=True, help="Start every task at once, no gate.")
+@click.option("--no-wait", is_flag=True, help="Return once the sweep is created.")
+@click.option("--code", metavar="DIR", type=click.Path(exists=True, file_okay=False,
+                                                        path_type=Path),
+              help="The code snapshot every task starts from (default: this directory).")
+@click.option("--no-code", is_flag=True, help="Upload no code; tasks start empty.")
+@click.option("--from", "from_job", metavar="JOB", help="Start each task from this job's "
+              "workspace and image.")
+@click.option("--volume", "volumes", multiple=True, metavar="NAME[:MOUNT]",
+              help="Mount volume NAME at MOUNT (default /workspace/NAME) in every task.")
+@click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
+@click.option("--secret", "secrets", multiple=True, metavar="KEY", help="Your secret KEY.")
+@click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
+@click.option("--webhook", metavar="URL", help="POST the status on canary pass/fail and end.")
+@click.option("--allow-large-source", is_flag=True, help="Allow a code snapshot over 100 MiB.")
+@click.option("--dry-run", is_flag=True, help="Print each task's command; create nothing.")
+@json_option
+@click.argument("command", nargs=-1, required=True)
+def map_(name: str | None, project: str | None, image: str | None, gpus: str | None,
+         sku: str | None, cpu: str | None, memory: str | None, timeout: str | None,
+         max_parallel: int, retries: int, canary_smoke: str | None, no_canary: bool,
+         no_wait: bool, code: Path | None, no_code: bool, from_job: str | None,
+         volumes: tuple[str, ...], envs: tuple[str, ...], secrets: tuple[str, ...],
+         labels: tuple[str, ...], webhook: str | None, allow_large_source: bool,
+         dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND once per value (or combination of values) as a sweep of tasks."""
+    for flag, value in (("canary_smoke", canary_smoke), ("from", from_job),
+                        ("webhook", webhook)):
+        if value is not None:
+            raise errors.Unsupported(flag)
+    if gpus and sku:
+        raise click.UsageError("give --gpus or --sku, not both")
+    if code is not None and no_code:
+        raise click.UsageError("give --code or --no-code, not both")
+    args = list(command)
+    lines = None
+    if expand.MARKER not in args:
+        if sys.stdin.isatty():
+            raise click.UsageError("no ::: values, and standard input is a terminal: pipe "
+                                   "one task's value per line, or see `noduslocal help map`")
+        lines = sys.stdin.read().splitlines()
+    tasks = expand.parse(args, lines)
+    if dry_run:
+        for task in tasks.tasks():
+            click.echo(shlex.join(task.argv))
+        return
+    from noduslocal.client.api import Client
+
+    client = Client()
+    template: dict[str, Any] = {}
+    for key, value in (("image", image), ("gpu", gpus or sku), ("cpu", cpu),
+                       ("memory", memory), ("timeout", timeout)):
+        if value is not None:
+            template[key] = value
+    if retries:
+        template["retries"] = retries
+    if envs:
+        template["env"] = _pairs(envs, "--env")
+    if secrets:
+        template["secrets"] = list(secrets)
+    if volumes:
+        template["volumes"] = {mount or f"/workspace/{vol}": vol for vol, _, mount in
+                               (item.partition(":") for item in volumes)}
+    if not no_code:
+        template["source"] = client.upload_source(
+            [code or Path.cwd()], contents_of_single_dir=True, allow_large=allow_large_source)
+    body: dict[str, Any] = {"template": template, "max_parallel": max_parallel,
+                            "map": {"args": args, "lines": lines} if lines is not None
+                            else {"args": args},
+                            "canary": "none" if no_canary else "cell"}
+    for key, value in (("name", name), ("project", project)):
+        if value is not None:
+            body[key] = value
+    if labels:
+        body["labels"] = _pairs(labels, "--label")
+    sweep = client.create_sweep(body)
+    if no_wait or sweep["phase"] != "Canary":
+        _done(sweep, as_json, "created")
+        return
+    try:
+        sweep = _wait_canary(client, sweep, quiet=as_json)
+    except KeyboardInterrupt:
+        click.echo(f"\ndetached; {sweep['name']} goes on. Watch: noduslocal sweep status "
+                   f"{sweep['name']} --watch  Stop: noduslocal sweep cancel {sweep['name']}",
+                   err=True)
+        sys.exit(130)
+    if sweep["reason"] == "CanaryFailed":
+        if as_json:
+            output.print_json(sweep)
+        else:
+            click.echo(f"noduslocal: {sweep['name']}: {sweep['message']}", err=True)
+            click.echo(f"the canary's log: noduslocal job logs {sweep['name']}-0 -p "
+                       f"{sweep['project']}; after a fix: noduslocal map ... again", err=True)
+        sys.exit(1)
+    _done(sweep, as_json, "canary passed")
+
+
+def _wait_canary(client: Any, sweep: dict[str, Any], quiet: bool) -> dict[str, Any]:
+    """Until the canary (cell 0) has passed or failed, with a live line of how it stands."""
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=quiet)
+    started = time.monotonic()
+    with console.status(f"{sweep['name']}: canary (cell 0) of {sweep['cells']} tasks") as bar:
+        while sweep["phase"] == "Canary":
+            time.sleep(CANARY_POLL)
+            sweep = client.get_sweep(sweep["name"], sweep["project"])
+            canary = client.get_job(f"{sweep['name']}-0", sweep["project"])
+            bar.update(f"{sweep['name']}: canary (cell 0) {canary['phase']}"
+                       f"{' - ' + canary['hold'] if canary.get('hold') else ''}, "
+                       f"{time.monotonic() - started:.0f}s")
+    return sweep
+
+
+def _done(sweep: dict[str, Any], as_json: bool, what: str) -> None:
+    if as_json:
+        output.print_json(sweep)
+        return
+    click.echo(sweep["name"])
+    click.echo(f"{what}: {sweep['cells']} tasks, at most {sweep['max_parallel']} at once. "
+               f"Watch: noduslocal sweep status {sweep['name']} --watch", err=True)

@@ -1,0 +1,140 @@
+"""`noduslocal sweeps` and `noduslocal sweep ...`: how sweeps stand (counts, and every cell
+on request), waiting for one, cancelling it, and changing its width live."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from noduslocal.cli import output
+from noduslocal.cli.job import json_option, project_option
+from noduslocal.client.api import Client
+from noduslocal.states import SWEEP_TERMINAL, SweepPhase
+
+WATCH_EVERY = 1.0  # seconds between repaints of `status --watch`
+PHASES = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed", "Cancelled")
+
+
+def _counts(sweep: dict[str, Any]) -> str:
+    counts = sweep["counts"]
+    return " ".join(f"{counts[p]} {p.lower()}" for p in PHASES if counts.get(p))
+
+
+@click.command("sweeps")
+@click.option("--all", "-a", "show_all", is_flag=True, help="Include ended sweeps.")
+@project_option
+@json_option
+def sweeps(show_all: bool, project: str | None, as_json: bool) -> None:
+    """List sweeps (running ones unless --all) with their cells' counts."""
+    found = Client().list_sweeps(project=project, all=show_all)
+    if as_json:
+        output.print_json(found)
+        return
+    output.print_table(
+        ("NAME", "PROJECT", "OWNER", "PHASE", "CELLS", "DONE", "COUNTS", "AGE"),
+        [(s["name"], s["project"], s["owner"], s["phase"], s["cells"], s["done"],
+          _counts(s), output.age(s["created_at"])) for s in found])
+
+
+@click.group("sweep")
+def sweep() -> None:
+    """One sweep: status, wait, cancel, set."""
+
+
+def _status_table(doc: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table.grid(padding=(0, 2))
+    table.add_row("sweep", f"{doc['name']} ({doc['project']})")
+    table.add_row("phase", doc["phase"] + (f" ({doc['reason']})" if doc.get("reason") else ""))
+    if doc.get("message"):
+        table.add_row("why", doc["message"])
+    table.add_row("cells", f"{doc['done']} of {doc['cells']} done; {_counts(doc)}")
+    table.add_row("width", f"at most {doc['max_parallel']} at once")
+    table.add_row("cost", f"{doc['cost']:.4f}")
+    return table
+
+
+@sweep.command("status")
+@click.argument("name")
+@project_option
+@click.option("--watch", "-w", is_flag=True, help="Repaint until the sweep ends.")
+@click.option("--cells", "show_cells", is_flag=True, help="Also list every cell.")
+@json_option
+def status(name: str, project: str | None, watch: bool, show_cells: bool,
+           as_json: bool) -> None:
+    """How the sweep stands: phase, counts per phase and cost; --cells for every cell."""
+    client = Client()
+    doc = client.get_sweep(name, project)
+    if as_json:
+        if show_cells:
+            doc = {**doc, "cell_list": client.sweep_cells(name, project)}
+        output.print_json(doc)
+        return
+    if watch:
+        from rich.console import Console
+        from rich.live import Live
+
+        with Live(_status_table(doc), console=Console(), auto_refresh=False) as live:
+            while doc["phase"] not in SWEEP_TERMINAL:
+                time.sleep(WATCH_EVERY)
+                doc = client.get_sweep(name, project)
+                live.update(_status_table(doc), refresh=True)
+    else:
+        from rich.console import Console
+
+        Console().print(_status_table(doc))
+    if show_cells:
+        output.print_table(
+            ("CELL", "NAME", "PARAMS", "GPU", "PHASE", "WHY", "RAN", "COST"),
+            [(c["index"], c["name"], " ".join(f"{k}={v}" for k, v in c["params"].items()),
+              c["gpu"] or "", c["phase"], c["message"] or "", output.duration(c["wall_s"]),
+              f"{c['cost']:.4f}") for c in client.sweep_cells(name, project)])
+
+
+@sweep.command("wait")
+@click.argument("name")
+@project_option
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
+@json_option
+def wait(name: str, project: str | None, timeout: float | None, as_json: bool) -> None:
+    """Block until the sweep ends; exit 0 when every cell succeeded, 1 otherwise."""
+    doc = Client().wait_sweep(name, project, timeout)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: {doc['phase']}: {doc.get('message') or _counts(doc)}")
+    sys.exit(0 if doc["phase"] == SweepPhase.SUCCEEDED else 1)
+
+
+@sweep.command("cancel")
+@click.argument("name")
+@project_option
+@click.option("--remaining", is_flag=True, help="Cancel the cells not started; let the "
+              "running ones finish.")
+@json_option
+def cancel(name: str, project: str | None, remaining: bool, as_json: bool) -> None:
+    """Cancel the sweep: cells not started, and running ones unless --remaining."""
+    doc = Client().cancel_sweep(name, project, remaining)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: {doc['phase']}; {_counts(doc)}")
+
+
+@sweep.command("set")
+@click.argument("name")
+@project_option
+@click.option("--max-parallel", type=click.IntRange(1, 10_000), required=True,
+              help="Cells running at once, from now on.")
+@json_option
+def set_(name: str, project: str | None, max_parallel: int, as_json: bool) -> None:
+    """Change a running sweep's width."""
+    doc = Client().set_sweep(name, project, max_parallel=max_parallel)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: at most {doc['max_parallel']} cells at once")

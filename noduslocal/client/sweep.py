@@ -1,0 +1,111 @@
+"""The SDK's Sweep: one Job template run over a grid of GPUs, regions and parameters
+(the reference `nodus.Sweep`): describe it, `run()` it, then `wait()`, `status()` and
+`cells()` for the report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.client.job import _wire, default_client
+from noduslocal.client.view import View
+
+
+class Sweep:
+    def __init__(self, target: Mapping[str, Any] | None = None, *,
+                 grid: Mapping[str, Iterable[Any] | str] | None = None,
+                 repetitions: int | None = None, max_parallel: int | None = None,
+                 max_cost: Any = None, name: str | None = None,
+                 labels: dict[str, str] | None = None, project: str | None = None) -> None:
+        if target is not None and not isinstance(target, Mapping):
+            # A Function or a recipe: the daemon serves Job templates only.
+            raise errors.Unsupported("target")
+        if max_cost is not None:
+            raise errors.Unsupported("max_cost")
+        self._target = dict(target or {})
+        self._grid = None if grid is None else {
+            k: v if isinstance(v, str) else list(v) for k, v in grid.items()}
+        self._repetitions = repetitions
+        self._max_parallel = max_parallel
+        self._labels = labels
+        self._project = project
+        self.name = name
+        self._client = default_client()
+        self._obj: View | None = None
+
+    def __repr__(self) -> str:
+        return f"Sweep({self.name!r}, project={self._project!r})"
+
+    def _body(self) -> dict[str, Any]:
+        template = dict(self._target)
+        source = template.get("source")
+        if isinstance(source, str | os.PathLike):
+            # A path is packed and uploaded once; every cell starts from the same bytes.
+            template["source"] = self._client.upload_source(
+                [Path(source)], contents_of_single_dir=True,
+                allow_large=bool(template.pop("allow_large_source", False)))
+        body = {"name": self.name, "project": self._project, "labels": self._labels,
+                "template": _wire(template), "grid": self._grid,
+                "repetitions": self._repetitions, "max_parallel": self._max_parallel}
+        return {k: v for k, v in body.items() if v is not None}
+
+    def run(self, idempotency_key: str | None = None) -> Sweep:
+        """Create the Sweep (every cell in one call) and return it; the same key gives
+        the same sweep."""
+        doc = self._client.create_sweep(self._body(), idempotency_key=idempotency_key)
+        self._take(doc)
+        return self
+
+    def _take(self, doc: Mapping[str, Any]) -> View:
+        self._obj = View(doc)
+        self.name, self._project = doc["name"], doc["project"]
+        return self._obj
+
+    def _named(self) -> str:
+        if self.name is None:
+            raise errors.NotFound("this Sweep has not been run yet; call run() first")
+        return self.name
+
+    @classmethod
+    def from_name(cls, name: str, project: str | None = None) -> Sweep:
+        sweep = cls(name=name, project=project)
+        sweep._take(sweep._client.get_sweep(name, project))
+        return sweep
+
+    def status(self) -> View:
+        """Phase, counts per phase, cells done and the cost so far."""
+        return self._take(self._client.get_sweep(self._named(), self._project))
+
+    def wait(self, timeout: float | None = None) -> View:
+        """Block until every cell is terminal and return the status. A sweep with failed
+        cells ends Failed (reason CellsFailed) and still returns: only a timeout or a
+        missing sweep raise."""
+        return self._take(self._client.wait_sweep(self._named(), self._project, timeout))
+
+    def cells(self) -> list[View]:
+        """One entry per cell, in index order: GPU, region, parameters, phase, cost and
+        wall time."""
+        return [View(c) for c in self._client.sweep_cells(self._named(), self._project)]
+
+    def jobs(self) -> list[View]:
+        """The cell Jobs the Sweep created, in cell order."""
+        jobs = self._client.list_jobs(labels={"sweep": self._named()},
+                                      project=self._project or self.status()["project"],
+                                      all=True, limit=100_000)
+        return [View(j) for j in sorted(jobs, key=lambda j: j["cell"])]
+
+    def cancel(self) -> None:
+        self._take(self._client.cancel_sweep(self._named(), self._project))
+
+    def estimate(self) -> View:
+        raise errors.Unsupported("Sweep.estimate")
+
+    def suspend(self) -> None:
+        raise errors.Unsupported("Sweep.suspend")
+
+    def resume(self) -> None:
+        raise errors.Unsupported("Sweep.resume")

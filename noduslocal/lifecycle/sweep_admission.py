@@ -1,0 +1,57 @@
+"""Creating a sweep: its plan checked against what this box and the user's limits can ever
+give (each distinct GPU request of the grid once), then the sweep and every cell stored in
+one transaction, and handed to the sweep controller.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import replace
+
+from noduslocal import errors
+from noduslocal.lifecycle.admission import NAME_TRIES, Admission
+from noduslocal.lifecycle.sweeps import SweepController
+from noduslocal.models import SweepRecord
+from noduslocal.store import Store, ops
+from noduslocal.store import sweeps as sweep_ops
+from noduslocal.sweeps.plan import Plan
+
+
+class SweepAdmission:
+    def __init__(self, store: Store, admission: Admission,
+                 controller: SweepController) -> None:
+        self.store = store
+        self.admission = admission
+        self.controller = controller
+
+    def check(self, plan: Plan, owner: ops.Owner) -> None:
+        template = plan.template
+        for gpu in plan.gpus.values() or [template.spec.gpu]:
+            self.admission.check(replace(template, spec=replace(template.spec, gpu=gpu)),
+                                 owner)
+
+    async def create(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
+                     request_hash: str | None) -> tuple[SweepRecord, bool]:
+        self.check(plan, owner)
+        project = plan.project or owner.name
+        cells = len(plan)
+        for _ in range(NAME_TRIES):
+            name = plan.name or f"sweep-{secrets.token_hex(4)}"
+            now = time.time()
+            try:
+                created: sweep_ops.CreatedSweep = await self.store.write(
+                    lambda c, n=name, t=now: sweep_ops.insert_sweep(
+                        c, plan.template, plan.stored(), cells,
+                        lambda i, n=n: plan.cell_spec(i, n), plan.max_parallel, owner, n,
+                        project, t, idempotency_key, request_hash))
+                break
+            except errors.AlreadyExists:
+                if plan.name:
+                    raise
+        else:
+            raise errors.Internal("could not generate a free sweep name")
+        if created.created:
+            first = created.first_job
+            await self.controller.add(created.sweep, list(range(first, first + cells)))
+        return created.sweep, created.created

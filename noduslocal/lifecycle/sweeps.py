@@ -1,0 +1,234 @@
+"""Running sweeps: the canary (cell 0) runs alone and gates the rest, cells are released
+into the queue in order up to max_parallel, each cell's end is learnt from committed
+events, and the sweep ends Succeeded, Failed (CellsFailed or CanaryFailed) or Cancelled.
+Which cells are held back lives here only, so a restart recomputes it from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from noduslocal.lifecycle.background import Background
+from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.models import Event, SweepRecord
+from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
+from noduslocal.store import Store
+from noduslocal.store import sweeps as sweep_ops
+
+log = logging.getLogger(__name__)
+ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
+
+
+@dataclass
+class ActiveSweep:
+    record: SweepRecord
+    held: deque[int] = field(default_factory=deque)  # cells' job ids not released, in order
+    running: set[int] = field(default_factory=set)  # released cells that have not ended
+    canary: int | None = None  # the canary cell's job id while the gate is shut
+    settling: bool = False  # its end is being written
+
+
+class SweepController:
+    def __init__(self, store: Store, dispatch: Dispatch, background: Background) -> None:
+        self.store = store
+        self.dispatch = dispatch
+        self.background = background
+        self._sweeps: dict[int, ActiveSweep] = {}
+        self._cell_of: dict[int, int] = {}  # job id -> sweep id, cells of active sweeps
+        self._changes: dict[int, list[asyncio.Future[None]]] = {}
+
+    # --- starting ---------------------------------------------------------------------
+
+    async def add(self, sweep: SweepRecord, job_ids: list[int]) -> None:
+        """A sweep just created: its cells (in cell order) are all held."""
+        active = ActiveSweep(sweep, deque(job_ids))
+        self._track(active, job_ids)
+        await self._begin(active)
+
+    async def recover(self) -> None:
+        """After a restart: every unended sweep's cells that never started are held again,
+        those that run count against max_parallel, and a canary that ended meanwhile
+        decides the gate now."""
+        for sweep in await self.store.sweeps(active_only=True, limit=-1):
+            cells = await self.store.sweep_cells(sweep.id)
+            active = ActiveSweep(sweep, deque(j for j, _, p in cells if p == Phase.PENDING),
+                                 {j for j, _, p in cells if p in ACTIVE and p != Phase.PENDING})
+            self._track(active, [j for j, _, p in cells if p not in TERMINAL])
+            if sweep.phase == SweepPhase.PENDING:
+                await self._begin(active)
+                continue
+            if sweep.phase == SweepPhase.CANARY:
+                job_id, _, phase = cells[0]
+                if phase in TERMINAL:
+                    await self._gate(active, job_id, phase)
+                    continue
+                active.canary = job_id
+            self._release(active)
+            self._settle_if_done(active)
+
+    def _track(self, active: ActiveSweep, job_ids: list[int]) -> None:
+        self._sweeps[active.record.id] = active
+        for job_id in job_ids:
+            self._cell_of[job_id] = active.record.id
+
+    async def _begin(self, active: ActiveSweep) -> None:
+        gated = active.record.spec.get("canary") == "cell" and active.record.cells > 1
+        if gated:
+            active.canary = active.held[0]
+        await self._transition(active, SweepPhase.CANARY if gated else SweepPhase.RUNNING,
+                               Reason.SCHEDULED)
+        self._release(active)
+
+    # --- cells in, cells out ----------------------------------------------------------
+
+    def _release(self, active: ActiveSweep) -> None:
+        phase = active.record.phase
+        if phase == SweepPhase.CANARY:
+            room = 1 if active.canary in active.held else 0
+        elif phase == SweepPhase.RUNNING:
+            room = active.record.max_parallel - len(active.running)
+        else:
+            return
+        ids = [active.held.popleft() for _ in range(min(room, len(active.held)))]
+        if ids:
+            active.running.update(ids)
+            self.background.spawn(self._enqueue(active, ids))
+
+    async def _enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
+        for job in await self.store.jobs_by_ids(ids):
+            # Withdrawn meanwhile (a cancel of that cell, or of the sweep) is not queued.
+            if job.phase == Phase.PENDING and job.id in active.running:
+                self.dispatch.enqueue(job)
+
+    def withdraw(self, job_id: int) -> bool:
+        """Take a held cell back (an owner cancels or suspends it); False when the cell is
+        not held here (it was released, or is no cell)."""
+        active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        if active is None or job_id not in active.held:
+            return False
+        active.held.remove(job_id)
+        return True
+
+    def on_events(self, events: list[Event]) -> None:
+        """Committed job events: a cell that ended, was suspended or resumed."""
+        touched: dict[int, ActiveSweep] = {}
+        for event in events:
+            sweep_id = self._cell_of.get(event.job_id)
+            active = self._sweeps.get(sweep_id) if sweep_id is not None else None
+            if active is None:
+                continue
+            if event.phase in TERMINAL or event.phase == Phase.SUSPENDED:
+                active.running.discard(event.job_id)
+                if event.phase in TERMINAL:
+                    del self._cell_of[event.job_id]
+                if event.job_id == active.canary and event.phase in TERMINAL:
+                    self.background.spawn(self._gate(active, event.job_id, event.phase))
+                    continue
+            elif event.reason == Reason.RESUMED:
+                active.running.add(event.job_id)
+            touched[active.record.id] = active
+        for active in touched.values():
+            self._release(active)
+            self._settle_if_done(active)
+
+    async def _gate(self, active: ActiveSweep, job_id: int, phase: str) -> None:
+        """The canary ended: open the gate, or fail the sweep and cancel the rest."""
+        active.canary = None
+        if phase == Phase.SUCCEEDED:
+            await self._transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
+                                   "the canary (cell 0) succeeded")
+            self._release(active)
+            self._settle_if_done(active)
+            return
+        canary = (await self.store.jobs_by_ids([job_id]))[0]
+        why = f"the canary (cell 0) ended {phase}: {canary.message or canary.reason}"
+        held = list(active.held)
+        active.held.clear()
+        await self.store.write(lambda c: sweep_ops.cancel_cells(
+            c, held, time.time(), Reason.CANARY_FAILED, why))
+        await self._transition(active, SweepPhase.FAILED, Reason.CANARY_FAILED,
+                               f"{why}; nothing else ran")
+
+    def _settle_if_done(self, active: ActiveSweep) -> None:
+        if (not active.held and not active.running and not active.settling
+                and active.record.phase in (SweepPhase.CANARY, SweepPhase.RUNNING)):
+            active.settling = True
+            self.background.spawn(self._settle(active))
+
+    async def _settle(self, active: ActiveSweep) -> None:
+        counts, _ = await self.store.sweep_totals(active.record.id)
+        if any(n and phase not in TERMINAL for phase, n in counts.items()):
+            active.settling = False  # a cell is suspended: the sweep goes on when resumed
+            return
+        failed = counts.get(Phase.FAILED, 0) + counts.get(Phase.CANCELLED, 0)
+        if failed:
+            await self._transition(active, SweepPhase.FAILED, Reason.CELLS_FAILED,
+                                   f"{failed} of {active.record.cells} cells did not succeed")
+        else:
+            await self._transition(active, SweepPhase.SUCCEEDED, Reason.COMPLETED,
+                                   f"all {active.record.cells} cells succeeded")
+
+    # --- owners' controls -------------------------------------------------------------
+
+    async def cancel(self, sweep: SweepRecord, remaining_only: bool) -> list[int]:
+        """Cancel the held cells and end the sweep Cancelled; returns the released cells
+        still running, for the caller to cancel unless `remaining_only`."""
+        active = self._sweeps.get(sweep.id)
+        if active is None:
+            return []
+        held = list(active.held)
+        active.held.clear()
+        await self.store.write(lambda c: sweep_ops.cancel_cells(
+            c, held, time.time(), Reason.CANCELLED, "its sweep was cancelled"))
+        await self._transition(active, SweepPhase.CANCELLED, Reason.CANCELLED,
+                               "cancelled on request" + (
+                                   "; running cells go on" if remaining_only else ""))
+        return [] if remaining_only else sorted(active.running)
+
+    async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:
+        await self.store.write(lambda c: sweep_ops.set_max_parallel(c, sweep.id,
+                                                                    max_parallel))
+        active = self._sweeps.get(sweep.id)
+        if active is not None:
+            active.record.max_parallel = max_parallel
+            self._release(active)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def hold(self, job_id: int) -> str | None:
+        """Why a held cell waits, in words."""
+        active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        if active is None or job_id not in active.held:
+            return None
+        name = active.record.name
+        if active.record.phase == SweepPhase.CANARY:
+            return f"sweep {name}: waiting for its canary (cell 0) to succeed"
+        return (f"sweep {name}: {len(active.running)} of {active.record.max_parallel} cells "
+                "running (max_parallel)")
+
+    def next_change(self, sweep_id: int) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._changes.setdefault(sweep_id, []).append(future)
+        return future
+
+    async def _transition(self, active: ActiveSweep, phase: SweepPhase, reason: str,
+                          message: str | None = None) -> None:
+        sweep = active.record
+        was = SweepPhase(sweep.phase)
+        applied = await self.store.write(lambda c: sweep_ops.set_sweep_phase(
+            c, sweep.id, phase, time.time(), reason, message, expect=was))
+        if not applied:  # another transition came first (a cancel during the last end)
+            return
+        sweep.phase, sweep.reason, sweep.message = phase.value, reason, message
+        log.info("sweep %s: %s (%s)", sweep.name, phase.value, message or reason)
+        if phase in SWEEP_TERMINAL:
+            self._sweeps.pop(sweep.id, None)
+            for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
+                del self._cell_of[job_id]
+        for future in self._changes.pop(sweep.id, ()):
+            if not future.done():
+                future.set_result(None)

@@ -1,0 +1,143 @@
+"""The store's operations on sweeps: creating one with all its cells (a job each) in one
+transaction, the sweep's own transitions with their event rows, and cancelling the cells
+it has not started.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.models import CreateRequest, Event, JobSpec, SweepRecord
+from noduslocal.states import Phase, Reason, SweepPhase, check_sweep_transition
+from noduslocal.store.jobs import Owner, _transition, insert_refs, resolve_refs
+
+SWEEP_COLUMNS = ("id, project, name, owner_uid, owner_gid, owner, phase, spec, labels, cells, "
+                 "max_parallel, created_at, reason, message, ended_at")
+SWEEP_LABEL = "sweep"  # every cell carries its sweep's name under this label
+
+
+def sweep_from_row(row: tuple[Any, ...]) -> SweepRecord:
+    return SweepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
+                       json.loads(row[7]), json.loads(row[8]), row[9], row[10], row[11],
+                       row[12], row[13], row[14])
+
+
+@dataclass
+class CreatedSweep:
+    sweep: SweepRecord
+    created: bool  # False: the idempotency key named an existing sweep
+    first_job: int = 0  # cells are jobs first_job .. first_job + cells - 1, in cell order
+
+
+def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[str, Any],
+                 cells: int, cell_spec: Callable[[int], JobSpec], max_parallel: int,
+                 owner: Owner, name: str, project: str, now: float,
+                 idempotency_key: str | None, request_hash: str | None,
+                 ) -> tuple[CreatedSweep, list[Event]]:
+    if idempotency_key is not None:
+        row = conn.execute(f"SELECT {SWEEP_COLUMNS}, request_hash FROM sweeps "
+                           "WHERE owner_uid = ? AND idempotency_key = ?",
+                           (owner.uid, idempotency_key)).fetchone()
+        if row is not None:
+            if row[-1] != request_hash:
+                raise errors.Conflict(f"idempotency key {idempotency_key!r} was used for a "
+                                      f"different request (sweep {row[2]!r})")
+            return CreatedSweep(sweep_from_row(row[:-1]), created=False), []
+    if conn.execute("SELECT 1 FROM sweeps WHERE project = ? AND name = ?",
+                    (project, name)).fetchone():
+        raise errors.AlreadyExists(f"name: sweep {name!r} already exists in project "
+                                   f"{project!r}", field="name")
+    if (clash := _first_clash(conn, project, name, cells)) is not None:
+        raise errors.AlreadyExists(f"name: job {clash!r} already exists in project "
+                                   f"{project!r}; name the sweep otherwise", field="name")
+    secrets = resolve_refs(conn, template, owner)
+    labels = {**template.labels, SWEEP_LABEL: name}
+    cur = conn.execute(
+        "INSERT INTO sweeps (project, name, owner_uid, owner_gid, owner, phase, reason, spec, "
+        "labels, cells, max_parallel, idempotency_key, request_hash, created_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (project, name, owner.uid, owner.gid, owner.name, SweepPhase.PENDING.value,
+         Reason.CREATED.value, json.dumps(spec), json.dumps(template.labels), cells,
+         max_parallel, idempotency_key, request_hash, now))
+    sweep_id = cur.lastrowid or 0
+    first = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs").fetchone()[0]
+    labels_json = json.dumps(labels)
+    conn.executemany(
+        "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
+        "spec, labels, created_at, sweep_id, cell) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        ((first + i, project, f"{name}-{i}", owner.uid, owner.gid, owner.name,
+          Phase.PENDING.value, Reason.CREATED.value, json.dumps(cell_spec(i).to_wire()),
+          labels_json, now, sweep_id, i) for i in range(cells)))
+    ids = list(range(first, first + cells))
+    insert_refs(conn, ids, secrets, template.spec)
+    seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+    conn.executemany(
+        "INSERT INTO events (job_id, at, phase, reason) VALUES (?,?,?,?)",
+        ((job_id, now, Phase.PENDING.value, Reason.CREATED.value) for job_id in ids))
+    events = [Event(seq + 1 + i, first + i, project, f"{name}-{i}", now, Phase.PENDING.value,
+                    Reason.CREATED.value, None, None) for i in range(cells)]
+    sweep_event(conn, sweep_id, now, SweepPhase.PENDING, Reason.CREATED, None)
+    sweep = SweepRecord(sweep_id, project, name, owner.uid, owner.gid, owner.name,
+                        SweepPhase.PENDING.value, spec, template.labels, cells, max_parallel,
+                        now, Reason.CREATED.value)
+    return CreatedSweep(sweep, True, first), events
+
+
+def _first_clash(conn: sqlite3.Connection, project: str, name: str, cells: int) -> str | None:
+    """A job whose name a cell would take (`<sweep>-<index>`)."""
+    for (taken,) in conn.execute("SELECT name FROM jobs WHERE project = ? AND name LIKE ?",
+                                 (project, f"{name}-%")):
+        suffix = taken[len(name) + 1:]
+        if suffix.isdigit() and str(int(suffix)) == suffix and int(suffix) < cells:
+            return str(taken)
+    return None
+
+
+def sweep_event(conn: sqlite3.Connection, sweep_id: int, at: float, phase: SweepPhase,
+                reason: str | None, message: str | None) -> None:
+    conn.execute("INSERT INTO sweep_events (sweep_id, at, phase, reason, message) "
+                 "VALUES (?,?,?,?,?)", (sweep_id, at, phase.value, reason, message))
+
+
+def set_sweep_phase(conn: sqlite3.Connection, sweep_id: int, phase: SweepPhase, now: float,
+                    reason: str, message: str | None = None,
+                    expect: SweepPhase | None = None) -> tuple[bool, list[Event]]:
+    """The sweep's transition with its event row; False (nothing written) when `expect` is
+    given and the sweep is no longer in that phase."""
+    row = conn.execute("SELECT phase FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    if row is None:
+        raise errors.NotFound(f"sweep {sweep_id} does not exist")
+    if expect is not None and row[0] != expect:
+        return False, []
+    check_sweep_transition(row[0], phase)
+    ended = now if phase in (SweepPhase.SUCCEEDED, SweepPhase.FAILED,
+                             SweepPhase.CANCELLED) else None
+    conn.execute("UPDATE sweeps SET phase = ?, reason = ?, message = ?, ended_at = ? "
+                 "WHERE id = ?", (phase.value, reason, message, ended, sweep_id))
+    sweep_event(conn, sweep_id, now, phase, reason, message)
+    return True, []
+
+
+def set_max_parallel(conn: sqlite3.Connection, sweep_id: int,
+                     max_parallel: int) -> tuple[None, list[Event]]:
+    conn.execute("UPDATE sweeps SET max_parallel = ? WHERE id = ?", (max_parallel, sweep_id))
+    return None, []
+
+
+def cancel_cells(conn: sqlite3.Connection, job_ids: list[int], now: float, reason: str,
+                 message: str) -> tuple[list[int], list[Event]]:
+    """Cancel cells that never started (still Pending); returns the ones cancelled."""
+    cancelled, events = [], []
+    for job_id in job_ids:
+        row = conn.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None or row[0] != Phase.PENDING:
+            continue
+        events.append(_transition(conn, job_id, Phase.CANCELLED, now, reason, message,
+                                  ended_at=now))
+        cancelled.append(job_id)
+    return cancelled, events

@@ -1,0 +1,156 @@
+"""A sweep create, checked whole before anything is written, and the plan it makes: the
+template every cell starts from, and each cell's own job spec (its grid values or its
+`map` task, and the task environment NODUS_* and SUPERCOMPUTER_*), computed by index.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from noduslocal.errors import InvalidArgument, Unsupported
+from noduslocal.gpu.request import GpuRequest, parse_gpu
+from noduslocal.models import CreateRequest, JobSpec
+from noduslocal.sweeps import expand
+from noduslocal.sweeps.grid import Grid, parse_grid
+from noduslocal.validation import parse_create, validate_name
+
+SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
+                          "map", "max_parallel", "canary"})
+NOT_YET = {"max_cost": None, "webhook": None, "canary_smoke": None, "code": None}
+TEMPLATE_OWN = frozenset({"name", "project", "labels"})  # the sweep's, not the template's
+DEFAULT_MAX_PARALLEL = 8
+MAX_PARALLEL = 10_000
+CANARY_MODES = ("cell", "none")
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str | None
+    project: str | None
+    labels: dict[str, str]
+    template: CreateRequest
+    grid: Grid | None
+    tasks: expand.Expansion | None
+    max_parallel: int
+    canary: str  # "cell": cell 0 runs first and gates the rest; "none"
+    gpus: Mapping[str, GpuRequest | None]  # each grid gpu value (gpu_key), parsed once
+
+    def __len__(self) -> int:
+        return len(self.tasks) if self.tasks is not None else len(self.grid or Grid(()))
+
+    def params(self, index: int) -> dict[str, Any]:
+        """What sets cell `index` apart: its grid values, or its `map` task's values."""
+        if self.tasks is not None:
+            return self.tasks.task(index).named(self.tasks.groups)
+        return self.grid.params(index) if self.grid is not None else {}
+
+    def cell_spec(self, index: int, sweep: str) -> JobSpec:
+        base = self.template.spec
+        env = dict(base.env)
+        changes: dict[str, Any] = {}
+        if self.tasks is not None:  # a map task: a failed one is retried too
+            changes.update(command=self.tasks.task(index).argv, args=[],
+                           retry_errors=bool(base.retries))
+        elif self.grid is not None:
+            for key, value in self.grid.params(index).items():
+                if key == "gpu":
+                    changes["gpu"] = self.gpus[gpu_key(value)]
+                elif key != "region":
+                    env[key] = value
+        total = str(len(self))
+        env.update(NODUS_TASK_ID=str(index), NODUS_WORLD_SIZE=total, NODUS_SWEEP=sweep,
+                   SUPERCOMPUTER_TASK_ID=str(index), SUPERCOMPUTER_WORLD_SIZE=total,
+                   SUPERCOMPUTER_JOB=sweep)
+        return replace(base, env=env, **changes)
+
+    def stored(self) -> dict[str, Any]:
+        """What the sweeps row keeps of the plan (the cells keep their own specs)."""
+        return {"template": self.template.spec.to_wire(), "canary": self.canary,
+                "grid": self.grid.to_wire() if self.grid is not None else None,
+                "map": None if self.tasks is None else {
+                    "command": list(self.tasks.command),
+                    "groups": [[g.name, list(g.values)] for g in self.tasks.groups]}}
+
+
+def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
+    if not isinstance(body, Mapping):
+        raise InvalidArgument("body: expected a JSON object", field="body")
+    for key in NOT_YET:
+        if body.get(key) is not None:
+            raise Unsupported(key)
+    unknown = sorted(set(body) - SWEEP_FIELDS - set(NOT_YET))
+    if unknown:
+        raise InvalidArgument(f"{unknown[0]}: unknown field; allowed: "
+                              f"{', '.join(sorted(SWEEP_FIELDS))}", field=unknown[0])
+    name = None if body.get("name") is None else validate_name(body["name"], "name")
+    project = None if body.get("project") is None else validate_name(body["project"],
+                                                                      "project")
+    template_body = body.get("template")
+    if not isinstance(template_body, Mapping):
+        raise InvalidArgument("template: expected the keyword arguments of Job.create",
+                              field="template")
+    if own := sorted(TEMPLATE_OWN & set(template_body)):
+        raise InvalidArgument(f"template.{own[0]}: set it on the sweep, not its template",
+                              field=f"template.{own[0]}")
+    if body.get("map") is not None and body.get("grid") is not None:
+        raise InvalidArgument("map: a sweep has a grid or map tasks, not both", field="map")
+    tasks = _tasks(body.get("map"))
+    with_command = dict(template_body)
+    if tasks is not None:
+        with_command["command"] = list(tasks.command)  # checked like any command
+    template = parse_create({**with_command, "labels": body.get("labels")}, regions=regions)
+    if tasks is not None:
+        template = replace(template, spec=replace(template.spec, args=[]))
+    grid = parse_grid(body.get("grid"), body.get("repetitions")) if tasks is None else None
+    if tasks is not None and body.get("repetitions") is not None:
+        raise InvalidArgument("repetitions: only for a grid; repeat a map's values instead",
+                              field="repetitions")
+    gpus = _grid_gpus(grid, regions)
+    max_parallel = body.get("max_parallel", DEFAULT_MAX_PARALLEL)
+    if (isinstance(max_parallel, bool) or not isinstance(max_parallel, int)
+            or not 1 <= max_parallel <= MAX_PARALLEL):
+        raise InvalidArgument(f"max_parallel: expected an integer from 1 to {MAX_PARALLEL}",
+                              field="max_parallel")
+    canary = body.get("canary", "cell")
+    if canary not in CANARY_MODES:
+        raise InvalidArgument(f"canary: use one of {', '.join(CANARY_MODES)}", field="canary")
+    plan = Plan(name, project, template.labels, template, grid, tasks, max_parallel, canary,
+                gpus)
+    if name is not None and len(f"{name}-{len(plan) - 1}") > 63:
+        raise InvalidArgument(f"name: {name!r} is too long for cell names like "
+                              f"{name}-{len(plan) - 1} (63 characters at most)", field="name")
+    return plan
+
+
+def gpu_key(value: Any) -> str:
+    """A grid's GPU value as a key: requests may be numbers, strings or mappings."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _tasks(value: Any) -> expand.Expansion | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) - {"args", "lines"}:
+        raise InvalidArgument('map: expected {"args": [...], "lines": [...]}', field="map")
+    args, lines = value.get("args"), value.get("lines")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise InvalidArgument("map.args: expected a list of strings", field="map.args")
+    if lines is not None and (not isinstance(lines, list)
+                              or not all(isinstance(x, str) for x in lines)):
+        raise InvalidArgument("map.lines: expected a list of strings", field="map.lines")
+    return expand.parse(args, lines)
+
+
+def _grid_gpus(grid: Grid | None, regions: tuple[str, ...]) -> dict[str, GpuRequest | None]:
+    gpus: dict[str, GpuRequest | None] = {}
+    for axis in grid.axes if grid is not None else ():
+        for value in axis.values:
+            if axis.key == "gpu":
+                gpus[gpu_key(value)] = parse_gpu(value, "grid.gpu")
+            elif axis.key == "region" and value not in regions:
+                raise InvalidArgument(f"grid.region: {value!r} is not a region of this host; "
+                                      f"valid: {', '.join(regions)}", field="grid.region")
+    return gpus

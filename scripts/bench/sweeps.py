@@ -1,0 +1,92 @@
+"""Sweeps: creating a 10,000-cell sweep in one call (target < 1 s), and 1,000 tasks of
+`true` at --max-parallel 2 through `noduslocal map` on a daemon with cpus=2, submit to last
+end, beside GNU parallel (`parallel -j2 true ::: 1..1000`) and task-spooler (`tsp -S 2`)
+in the same run.
+
+    python scripts/bench/sweeps.py [TASKS] [CELLS]        targets: create < 1 s; map
+                                                           faster than parallel, near tsp
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import summary_ms, table
+from throughput import run_tsp
+
+from noduslocal import testing
+
+
+def create_times(cells: int, rounds: int) -> list[float]:
+    side = int(cells ** 0.5)
+    times = []
+    with testing.daemon(cpus=2, log_level="WARNING") as d:
+        client = d.client()
+        client.create_job({"name": "hold", "command": ["sleep", "600"], "cpu": 2})
+        for r in range(rounds):
+            start = time.perf_counter()
+            created = client.create_sweep({
+                "name": f"big-{r}", "template": {"command": ["true"]},
+                "grid": {"A": list(range(side)), "B": list(range(cells // side))}})
+            times.append(time.perf_counter() - start)
+            assert created["cells"] == side * (cells // side)
+            client.cancel_sweep(f"big-{r}")
+    return times
+
+
+def run_map(n: int) -> float:
+    with testing.daemon(cpus=2, log_level="WARNING") as d:
+        exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
+        env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
+        start = time.perf_counter()
+        subprocess.run([exe, "map", "--no-code", "--name", "tp", "--max-parallel", "2", "--",
+                        "true", ":::", *map(str, range(n))], env=env, check=True,
+                       capture_output=True)
+        subprocess.run([exe, "sweep", "wait", "tp"], env=env, check=True,
+                       capture_output=True)
+        total = time.perf_counter() - start
+        assert d.client().get_sweep("tp")["counts"] == {"Succeeded": n}
+    return total
+
+
+def run_parallel(n: int) -> float | None:
+    exe = shutil.which("parallel")
+    if exe is None:
+        return None
+    start = time.perf_counter()
+    subprocess.run([exe, "--will-cite", "-j2", "true", ":::", *map(str, range(n))],
+                   check=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    cells = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
+    created = create_times(cells, 5)
+    print(table([{"what": f"create a {cells}-cell sweep (one call, 5 rounds)",
+                  **summary_ms(created)}]))
+    print()
+    rows = []
+    ours = run_map(n)
+    rows.append({"runner": "noduslocal map --max-parallel 2 (cpus=2)", "tasks": str(n),
+                 "total s": f"{ours:.2f}", "tasks/s": f"{n / ours:.0f}"})
+    parallel = run_parallel(n)
+    rows.append({"runner": "GNU parallel -j2", "tasks": str(n),
+                 "total s": f"{parallel:.2f}", "tasks/s": f"{n / parallel:.0f}"}
+                if parallel else {"runner": "parallel: not installed"})
+    tsp = run_tsp(n)
+    rows.append({"runner": "task-spooler (tsp -S 2)", "tasks": str(n),
+                 "total s": f"{tsp[1]:.2f}", "tasks/s": f"{n / tsp[1]:.0f}"}
+                if tsp else {"runner": "tsp: not installed"})
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
