@@ -10,6 +10,7 @@ from noduslocal import errors
 from noduslocal.client.job import Distributed, Job
 from noduslocal.client.sweep import Sweep
 from noduslocal.client.view import View
+from noduslocal.metrics import report
 
 __version__ = "0.1.0"
-__all__ = ["Distributed", "Job", "Sweep", "View", "__version__", "errors"]
+__all__ = ["Distributed", "Job", "Sweep", "View", "__version__", "errors", "report"]

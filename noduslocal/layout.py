@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shutil
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -73,6 +74,14 @@ class JobLayout:
 
     def workspace(self, job_id: int) -> Path:
         return self.job_dir(job_id) / "workspace"
+
+    def free(self, job_id: int) -> None:
+        """Remove an ended job's workspace and a container's checkpoint beside it; its
+        attempt directories (logs, exit records) stay. Links in the workspace are removed,
+        never followed."""
+        for path in (self.workspace(job_id), self.job_dir(job_id) / "checkpoint"):
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(path)
 
     def checkpoint_dir(self, job: JobRecord) -> Path | None:
         """Where the job's checkpoint lives on the host (None: in a volume, or none)."""

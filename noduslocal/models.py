@@ -166,9 +166,11 @@ class JobRecord:
     cost: float = 0.0  # of its ended attempts
     sweep_id: int | None = None  # a sweep's cell: the sweep, and the cell's index
     cell: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # as of its last attempt's end
 
     def to_wire(self, hold: str | None = None, *, redact: bool = False,
-                running_cost: float = 0.0) -> dict[str, Any]:
+                running_cost: float = 0.0,
+                live_metrics: dict[str, float] | None = None) -> dict[str, Any]:
         """The job document; with `redact` (a caller who may not control the job) the
         values of its environment are hidden, as a token often travels there."""
         end = self.ended_at or (time.time() if self.started_at else None)
@@ -198,6 +200,7 @@ class JobRecord:
             "cost": round(self.cost + running_cost, 6),
             "labels": self.labels,
             "cell": self.cell,
+            "metrics": live_metrics or self.metrics,
             "spec": spec,
         }
 
@@ -222,14 +225,15 @@ class SweepRecord:
     reason: str | None = None
     message: str | None = None
     ended_at: float | None = None
+    freed_at: float | None = None  # its cells' workspaces were freed (`sweep gc`)
 
     def to_wire(self) -> dict[str, Any]:
         return {"kind": "Sweep", "name": self.name, "project": self.project,
                 "owner": self.owner, "uid": self.owner_uid, "phase": self.phase,
                 "reason": self.reason, "message": self.message, "cells": self.cells,
                 "max_parallel": self.max_parallel, "created_at": iso(self.created_at),
-                "ended_at": iso(self.ended_at), "labels": self.labels,
-                "canary": self.spec.get("canary")}
+                "ended_at": iso(self.ended_at), "freed_at": iso(self.freed_at),
+                "labels": self.labels, "canary": self.spec.get("canary")}
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ class Reason(StrEnum):
     CANARY_FAILED = "CanaryFailed"  # cell 0 or the smoke command failed: nothing else ran
     CANARY_PASSED = "CanaryPassed"
     RETRYING = "Retrying"  # a map task exited non-zero and has retries left
+    RETRIED = "Retried"  # `sweep retry`: failed cells run again as new jobs
 
 
 class IllegalTransition(RuntimeError):

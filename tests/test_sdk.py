@@ -21,7 +21,7 @@ REFERENCE_CREATE = [
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(nodus.__all__) == ["Distributed", "Job", "Sweep", "View", "__version__",
-                                     "errors"]
+                                     "errors", "report"]
 
 
 def test_create_has_exactly_the_reference_keywords() -> None:

@@ -61,3 +61,13 @@ def test_sweep_phases() -> None:
         assert not SWEEP_TRANSITIONS[end]
         with pytest.raises(IllegalTransition):
             check_sweep_transition(end, "Running")
+
+
+def test_errors_are_made_alike_for_clustering() -> None:
+    from noduslocal.sweeps.failures import normalise
+
+    assert normalise("FileNotFoundError: [Errno 2] No such file: /data/shard-0042.jsonl") \
+        == "FileNotFoundError: [Errno N] No such file: PATH"
+    assert normalise("CUDA out of memory. Tried to allocate 2.50 GiB (GPU 3; 79.1 GiB)") \
+        == "CUDA out of memory. Tried to allocate N GiB (GPU N; N GiB)"
+    assert normalise("  KeyError: 0xdeadbeef at step 1e-3  ") == "KeyError: HEX at step N"

@@ -4,7 +4,9 @@ daemon five times during a sweep."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -72,13 +74,60 @@ def test_a_broken_command_costs_one_task(daemon: testing.Daemon) -> None:
     assert all(c["attempts"] == 0 and c["reason"] == "CanaryFailed" for c in cells[1:])
 
 
+def test_after_a_fix_retry_runs_the_canary_first_then_the_rest(daemon: testing.Daemon,
+                                                               tmp_path: Path) -> None:
+    fixed, order = tmp_path / "fixed", tmp_path / "order"
+    script = f'[ -e {fixed} ] || exit 4; echo "$NODUS_TASK_ID" >> {order}'
+    sweep = nodus.Sweep({"command": ["sh", "-c", script]}, grid={"X": list(range(100))},
+                        max_parallel=4, name="fixme").run()
+    assert sweep.wait(timeout=60)["reason"] == "CanaryFailed"
+    fixed.touch()
+    retried = run_cli(daemon, "sweep", "retry", "fixme")
+    assert retried.returncode == 0, retried.stderr
+    assert "100 cells run again, the canary first" in retried.stdout
+    status = sweep.wait(timeout=180)
+    assert (status["phase"], status["counts"]) == ("Succeeded", {"Succeeded": 100})
+    ran = [int(x) for x in order.read_text().split()]
+    assert ran[0] == 0 and sorted(ran) == list(range(100))
+    cells = sweep.cells()
+    assert [c["name"] for c in cells[:2]] == ["fixme-0-r2", "fixme-1-r2"]
+    history = daemon.client().get_job("fixme-0")
+    assert (history["phase"], history["exit_code"]) == ("Failed", 4)
+    again = run_cli(daemon, "sweep", "retry", "fixme")
+    assert again.returncode == 1 and "only a Failed sweep is retried" in again.stderr
+
+
+def test_retry_takes_failed_cells_and_with_all_cancelled_ones(daemon: testing.Daemon,
+                                                              tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    script = f'while [ ! -e {gate} ]; do sleep 0.05; done; exit $((NODUS_TASK_ID == 1))'
+    client = daemon.client()
+    client.create_sweep({"name": "partly", "canary": "none", "max_parallel": 1,
+                         "template": {"command": ["sh", "-c", script]},
+                         "grid": {"X": [0, 1, 2]}})
+    client.cancel_job("partly-2")  # held, never started
+    gate.touch()
+    first = client.wait_sweep("partly", timeout=60)
+    assert first["counts"] == {"Succeeded": 1, "Failed": 1, "Cancelled": 1}
+    client.retry_sweep("partly")
+    second = client.wait_sweep("partly", timeout=60)
+    assert second["counts"] == {"Succeeded": 1, "Failed": 1, "Cancelled": 1}
+    assert [c["name"] for c in client.sweep_cells("partly")] == [
+        "partly-0", "partly-1-r2", "partly-2"]
+    client.retry_sweep("partly", all=True)
+    third = client.wait_sweep("partly", timeout=60)
+    assert third["counts"] == {"Succeeded": 2, "Failed": 1}
+    assert [c["name"] for c in client.sweep_cells("partly")] == [
+        "partly-0", "partly-1-r3", "partly-2-r2"]
+
+
 def test_max_parallel_caps_running_cells_and_changes_live(wide: testing.Daemon,
                                                           tmp_path: Path) -> None:
     out = tmp_path / "spans"
     gate = tmp_path / "gate"
-    sweep = nodus.Sweep({"command": [
+    sweep = nodus.Sweep({"command": [  # the canary (task 0) passes at once; others wait
         "sh", "-c", f'echo "start $NODUS_TASK_ID $(date +%s.%N)" >> {out}; '
-                    f'while [ ! -e {gate} ]; do sleep 0.05; done; '
+                    f'while [ $NODUS_TASK_ID != 0 ] && [ ! -e {gate} ]; do sleep 0.05; done; '
                     f'echo "end $NODUS_TASK_ID $(date +%s.%N)" >> {out}']},
         grid={"X": list(range(6))}, max_parallel=2, name="width").run()
     client = wide.client()
@@ -86,9 +135,7 @@ def test_max_parallel_caps_running_cells_and_changes_live(wide: testing.Daemon,
     def running() -> int:
         return sweep.status()["counts"].get("Running", 0)
 
-    gate.touch()  # the canary alone first
     testing.wait_until(lambda: sweep.status()["phase"] == "Running", "the canary to pass")
-    gate.unlink()
     testing.wait_until(lambda: running() == 2, "two cells running")
     time.sleep(0.5)
     assert running() == 2, "max_parallel=2 let more start"
@@ -135,6 +182,33 @@ def test_a_suspended_cell_keeps_its_sweep_open_until_resumed(daemon: testing.Dae
     client.resume_job("paused-1")
     final = client.wait_sweep("paused", timeout=30)
     assert (final["phase"], final["counts"]) == ("Succeeded", {"Succeeded": 2})
+
+
+def test_failures_are_clustered_by_error_and_logs_show_the_exemplar(
+        daemon: testing.Daemon) -> None:
+    # Tasks 1 and 4 miss a shard file (two paths, one cause); 3 runs out of something else.
+    script = ('case $NODUS_TASK_ID in '
+              '1|4) echo "loading"; echo "FileNotFoundError: /data/shard-$NODUS_TASK_ID.npz" >&2;'
+              ' exit 2;; 3) echo "ValueError: batch 17 too big" >&2; exit 1;; esac')
+    sweep = nodus.Sweep({"command": ["sh", "-c", script]}, grid={"X": list(range(5))},
+                        name="causes").run()
+    status = sweep.wait(timeout=60)
+    assert (status["phase"], status["reason"]) == ("Failed", "CellsFailed")
+    assert [(g["count"], g["exit_code"], g["error"], g["cells"], g["exemplar"])
+            for g in status["failures"]] == [
+        (2, 2, "FileNotFoundError: PATH", [1, 4], 1),
+        (1, 1, "ValueError: batch N too big", [3], 3)]
+    assert status["failures"][0]["exemplar_error"] == "FileNotFoundError: /data/shard-1.npz"
+    shown = run_cli(daemon, "sweep", "status", "causes")
+    assert "2 x exit 2: FileNotFoundError: PATH (cells 1, 4)" in shown.stdout
+    logs = run_cli(daemon, "sweep", "logs", "causes")
+    assert logs.returncode == 0, logs.stderr
+    assert "loading" in logs.stdout and "shard-1.npz" in logs.stdout
+    assert "(task 1: FileNotFoundError: PATH)" in logs.stderr
+    task3 = run_cli(daemon, "sweep", "logs", "causes", "--task", "3")
+    assert "batch 17 too big" in task3.stdout
+    none = run_cli(daemon, "sweep", "logs", "grid-none-such")
+    assert none.returncode != 0
 
 
 def test_ten_thousand_cells_in_one_call_then_cancel(daemon: testing.Daemon) -> None:
@@ -257,13 +331,132 @@ def test_a_task_waiting_for_its_retry_says_so_and_can_be_cancelled(
     assert client.get_job("doomed-0")["attempts"] == 3
 
 
+def test_harvest_then_gc(daemon: testing.Daemon, tmp_path: Path) -> None:
+    created = run_cli(daemon, "map", "--no-code", "--no-canary", "--name", "h", "--", "sh",
+                      "-c", 'mkdir -p out/deep; echo "r$0" > out/deep/result-$0.json; '
+                            'echo skip > notes.txt; ln -s /etc/shadow out/leak.json',
+                      ":::", "0", "1", "2")
+    assert created.returncode == 0, created.stderr
+    assert run_cli(daemon, "sweep", "wait", "h").returncode == 0
+    dest = tmp_path / "harvest"
+    got = run_cli(daemon, "sweep", "harvest", "h", "*.json", str(dest))
+    assert got.returncode == 0, got.stderr
+    assert "3 files from 3 tasks" in got.stdout
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert files == [f"task-{i}/out/deep/result-{i}.json" for i in range(3)]
+    assert (dest / "task-2/out/deep/result-2.json").read_text() == "r2\n"
+    refused = run_cli(daemon, "sweep", "gc", "h")  # no terminal to confirm on
+    assert refused.returncode == 2 and "add --yes" in refused.stderr
+    freed = run_cli(daemon, "sweep", "gc", "h", "--yes")
+    assert freed.returncode == 0, freed.stderr
+    assert "workspaces of 3 tasks freed" in freed.stdout
+    status = daemon.client().get_sweep("h")
+    assert status["freed_at"] is not None and status["counts"] == {"Succeeded": 3}
+    assert not any(daemon.data_dir.glob("jobs/*/workspace"))
+    assert len(list(daemon.data_dir.glob("jobs/*/attempt-1/output.log"))) == 3  # logs stay
+    assert Path("/etc/shadow").exists()
+    busy = nodus.Sweep({"command": ["sleep", "30"]}, grid={"X": [1]}, name="busy").run()
+    early = run_cli(daemon, "sweep", "gc", "busy", "--yes")
+    assert early.returncode == 1 and "gc frees a finished sweep only" in early.stderr
+    busy.cancel()
+
+
+def test_a_smoke_command_gates_instead_of_task_0(daemon: testing.Daemon,
+                                                tmp_path: Path) -> None:
+    order = tmp_path / "order"
+    bad = run_cli(daemon, "map", "--no-code", "--name", "smoky", "--canary-smoke",
+                  f"echo smoke >> {order}; test -e {tmp_path}/ready", "--", "sh", "-c",
+                  f'echo "$0" >> {order}', ":::", "a", "b", "c")
+    assert bad.returncode == 1
+    assert "the smoke canary ended Failed: exited with code 1" in bad.stderr
+    assert "noduslocal job logs smoky-canary" in bad.stderr
+    client = daemon.client()
+    status = client.get_sweep("smoky")
+    assert status["counts"] == {"Cancelled": 3} and status["canary_job"] == "smoky-canary"
+    assert order.read_text() == "smoke\n"  # no task ran
+    (tmp_path / "ready").touch()
+    client.retry_sweep("smoky")
+    assert client.get_sweep("smoky")["canary_job"] == "smoky-canary-r2"
+    final = client.wait_sweep("smoky", timeout=60)
+    assert (final["phase"], final["counts"]) == ("Succeeded", {"Succeeded": 3})
+    lines = order.read_text().split()
+    assert lines[:2] == ["smoke", "smoke"] and sorted(lines[2:]) == ["a", "b", "c"]
+    assert client.get_job("smoky-canary-r2")["phase"] == "Succeeded"
+
+
 def test_map_refuses_what_it_cannot_do_yet(daemon: testing.Daemon) -> None:
-    for flag, value in (("--webhook", "http://127.0.0.1:9/"), ("--from", "job-1"),
-                        ("--canary-smoke", "true")):
+    for flag, value in (("--from", "job-1"),):
         done = run_cli(daemon, "map", "--no-code", flag, value, "--", "echo", ":::", "a")
         assert done.returncode == 2
         assert "is not supported by noduslocal yet" in done.stderr
     assert daemon.client().list_sweeps(all=True) == []
+
+
+class Hooks(http.server.ThreadingHTTPServer):
+    """A webhook receiver on the loopback: (event header, document) of each POST."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.received: list[tuple[str, dict[str, object]]] = []
+        self.status = status
+        hooks = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                hooks.received.append((self.headers["X-Nodus-Event"], json.loads(body)))
+                self.send_response(hooks.status)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hook"
+
+
+def test_webhook_posts_canary_pass_and_the_end(daemon: testing.Daemon) -> None:
+    hooks = Hooks()
+    try:
+        created = run_cli(daemon, "map", "--no-code", "--name", "hooked", "--webhook",
+                          hooks.url, "--", "true", ":::", "1", "2", "3")
+        assert created.returncode == 0, created.stderr
+        assert run_cli(daemon, "sweep", "wait", "hooked").returncode == 0
+        testing.wait_until(lambda: len(hooks.received) == 2, "two webhook calls")
+        (first, canary), (second, end) = hooks.received
+        assert (first, canary["event"], canary["phase"]) == (
+            "canary-passed", "canary-passed", "Running")
+        assert (second, end["phase"], end["counts"]) == (
+            "completed", "Succeeded", {"Succeeded": 3})
+        failing = run_cli(daemon, "map", "--no-code", "--name", "hooked-bad", "--webhook",
+                          hooks.url, "--", "false", ":::", "1", "2")
+        assert failing.returncode == 1
+        testing.wait_until(lambda: len(hooks.received) == 4, "canary-failed and completed")
+        assert [e for e, _ in hooks.received[2:]] == ["canary-failed", "completed"]
+    finally:
+        hooks.shutdown()
+        hooks.server_close()
+
+
+def test_a_failing_webhook_never_changes_the_sweep(daemon: testing.Daemon) -> None:
+    hooks = Hooks(status=500)
+    try:
+        sweep = daemon.client().create_sweep({
+            "name": "deaf", "webhook": hooks.url, "template": {"command": ["true"]},
+            "grid": {"X": [1, 2]}})
+        assert sweep["canary"] == "cell"
+        final = daemon.client().wait_sweep("deaf", timeout=60)
+        assert (final["phase"], final["counts"]) == ("Succeeded", {"Succeeded": 2})
+        testing.wait_until(lambda: len(hooks.received) >= 2, "a retried webhook")
+    finally:
+        hooks.shutdown()
+        hooks.server_close()
+    with pytest.raises(errors.InvalidArgument, match="webhook: expected an http"):
+        daemon.client().create_sweep({"webhook": "file:///etc/passwd",
+                                      "template": {"command": ["true"]}})
 
 
 def test_every_task_ends_exactly_once_across_five_kill9s(tmp_path: Path) -> None:

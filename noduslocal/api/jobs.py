@@ -29,7 +29,8 @@ def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
     caller: Caller = request["caller"]
     lifecycle = request.app[SERVICES].lifecycle
     return job.to_wire(lifecycle.hold(job.id), redact=not caller.may_control(job.owner_uid),
-                       running_cost=lifecycle.running_cost(job.id))
+                       running_cost=lifecycle.running_cost(job.id),
+                       live_metrics=lifecycle.running_metrics(job.id))
 
 
 def job_response(request: web.Request, job: JobRecord, status: int = 200) -> web.Response:

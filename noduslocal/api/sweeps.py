@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import time
 from typing import Any
 
 from aiohttp import web
@@ -16,8 +17,8 @@ from noduslocal.api.identity import Caller
 from noduslocal.api.jobs import IDEMPOTENCY_HEADER, check_project, project_of
 from noduslocal.api.services import SERVICES
 from noduslocal.models import SweepRecord
-from noduslocal.states import SWEEP_TERMINAL
-from noduslocal.sweeps import report
+from noduslocal.states import SWEEP_TERMINAL, TERMINAL
+from noduslocal.store import sweeps as sweep_ops
 from noduslocal.sweeps.plan import MAX_PARALLEL, parse_sweep
 
 routes = web.RouteTableDef()
@@ -40,9 +41,13 @@ def require_control(request: web.Request, sweep: SweepRecord, action: str) -> No
             f"{caller.name} may not {action} sweep {sweep.name!r}: it belongs to {sweep.owner}")
 
 
+def redact(request: web.Request, sweep: SweepRecord) -> bool:
+    caller: Caller = request["caller"]
+    return not caller.may_control(sweep.owner_uid)
+
+
 async def status_doc(request: web.Request, sweep: SweepRecord) -> dict[str, Any]:
-    counts, cost = await request.app[SERVICES].store.sweep_totals(sweep.id)
-    return report.status(sweep, counts, cost)
+    return await request.app[SERVICES].lifecycle.reports.status(sweep, redact(request, sweep))
 
 
 async def fresh(request: web.Request, sweep: SweepRecord) -> SweepRecord:
@@ -86,7 +91,6 @@ async def get_sweep(request: web.Request) -> web.Response:
 @routes.get("/v1/sweeps/{name}/cells")
 async def sweep_cells(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    caller: Caller = request["caller"]
     sweep = await lookup(request)
     try:
         offset = int(request.query.get("offset", "0"))
@@ -94,12 +98,8 @@ async def sweep_cells(request: web.Request) -> web.Response:
     except ValueError:
         raise errors.InvalidArgument("offset, limit: expected integers", field="offset") \
             from None
-    jobs = await services.store.sweep_cell_jobs(sweep.id, max(0, offset), max(1, limit))
-    redact = not caller.may_control(sweep.owner_uid)
-    lifecycle = services.lifecycle
-    return web.json_response({"cells": [
-        report.cell_row(sweep, job, services.settings.region, lifecycle.running_cost(job.id),
-                        redact) for job in jobs]})
+    return web.json_response({"cells": await services.lifecycle.reports.cells(
+        sweep, max(0, offset), max(1, limit), redact(request, sweep))})
 
 
 @routes.get("/v1/sweeps/{name}/wait")
@@ -129,6 +129,35 @@ async def cancel_sweep(request: web.Request) -> web.Response:
     require_control(request, sweep, "cancel")
     remaining = request.query.get("remaining") in ("1", "true")
     await request.app[SERVICES].lifecycle.cancel_sweep(sweep, remaining_only=remaining)
+    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+
+
+@routes.post("/v1/sweeps/{name}/retry")
+async def retry_sweep(request: web.Request) -> web.Response:
+    """Run a Failed sweep's failed cells again as new jobs (`all`: cancelled ones too);
+    after a canary failure the canary first."""
+    sweep = await lookup(request)
+    require_control(request, sweep, "retry")
+    include = request.query.get("all") in ("1", "true")
+    await request.app[SERVICES].lifecycle.retry_sweep(sweep, include_cancelled=include)
+    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+
+
+@routes.post("/v1/sweeps/{name}/gc")
+async def gc_sweep(request: web.Request) -> web.Response:
+    """Free the workspaces of a finished sweep's cells; their history, logs and cost stay."""
+    services = request.app[SERVICES]
+    sweep = await lookup(request)
+    require_control(request, sweep, "gc")
+    if sweep.phase not in SWEEP_TERMINAL:
+        raise errors.Conflict(f"sweep {sweep.name!r} is {sweep.phase}; gc frees a finished "
+                              "sweep only (cancel it first)")
+    cells = await services.store.sweep_cells(sweep.id)
+    if live := [cell for _, cell, phase in cells if phase not in TERMINAL]:
+        raise errors.Conflict(f"sweep {sweep.name!r}: {len(live)} cells have not ended "
+                              f"(cell {live[0]} first); gc once they have")
+    await asyncio.to_thread(lambda: [services.layout.free(job_id) for job_id, _, _ in cells])
+    await services.store.write(lambda c: sweep_ops.mark_freed(c, sweep.id, time.time()))
     return web.json_response(await status_doc(request, await fresh(request, sweep)))
 
 

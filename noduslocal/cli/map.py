@@ -61,10 +61,10 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
          labels: tuple[str, ...], webhook: str | None, allow_large_source: bool,
          dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND once per value (or combination of values) as a sweep of tasks."""
-    for flag, value in (("canary_smoke", canary_smoke), ("from", from_job),
-                        ("webhook", webhook)):
-        if value is not None:
-            raise errors.Unsupported(flag)
+    if from_job is not None:
+        raise errors.Unsupported("from")
+    if canary_smoke is not None and no_canary:
+        raise click.UsageError("give --canary-smoke or --no-canary, not both")
     if gpus and sku:
         raise click.UsageError("give --gpus or --sku, not both")
     if code is not None and no_code:
@@ -105,7 +105,10 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
                             "map": {"args": args, "lines": lines} if lines is not None
                             else {"args": args},
                             "canary": "none" if no_canary else "cell"}
-    for key, value in (("name", name), ("project", project)):
+    if canary_smoke is not None:
+        body.pop("canary")
+        body["canary_smoke"] = canary_smoke
+    for key, value in (("name", name), ("project", project), ("webhook", webhook)):
         if value is not None:
             body[key] = value
     if labels:
@@ -126,8 +129,9 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
             output.print_json(sweep)
         else:
             click.echo(f"noduslocal: {sweep['name']}: {sweep['message']}", err=True)
-            click.echo(f"the canary's log: noduslocal job logs {sweep['name']}-0 -p "
-                       f"{sweep['project']}; after a fix: noduslocal map ... again", err=True)
+            canary = f"{sweep['name']}-{'canary' if canary_smoke else 0}"
+            click.echo(f"the canary's log: noduslocal job logs {canary} -p {sweep['project']}"
+                       f"; after a fix: noduslocal sweep retry {sweep['name']}", err=True)
         sys.exit(1)
     _done(sweep, as_json, "canary passed")
 
@@ -138,12 +142,12 @@ def _wait_canary(client: Any, sweep: dict[str, Any], quiet: bool) -> dict[str, A
 
     console = Console(stderr=True, quiet=quiet)
     started = time.monotonic()
-    with console.status(f"{sweep['name']}: canary (cell 0) of {sweep['cells']} tasks") as bar:
+    with console.status(f"{sweep['name']}: canary of {sweep['cells']} tasks") as bar:
         while sweep["phase"] == "Canary":
             time.sleep(CANARY_POLL)
             sweep = client.get_sweep(sweep["name"], sweep["project"])
-            canary = client.get_job(f"{sweep['name']}-0", sweep["project"])
-            bar.update(f"{sweep['name']}: canary (cell 0) {canary['phase']}"
+            canary = client.get_job(sweep["canary_job"], sweep["project"])
+            bar.update(f"{sweep['name']}: canary {canary['name']} {canary['phase']}"
                        f"{' - ' + canary['hold'] if canary.get('hold') else ''}, "
                        f"{time.monotonic() - started:.0f}s")
     return sweep

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from noduslocal.cli import output
+from noduslocal.cli.harvest import harvest
 from noduslocal.cli.job import json_option, project_option
 from noduslocal.client.api import Client
 from noduslocal.states import SWEEP_TERMINAL, SweepPhase
@@ -41,7 +42,10 @@ def sweeps(show_all: bool, project: str | None, as_json: bool) -> None:
 
 @click.group("sweep")
 def sweep() -> None:
-    """One sweep: status, wait, cancel, set."""
+    """One sweep: status, logs, wait, cancel, set, harvest, gc."""
+
+
+sweep.add_command(harvest)
 
 
 def _status_table(doc: dict[str, Any]) -> Any:
@@ -55,7 +59,19 @@ def _status_table(doc: dict[str, Any]) -> Any:
     table.add_row("cells", f"{doc['done']} of {doc['cells']} done; {_counts(doc)}")
     table.add_row("width", f"at most {doc['max_parallel']} at once")
     table.add_row("cost", f"{doc['cost']:.4f}")
+    if best := doc.get("best"):
+        table.add_row("best", f"cell {best['index']} ({_params(best)}): throughput "
+                              f"{best['throughput']:g}, cost {best['cost']:.4f}")
+    for group in doc.get("failures") or []:
+        cells = ", ".join(map(str, group["cells"])) + (", ..." if group["count"] > len(
+            group["cells"]) else "")
+        table.add_row("failed", f"{group['count']} x exit {group['exit_code']}: "
+                                f"{group['error']} (cells {cells})")
     return table
+
+
+def _params(cell: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in cell["params"].items())
 
 
 @sweep.command("status")
@@ -89,25 +105,74 @@ def status(name: str, project: str | None, watch: bool, show_cells: bool,
         Console().print(_status_table(doc))
     if show_cells:
         output.print_table(
-            ("CELL", "NAME", "PARAMS", "GPU", "PHASE", "WHY", "RAN", "COST"),
-            [(c["index"], c["name"], " ".join(f"{k}={v}" for k, v in c["params"].items()),
-              c["gpu"] or "", c["phase"], c["message"] or "", output.duration(c["wall_s"]),
+            ("CELL", "NAME", "PARAMS", "GPU", "PHASE", "WHY", "RAN", "THROUGHPUT", "COST"),
+            [(c["index"], c["name"], _params(c), c["gpu"] or "", c["phase"],
+              c["message"] or "", output.duration(c["wall_s"]),
+              "" if c["throughput"] is None else f"{c['throughput']:g}",
               f"{c['cost']:.4f}") for c in client.sweep_cells(name, project)])
+
+
+@sweep.command("logs")
+@click.argument("name")
+@project_option
+@click.option("--task", type=int, help="The task (cell index); default: the exemplar of "
+              "the most common failure.")
+@click.option("--follow", "-f", is_flag=True, help="Follow until the task ends.")
+def logs(name: str, project: str | None, task: int | None, follow: bool) -> None:
+    """A task's log: by default the one failure that stands for the most."""
+    client = Client()
+    if task is None:
+        doc = client.get_sweep(name, project)
+        if not doc.get("failures"):
+            raise click.UsageError(f"{name} has no failed task; name one with --task N")
+        task = int(doc["failures"][0]["exemplar"])
+        click.echo(f"(task {task}: {doc['failures'][0]['error']})", err=True)
+    for chunk in client.logs(f"{name}-{task}", project, follow=follow):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
 
 
 @sweep.command("wait")
 @click.argument("name")
 @project_option
-@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 1).")
 @json_option
 def wait(name: str, project: str | None, timeout: float | None, as_json: bool) -> None:
     """Block until the sweep ends; exit 0 when every cell succeeded, 1 otherwise."""
-    doc = Client().wait_sweep(name, project, timeout)
+    doc = _wait_with_progress(Client(), name, project, timeout, quiet=as_json)
     if as_json:
         output.print_json(doc)
     else:
         click.echo(f"{doc['name']}: {doc['phase']}: {doc.get('message') or _counts(doc)}")
     sys.exit(0 if doc["phase"] == SweepPhase.SUCCEEDED else 1)
+
+
+def _wait_with_progress(client: Client, name: str, project: str | None,
+                        timeout: float | None, quiet: bool) -> dict[str, Any]:
+    """wait_sweep in one-second long polls, with a live bar of cells done (on stderr)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from noduslocal import errors
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    doc = client.get_sweep(name, project)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[counts]}"), transient=True,
+                  console=Console(stderr=True, quiet=quiet)) as progress:
+        bar = progress.add_task(name, total=doc["cells"], completed=doc["done"],
+                                counts=_counts(doc))
+        while doc["phase"] not in SWEEP_TERMINAL:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise errors.WaitTimeout(f"sweep {name!r} is still {doc['phase']} after "
+                                         f"{timeout:g}s")
+            try:
+                doc = client.wait_sweep(name, project, min(1.0, left) if left else 1.0)
+            except errors.WaitTimeout:
+                doc = client.get_sweep(name, project)
+            progress.update(bar, completed=doc["done"], counts=_counts(doc))
+    return doc
 
 
 @sweep.command("cancel")
@@ -123,6 +188,43 @@ def cancel(name: str, project: str | None, remaining: bool, as_json: bool) -> No
         output.print_json(doc)
     else:
         click.echo(f"{doc['name']}: {doc['phase']}; {_counts(doc)}")
+
+
+@sweep.command("retry")
+@click.argument("name")
+@project_option
+@click.option("--all", "-a", "include_cancelled", is_flag=True,
+              help="Cancelled cells too, not only failed ones.")
+@json_option
+def retry(name: str, project: str | None, include_cancelled: bool, as_json: bool) -> None:
+    """Run a failed sweep's failed cells again; after a canary failure, the canary first
+    and the rest once it passes."""
+    doc = Client().retry_sweep(name, project, all=include_cancelled)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: {doc['phase']}: {doc['message']}")
+
+
+@sweep.command("gc")
+@click.argument("name")
+@project_option
+@click.option("--yes", "-y", is_flag=True, help="Do not ask.")
+@json_option
+def gc(name: str, project: str | None, yes: bool, as_json: bool) -> None:
+    """Free a finished sweep's workspaces (harvest first); history, logs and cost stay."""
+    client = Client()
+    doc = client.get_sweep(name, project)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("gc deletes every task's workspace; add --yes")
+        click.confirm(f"delete the workspaces of {doc['cells']} tasks of {name}?",
+                      abort=True)
+    doc = client.gc_sweep(name, project)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: workspaces of {doc['cells']} tasks freed")
 
 
 @sweep.command("set")

@@ -164,6 +164,15 @@ class Client:
         return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/cancel", query={
             "project": project, "remaining": "1" if remaining else None})
 
+    def retry_sweep(self, name: str, project: str | None = None,
+                    all: bool = False) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/retry",
+                                      query={"project": project, "all": "1" if all else None})
+
+    def gc_sweep(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/gc",
+                                      query={"project": project}, timeout=600.0)
+
     def set_sweep(self, name: str, project: str | None = None, *,
                   max_parallel: int) -> dict[str, Any]:
         return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/set",

@@ -37,6 +37,7 @@ class Attempt:
     stop_sent: bool | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     retry_stop: asyncio.Task[None] | None = None  # a stop waiting for its runtime
+    metrics: dict[str, float] = field(default_factory=dict)  # what it reported so far
     task: asyncio.Task[None] | None = None
 
     @property

@@ -24,7 +24,9 @@ from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.lifecycle.sweep_admission import SweepAdmission
+from noduslocal.lifecycle.sweep_reports import SweepReports
 from noduslocal.lifecycle.sweeps import SweepController
+from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import CreateRequest, Event, JobRecord, SweepRecord
 from noduslocal.runtime.base import Runtime
 from noduslocal.runtime.execute import ExecResult
@@ -58,7 +60,10 @@ class Lifecycle:
         self.admission = Admission(settings, store, capacity, self.dispatch, self.background)
         self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
                                     self.stopper, self.accounting)
-        self.sweeps = SweepController(store, self.dispatch, self.background)
+        self.reports = SweepReports(store, settings.region, self.running_cost,
+                                    self.running_metrics, self.log_path)
+        self.sweeps = SweepController(store, self.dispatch, self.background,
+                                      Webhooks(self.background, self.reports))
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
         self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
                                       withdraw=self.sweeps.withdraw)
@@ -141,6 +146,9 @@ class Lifecycle:
             if job.phase not in TERMINAL:
                 await self.controls.cancel(job)
 
+    async def retry_sweep(self, sweep: SweepRecord, include_cancelled: bool = False) -> None:
+        await self.sweeps.retry(sweep, include_cancelled)
+
     async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:
         await self.sweeps.set_max_parallel(sweep, max_parallel)
 
@@ -167,6 +175,11 @@ class Lifecycle:
 
     def active_count(self) -> int:
         return len(self.board.active)
+
+    def running_metrics(self, job_id: int) -> dict[str, float] | None:
+        """What a running job has reported so far (None when it does not run)."""
+        attempt = self.board.active.get(job_id)
+        return None if attempt is None else attempt.metrics
 
     def running_cost(self, job_id: int) -> float:
         attempt = self.board.active.get(job_id)

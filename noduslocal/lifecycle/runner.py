@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from noduslocal.layout import JobLayout
+from noduslocal.lifecycle import metrics_watch
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.dispatch import Dispatch
@@ -102,7 +103,8 @@ class AttemptRunner:
 
     async def watch(self, attempt: Attempt, started_at: float,
                     running: asyncio.Future[Any] | None = None) -> None:
-        """Until every rank has ended: the timeout, and stops asked for meanwhile."""
+        """Until every rank has ended: the timeout, stops asked for meanwhile, and what it
+        reports (its metrics)."""
         timeout = attempt.job.spec.timeout
         if attempt.lost is not None:  # its GPU broke while it was being launched
             await self.stopper.signal(attempt, signal.SIGKILL)
@@ -112,7 +114,15 @@ class AttemptRunner:
             delay = max(0.0, started_at + timeout - time.time())
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 delay, self.stopper.stop_soon, attempt, Reason.TIMEOUT))
-        states = [await end for end in attempt.ends]
+        stop = asyncio.Event()
+        # Not awaited at the end: the watcher notices `stop` only at its next step, and
+        # the end reads the file once more itself.
+        self.stopper.background.spawn(metrics_watch.follow(
+            attempt, self.layout.workspace(attempt.job.id), stop))
+        try:
+            states = [await end for end in attempt.ends]
+        finally:
+            stop.set()
         await self.finish(attempt, attempt_state(states), running)
 
     async def finish(self, attempt: Attempt, state: AttemptState,
@@ -125,12 +135,14 @@ class AttemptRunner:
         runtime = self.runtime_of(job)
         if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
             await runtime.clear_lost(attempt.ref, attempt.handles)
-        collected = []
-        if isinstance(state, Exited) and job.spec.outputs:
+        collected, reported = [], attempt.metrics
+        if isinstance(state, Exited):
             # Before the end is committed, so a wait() that returns finds them.
-            collected = await asyncio.to_thread(self._collect, job)
+            if job.spec.outputs:
+                collected = await asyncio.to_thread(self._collect, job)
+            reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
         ended = self.store.write(lambda c: ops.finish_attempt(
-            c, job.id, attempt.number, outcome, time.time(), collected))
+            c, job.id, attempt.number, outcome, time.time(), collected, reported))
         if outcome.job_phase == Phase.PENDING:
             # Back in the queue at its old place before its share is handed on; any start
             # this allows is committed after the end above (the writer keeps order).

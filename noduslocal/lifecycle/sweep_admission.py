@@ -44,7 +44,7 @@ class SweepAdmission:
                     lambda c, n=name, t=now: sweep_ops.insert_sweep(
                         c, plan.template, plan.stored(), cells,
                         lambda i, n=n: plan.cell_spec(i, n), plan.max_parallel, owner, n,
-                        project, t, idempotency_key, request_hash))
+                        project, t, idempotency_key, request_hash, plan.smoke_spec()))
                 break
             except errors.AlreadyExists:
                 if plan.name:

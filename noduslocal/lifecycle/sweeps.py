@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import Event, SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
 from noduslocal.store import Store
@@ -33,10 +34,12 @@ class ActiveSweep:
 
 
 class SweepController:
-    def __init__(self, store: Store, dispatch: Dispatch, background: Background) -> None:
+    def __init__(self, store: Store, dispatch: Dispatch, background: Background,
+                 webhooks: Webhooks) -> None:
         self.store = store
         self.dispatch = dispatch
         self.background = background
+        self.webhooks = webhooks
         self._sweeps: dict[int, ActiveSweep] = {}
         self._cell_of: dict[int, int] = {}  # job id -> sweep id, cells of active sweeps
         self._changes: dict[int, list[asyncio.Future[None]]] = {}
@@ -48,6 +51,12 @@ class SweepController:
         active = ActiveSweep(sweep, deque(job_ids))
         self._track(active, job_ids)
         await self._begin(active)
+
+    @staticmethod
+    def _smoke(sweep: SweepRecord) -> int | None:
+        """The smoke canary's job, when a smoke command gates the sweep."""
+        job_id = sweep.spec.get("smoke_job")
+        return int(job_id) if job_id is not None else None
 
     async def recover(self) -> None:
         """After a restart: every unended sweep's cells that never started are held again,
@@ -63,6 +72,9 @@ class SweepController:
                 continue
             if sweep.phase == SweepPhase.CANARY:
                 job_id, _, phase = cells[0]
+                if (smoke := self._smoke(sweep)) is not None:  # queued by recovery, if due
+                    job_id, phase = smoke, (await self.store.jobs_by_ids([smoke]))[0].phase
+                    self._track(active, [smoke])
                 if phase in TERMINAL:
                     await self._gate(active, job_id, phase)
                     continue
@@ -76,8 +88,14 @@ class SweepController:
             self._cell_of[job_id] = active.record.id
 
     async def _begin(self, active: ActiveSweep) -> None:
-        gated = active.record.spec.get("canary") == "cell" and active.record.cells > 1
-        if gated:
+        smoke = self._smoke(active.record)
+        gated = smoke is not None or (active.record.spec.get("canary") == "cell"
+                                      and active.record.cells > 1)
+        if smoke is not None:
+            active.canary = smoke
+            self._track(active, [smoke])
+            self.background.spawn(self._enqueue(active, [smoke]))
+        elif gated:
             active.canary = active.held[0]
         await self._transition(active, SweepPhase.CANARY if gated else SweepPhase.RUNNING,
                                Reason.SCHEDULED)
@@ -101,7 +119,8 @@ class SweepController:
     async def _enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
         for job in await self.store.jobs_by_ids(ids):
             # Withdrawn meanwhile (a cancel of that cell, or of the sweep) is not queued.
-            if job.phase == Phase.PENDING and job.id in active.running:
+            if job.phase == Phase.PENDING and (job.id in active.running
+                                               or job.id == active.canary):
                 self.dispatch.enqueue(job)
 
     def withdraw(self, job_id: int) -> bool:
@@ -138,14 +157,16 @@ class SweepController:
     async def _gate(self, active: ActiveSweep, job_id: int, phase: str) -> None:
         """The canary ended: open the gate, or fail the sweep and cancel the rest."""
         active.canary = None
+        which = ("the smoke canary" if job_id == self._smoke(active.record)
+                 else "the canary (cell 0)")
         if phase == Phase.SUCCEEDED:
             await self._transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
-                                   "the canary (cell 0) succeeded")
+                                   f"{which} succeeded")
             self._release(active)
             self._settle_if_done(active)
             return
         canary = (await self.store.jobs_by_ids([job_id]))[0]
-        why = f"the canary (cell 0) ended {phase}: {canary.message or canary.reason}"
+        why = f"{which} ended {phase}: {canary.message or canary.reason}"
         held = list(active.held)
         active.held.clear()
         await self.store.write(lambda c: sweep_ops.cancel_cells(
@@ -189,6 +210,21 @@ class SweepController:
                                    "; running cells go on" if remaining_only else ""))
         return [] if remaining_only else sorted(active.running)
 
+    async def retry(self, sweep: SweepRecord, include_cancelled: bool) -> None:
+        """Run a Failed sweep's failed cells again (the canary first after a canary
+        failure), as new jobs held and released by the usual rule."""
+        retried: sweep_ops.RetriedCells = await self.store.write(
+            lambda c: sweep_ops.retry_cells(c, sweep.id, include_cancelled, time.time()))
+        fresh = await self.store.sweep(sweep.project, sweep.name)
+        assert fresh is not None
+        active = ActiveSweep(fresh, deque(retried.job_ids), canary=retried.canary)
+        self._track(active, retried.job_ids)
+        if retried.canary is not None and retried.canary not in retried.job_ids:
+            self._track(active, [retried.canary])  # a smoke canary: queued at once
+            self.background.spawn(self._enqueue(active, [retried.canary]))
+        self._notify(fresh.id)
+        self._release(active)
+
     async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:
         await self.store.write(lambda c: sweep_ops.set_max_parallel(c, sweep.id,
                                                                     max_parallel))
@@ -206,7 +242,9 @@ class SweepController:
             return None
         name = active.record.name
         if active.record.phase == SweepPhase.CANARY:
-            return f"sweep {name}: waiting for its canary (cell 0) to succeed"
+            which = ("smoke canary" if self._smoke(active.record) is not None
+                     else "canary (cell 0)")
+            return f"sweep {name}: waiting for its {which} to succeed"
         return (f"sweep {name}: {len(active.running)} of {active.record.max_parallel} cells "
                 "running (max_parallel)")
 
@@ -225,10 +263,16 @@ class SweepController:
             return
         sweep.phase, sweep.reason, sweep.message = phase.value, reason, message
         log.info("sweep %s: %s (%s)", sweep.name, phase.value, message or reason)
+        hooks = {Reason.CANARY_PASSED: ["canary-passed"],
+                 Reason.CANARY_FAILED: ["canary-failed"]}.get(reason, [])
+        self.webhooks.send(sweep, *hooks, *(["completed"] if phase in SWEEP_TERMINAL else []))
         if phase in SWEEP_TERMINAL:
             self._sweeps.pop(sweep.id, None)
             for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
                 del self._cell_of[job_id]
-        for future in self._changes.pop(sweep.id, ()):
+        self._notify(sweep.id)
+
+    def _notify(self, sweep_id: int) -> None:
+        for future in self._changes.pop(sweep_id, ()):
             if not future.done():
                 future.set_result(None)

@@ -11,6 +11,7 @@ from typing import Any
 
 from docker.types import DeviceRequest, LogConfig, Mount
 
+from noduslocal import metrics
 from noduslocal.config import Settings
 from noduslocal.layout import JobLayout, account
 from noduslocal.models import JobRecord
@@ -71,6 +72,7 @@ def environment(job: JobRecord, number: int, secrets: dict[str, str],
         "NODUS_PROJECT": job.project,
         "NODUS_ATTEMPT": str(number),
         "NODUS_WORKSPACE": CONTAINER_ROOT,
+        **metrics.env(None),
         **({"NODUS_CHECKPOINT_DIR": spec.checkpoint} if spec.checkpoint else {}),
         **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": path
            for path, name in spec.volumes.items()},

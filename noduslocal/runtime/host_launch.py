@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from noduslocal import metrics
 from noduslocal.layout import DEFAULT_PATH, JobLayout, account
 from noduslocal.models import JobRecord
 
@@ -29,6 +30,7 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
         "NODUS_PROJECT": job.project,
         "NODUS_ATTEMPT": str(number),
         "NODUS_WORKSPACE": str(workspace),
+        **metrics.env(workspace),
         **({"NODUS_CHECKPOINT_DIR": str(workspace / job.spec.checkpoint)}
            if job.spec.checkpoint else {}),
         **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": str(workspace / rel)

@@ -30,6 +30,9 @@ _PRAGMAS = (
     "PRAGMA foreign_keys = ON",
 )
 
+CURRENT = "sweep_id = ? AND superseded_by IS NULL"  # each cell's latest job
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -161,20 +164,38 @@ class Store:
     async def sweep_cells(self, sweep_id: int) -> list[tuple[int, int, str]]:
         """(job id, cell, phase) of every cell, in cell order."""
         return [tuple(row) for row in await self._fetchall(
-            "SELECT id, cell, phase FROM jobs WHERE sweep_id = ? ORDER BY cell", (sweep_id,))]
+            f"SELECT id, cell, phase FROM jobs WHERE {CURRENT} ORDER BY cell", (sweep_id,))]
 
     async def sweep_cell_jobs(self, sweep_id: int, offset: int = 0,
                               limit: int = -1) -> list[JobRecord]:
         rows = await self._fetchall(
-            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE sweep_id = ? AND cell >= ? "
+            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND cell >= ? "
             "ORDER BY cell LIMIT ?", (sweep_id, offset, limit))
         return [ops.job_from_row(row) for row in rows]
 
+    async def sweep_failed(self, sweep_id: int, limit: int) -> list[JobRecord]:
+        """Failed cells, in cell order, at most `limit`."""
+        rows = await self._fetchall(
+            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Failed' "
+            "ORDER BY cell LIMIT ?", (sweep_id, limit))
+        return [ops.job_from_row(row) for row in rows]
+
+    async def sweep_best(self, sweep_id: int) -> JobRecord | None:
+        """The succeeded cell that reported the highest throughput; ties: the lower cost."""
+        rows = await self._fetchall(
+            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Succeeded' "
+            "AND json_extract(metrics, '$.throughput') IS NOT NULL ORDER BY "
+            "json_extract(metrics, '$.throughput') DESC, cost, cell LIMIT 1", (sweep_id,))
+        return ops.job_from_row(rows[0]) if rows else None
+
     async def sweep_totals(self, sweep_id: int) -> tuple[dict[str, int], float]:
-        """Cells per phase, and the cost of their ended attempts."""
-        rows = await self._fetchall("SELECT phase, COUNT(*), SUM(cost) FROM jobs "
-                                    "WHERE sweep_id = ? GROUP BY phase", (sweep_id,))
-        return {row[0]: row[1] for row in rows}, sum(row[2] or 0.0 for row in rows)
+        """Cells per phase (as each cell's latest job stands), and the cost of every ended
+        attempt of the sweep, retried ones too."""
+        rows = await self._fetchall(
+            "SELECT phase, SUM(superseded_by IS NULL), SUM(cost) FROM jobs "
+            "WHERE sweep_id = ? GROUP BY phase", (sweep_id,))
+        return ({row[0]: row[1] for row in rows if row[1]},
+                sum(row[2] or 0.0 for row in rows))
 
     async def events(self, *, since: int = 0, job_id: int | None = None,
                      project: str | None = None, limit: int = 10000) -> list[Event]:

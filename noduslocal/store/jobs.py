@@ -36,7 +36,7 @@ from noduslocal.states import (
 JOB_COLUMNS = (
     "id, project, name, owner_uid, owner_gid, owner, phase, reason, message, spec, labels, "
     "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used, cost, "
-    "sweep_id, cell"
+    "sweep_id, cell, metrics"
 )
 TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
@@ -52,7 +52,7 @@ def job_from_row(row: tuple[Any, ...]) -> JobRecord:
         spec=JobSpec.from_stored(json.loads(row[9])), labels=json.loads(row[10]),
         created_at=row[11], started_at=row[12], ended_at=row[13], exit_code=row[14],
         signal=row[15], attempts=row[16], retries_used=row[17], cost=row[18],
-        sweep_id=row[19], cell=row[20],
+        sweep_id=row[19], cell=row[20], metrics=json.loads(row[21]) if row[21] else {},
     )
 
 
@@ -264,7 +264,8 @@ class Outcome:
 
 
 def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
-                   now: float, outputs: Sequence[Collected] = ()) -> tuple[None, list[Event]]:
+                   now: float, outputs: Sequence[Collected] = (),
+                   metrics: dict[str, float] | None = None) -> tuple[None, list[Event]]:
     """The attempt's end, the job's transition, and the outputs collected from it, in one
     transaction. An attempt that exited replaces every output of an earlier one, so what is
     listed is always one attempt's."""
@@ -281,6 +282,8 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
     if outcome.cost:
         conn.execute("UPDATE jobs SET cost = cost + ? WHERE id = ?", (outcome.cost, job_id))
     columns: dict[str, Any] = {"exit_code": outcome.exit_code, "signal": outcome.signal}
+    if metrics:
+        columns["metrics"] = json.dumps(metrics)
     if outcome.job_phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED):
         columns["ended_at"] = now
     if outcome.spend_retry:

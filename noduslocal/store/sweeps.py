@@ -14,17 +14,17 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.models import CreateRequest, Event, JobSpec, SweepRecord
 from noduslocal.states import Phase, Reason, SweepPhase, check_sweep_transition
-from noduslocal.store.jobs import Owner, _transition, insert_refs, resolve_refs
+from noduslocal.store.jobs import Owner, _event, _transition, insert_refs, resolve_refs
 
 SWEEP_COLUMNS = ("id, project, name, owner_uid, owner_gid, owner, phase, spec, labels, cells, "
-                 "max_parallel, created_at, reason, message, ended_at")
+                 "max_parallel, created_at, reason, message, ended_at, freed_at")
 SWEEP_LABEL = "sweep"  # every cell carries its sweep's name under this label
 
 
 def sweep_from_row(row: tuple[Any, ...]) -> SweepRecord:
     return SweepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
                        json.loads(row[7]), json.loads(row[8]), row[9], row[10], row[11],
-                       row[12], row[13], row[14])
+                       row[12], row[13], row[14], row[15])
 
 
 @dataclass
@@ -32,13 +32,14 @@ class CreatedSweep:
     sweep: SweepRecord
     created: bool  # False: the idempotency key named an existing sweep
     first_job: int = 0  # cells are jobs first_job .. first_job + cells - 1, in cell order
+    smoke_job: int | None = None  # the smoke canary's job (no cell of the sweep)
 
 
 def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[str, Any],
                  cells: int, cell_spec: Callable[[int], JobSpec], max_parallel: int,
                  owner: Owner, name: str, project: str, now: float,
                  idempotency_key: str | None, request_hash: str | None,
-                 ) -> tuple[CreatedSweep, list[Event]]:
+                 smoke: JobSpec | None = None) -> tuple[CreatedSweep, list[Event]]:
     if idempotency_key is not None:
         row = conn.execute(f"SELECT {SWEEP_COLUMNS}, request_hash FROM sweeps "
                            "WHERE owner_uid = ? AND idempotency_key = ?",
@@ -82,10 +83,29 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[s
     events = [Event(seq + 1 + i, first + i, project, f"{name}-{i}", now, Phase.PENDING.value,
                     Reason.CREATED.value, None, None) for i in range(cells)]
     sweep_event(conn, sweep_id, now, SweepPhase.PENDING, Reason.CREATED, None)
+    smoke_id = None
+    if smoke is not None:
+        smoke_id = first + cells
+        smoke_name = f"{name}-canary"
+        if conn.execute("SELECT 1 FROM jobs WHERE project = ? AND name = ?",
+                        (project, smoke_name)).fetchone():
+            raise errors.AlreadyExists(f"name: job {smoke_name!r} already exists in project "
+                                       f"{project!r}; name the sweep otherwise", field="name")
+        conn.execute(
+            "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
+            "spec, labels, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (smoke_id, project, smoke_name, owner.uid, owner.gid, owner.name,
+             Phase.PENDING.value, Reason.CREATED.value, json.dumps(smoke.to_wire()),
+             labels_json, now))
+        insert_refs(conn, [smoke_id], secrets, template.spec)
+        events.append(_event(conn, (smoke_id, project, smoke_name), now,
+                             Phase.PENDING.value, Reason.CREATED.value, None, None))
+        spec = {**spec, "smoke_job": smoke_id}
+        conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?", (json.dumps(spec), sweep_id))
     sweep = SweepRecord(sweep_id, project, name, owner.uid, owner.gid, owner.name,
                         SweepPhase.PENDING.value, spec, template.labels, cells, max_parallel,
                         now, Reason.CREATED.value)
-    return CreatedSweep(sweep, True, first), events
+    return CreatedSweep(sweep, True, first, smoke_id), events
 
 
 def _first_clash(conn: sqlite3.Connection, project: str, name: str, cells: int) -> str | None:
@@ -127,6 +147,102 @@ def set_max_parallel(conn: sqlite3.Connection, sweep_id: int,
                      max_parallel: int) -> tuple[None, list[Event]]:
     conn.execute("UPDATE sweeps SET max_parallel = ? WHERE id = ?", (max_parallel, sweep_id))
     return None, []
+
+
+def mark_freed(conn: sqlite3.Connection, sweep_id: int,
+               now: float) -> tuple[None, list[Event]]:
+    conn.execute("UPDATE sweeps SET freed_at = ? WHERE id = ?", (now, sweep_id))
+    return None, []
+
+
+@dataclass
+class RetriedCells:
+    job_ids: list[int]  # the new jobs, in cell order
+    canary: int | None  # the new job of cell 0 when the canary had failed: it runs first
+
+
+def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool,
+                now: float) -> tuple[RetriedCells, list[Event]]:
+    """A new job for each failed cell (and each cancelled one with `include_cancelled`, and
+    every cell a failed canary cancelled), named `<sweep>-<index>-r<try>`; the old jobs
+    stay as history. The sweep goes back to Canary (after a canary failure) or Running."""
+    row = conn.execute("SELECT phase, reason, name FROM sweeps WHERE id = ?",
+                       (sweep_id,)).fetchone()
+    if row is None:
+        raise errors.NotFound(f"sweep {sweep_id} does not exist")
+    phase, reason, sweep_name = row
+    if phase != SweepPhase.FAILED:
+        raise errors.Conflict(f"sweep {sweep_name!r} is {phase}; only a Failed sweep is "
+                              "retried")
+    cells = [r for r in conn.execute(
+        "SELECT id, cell, phase, reason, project FROM jobs WHERE sweep_id = ? "
+        "AND superseded_by IS NULL AND phase IN ('Failed', 'Cancelled') ORDER BY cell",
+        (sweep_id,)) if r[2] == Phase.FAILED or include_cancelled
+        or r[3] == Reason.CANARY_FAILED]
+    if not cells:
+        raise errors.Conflict(f"sweep {sweep_name!r} has no failed cell to retry"
+                              + ("" if include_cancelled else " (--all: cancelled ones too)"))
+    first = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs").fetchone()[0]
+    ids, events, canary = [], [], None
+    for new, (old, cell, _, _, project) in enumerate(cells, first):
+        tries = conn.execute("SELECT COUNT(*) FROM jobs WHERE sweep_id = ? AND cell = ?",
+                             (sweep_id, cell)).fetchone()[0]
+        name = f"{sweep_name}-{cell}-r{tries + 1}"
+        if conn.execute("SELECT 1 FROM jobs WHERE project = ? AND name = ?",
+                        (project, name)).fetchone():
+            raise errors.AlreadyExists(f"name: job {name!r} already exists in project "
+                                       f"{project!r}; rename it to retry cell {cell}")
+        conn.execute(
+            "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
+            "message, spec, labels, created_at, sweep_id, cell) SELECT ?, project, ?, "
+            "owner_uid, owner_gid, owner, ?, ?, ?, spec, labels, ?, sweep_id, cell "
+            "FROM jobs WHERE id = ?", (new, name, Phase.PENDING.value, Reason.RETRIED.value,
+                                       f"retry of {sweep_name}-{cell}", now, old))
+        for table, columns in (("job_secrets", "env, value"), ("job_volumes", "path, volume")):
+            conn.execute(f"INSERT INTO {table} (job_id, {columns}) SELECT ?, {columns} "
+                         f"FROM {table} WHERE job_id = ?", (new, old))
+        conn.execute("UPDATE jobs SET superseded_by = ? WHERE id = ?", (new, old))
+        cur = conn.execute("INSERT INTO events (job_id, at, phase, reason, message) "
+                           "VALUES (?,?,?,?,?)", (new, now, Phase.PENDING.value,
+                                                  Reason.RETRIED.value, None))
+        events.append(Event(cur.lastrowid or 0, new, project, name, now, Phase.PENDING.value,
+                            Reason.RETRIED.value, None, None))
+        ids.append(new)
+        if cell == 0 and reason == Reason.CANARY_FAILED:
+            canary = new
+    spec = json.loads(conn.execute("SELECT spec FROM sweeps WHERE id = ?",
+                                   (sweep_id,)).fetchone()[0])
+    if reason == Reason.CANARY_FAILED and spec.get("smoke_job") is not None:
+        canary, event = _copy_smoke(conn, spec["smoke_job"], sweep_name, now)
+        events.append(event)
+        conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?",
+                     (json.dumps({**spec, "smoke_job": canary}), sweep_id))
+    target = SweepPhase.CANARY if canary is not None else SweepPhase.RUNNING
+    set_sweep_phase(conn, sweep_id, target, now, Reason.RETRIED,
+                    f"{len(ids)} cells run again" + (", the canary first" if canary else ""))
+    conn.execute("UPDATE sweeps SET ended_at = NULL WHERE id = ?", (sweep_id,))
+    return RetriedCells(ids, canary), events
+
+
+def _copy_smoke(conn: sqlite3.Connection, old: int, sweep_name: str,
+                now: float) -> tuple[int, Event]:
+    """The failed smoke canary's job again, as `<sweep>-canary-r<try>`."""
+    new = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs").fetchone()[0]
+    project = conn.execute("SELECT project FROM jobs WHERE id = ?", (old,)).fetchone()[0]
+    tries = conn.execute("SELECT COUNT(*) FROM jobs WHERE project = ? AND (name = ? OR name "
+                         "LIKE ?)", (project, f"{sweep_name}-canary",
+                                     f"{sweep_name}-canary-r%")).fetchone()[0]
+    name = f"{sweep_name}-canary-r{tries + 1}"
+    conn.execute(
+        "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
+        "spec, labels, created_at) SELECT ?, project, ?, owner_uid, owner_gid, owner, ?, ?, "
+        "spec, labels, ? FROM jobs WHERE id = ?",
+        (new, name, Phase.PENDING.value, Reason.RETRIED.value, now, old))
+    for table, columns in (("job_secrets", "env, value"), ("job_volumes", "path, volume")):
+        conn.execute(f"INSERT INTO {table} (job_id, {columns}) SELECT ?, {columns} "
+                     f"FROM {table} WHERE job_id = ?", (new, old))
+    return new, _event(conn, (new, project, name), now, Phase.PENDING.value,
+                       Reason.RETRIED.value, None, None)
 
 
 def cancel_cells(conn: sqlite3.Connection, job_ids: list[int], now: float, reason: str,

@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from noduslocal.errors import InvalidArgument, Unsupported
 from noduslocal.gpu.request import GpuRequest, parse_gpu
@@ -18,8 +19,10 @@ from noduslocal.sweeps.grid import Grid, parse_grid
 from noduslocal.validation import parse_create, validate_name
 
 SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
-                          "map", "max_parallel", "canary"})
-NOT_YET = {"max_cost": None, "webhook": None, "canary_smoke": None, "code": None}
+                          "map", "max_parallel", "canary", "canary_smoke", "webhook"})
+NOT_YET = {"max_cost": None, "code": None}
+SMOKE_SUFFIX = "canary"  # the smoke command's job is <sweep>-canary
+MAX_URL = 2048
 TEMPLATE_OWN = frozenset({"name", "project", "labels"})  # the sweep's, not the template's
 DEFAULT_MAX_PARALLEL = 8
 MAX_PARALLEL = 10_000
@@ -35,8 +38,16 @@ class Plan:
     grid: Grid | None
     tasks: expand.Expansion | None
     max_parallel: int
-    canary: str  # "cell": cell 0 runs first and gates the rest; "none"
+    canary: str  # "cell": cell 0 gates the rest; "smoke": the smoke command; "none"
     gpus: Mapping[str, GpuRequest | None]  # each grid gpu value (gpu_key), parsed once
+    webhook: str | None = None  # POSTed the status on canary pass/failure and at the end
+    smoke: list[str] | None = None  # canary "smoke": the cheap command that gates instead
+
+    def smoke_spec(self) -> JobSpec | None:
+        """The smoke canary's job: the template (image, GPUs, code) with that command."""
+        if self.smoke is None:
+            return None
+        return replace(self.template.spec, command=self.smoke, args=[], retry_errors=False)
 
     def __len__(self) -> int:
         return len(self.tasks) if self.tasks is not None else len(self.grid or Grid(()))
@@ -69,6 +80,7 @@ class Plan:
     def stored(self) -> dict[str, Any]:
         """What the sweeps row keeps of the plan (the cells keep their own specs)."""
         return {"template": self.template.spec.to_wire(), "canary": self.canary,
+                "webhook": self.webhook, "smoke": self.smoke,
                 "grid": self.grid.to_wire() if self.grid is not None else None,
                 "map": None if self.tasks is None else {
                     "command": list(self.tasks.command),
@@ -117,12 +129,31 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
     canary = body.get("canary", "cell")
     if canary not in CANARY_MODES:
         raise InvalidArgument(f"canary: use one of {', '.join(CANARY_MODES)}", field="canary")
+    smoke = body.get("canary_smoke")
+    if smoke is not None:
+        if not isinstance(smoke, str) or not smoke.strip() or "\0" in smoke:
+            raise InvalidArgument("canary_smoke: expected a shell command", field="canary_smoke")
+        if body.get("canary") is not None:
+            raise InvalidArgument("canary: give canary or canary_smoke, not both",
+                                  field="canary")
+        canary = "smoke"
     plan = Plan(name, project, template.labels, template, grid, tasks, max_parallel, canary,
-                gpus)
+                gpus, _webhook(body.get("webhook")),
+                None if smoke is None else ["sh", "-c", smoke])
     if name is not None and len(f"{name}-{len(plan) - 1}") > 63:
         raise InvalidArgument(f"name: {name!r} is too long for cell names like "
                               f"{name}-{len(plan) - 1} (63 characters at most)", field="name")
     return plan
+
+
+def _webhook(value: Any) -> str | None:
+    if value is None:
+        return None
+    parsed = urlsplit(value) if isinstance(value, str) else None
+    if (parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname
+            or len(value) > MAX_URL):
+        raise InvalidArgument("webhook: expected an http:// or https:// URL", field="webhook")
+    return str(value)
 
 
 def gpu_key(value: Any) -> str:

@@ -24,8 +24,9 @@ def cell_params(spec: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def cell_row(sweep: SweepRecord, job: JobRecord, region: str, running_cost: float,
-             redact: bool) -> dict[str, Any]:
+             live_metrics: dict[str, float] | None, redact: bool) -> dict[str, Any]:
     assert job.cell is not None
+    metrics = live_metrics or job.metrics
     params = cell_params(sweep.spec, job.cell)
     end = job.ended_at or (time.time() if job.started_at else None)
     return {
@@ -41,9 +42,15 @@ def cell_row(sweep: SweepRecord, job: JobRecord, region: str, running_cost: floa
         "attempts": job.attempts,
         "cost": round(job.cost + running_cost, 6),
         "wall_s": None if not job.started_at or not end else round(end - job.started_at, 3),
+        "throughput": metrics.get("throughput"),
+        "metrics": metrics,
     }
 
 
-def status(sweep: SweepRecord, counts: dict[str, int], cost: float) -> dict[str, Any]:
+def status(sweep: SweepRecord, counts: dict[str, int], cost: float,
+           best: dict[str, Any] | None, failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """`best`: the row of the succeeded cell with the highest throughput (lower cost on a
+    tie), None until one reported it; `failures`: failed cells clustered by error."""
     done = sum(counts.get(p, 0) for p in ("Succeeded", "Failed", "Cancelled"))
-    return {**sweep.to_wire(), "counts": counts, "done": done, "cost": round(cost, 6)}
+    return {**sweep.to_wire(), "counts": counts, "done": done, "cost": round(cost, 6),
+            "best": best, "failures": failures}
