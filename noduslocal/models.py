@@ -41,6 +41,7 @@ class JobSpec:
     network: str | None = None  # containers: None (docker's default bridge) or "none"
     # A `map` task's: a non-zero exit spends a retry too (not 126/127, not an OOM kill).
     retry_errors: bool = False
+    ephemeral: bool = False  # the workspace is discarded when the job ends (project.job)
 
     @property
     def argv(self) -> list[str]:
@@ -74,6 +75,7 @@ class JobSpec:
             "max_cost": self.max_cost,
             "interruptible": self.interruptible,
             "retry_errors": self.retry_errors,
+            "ephemeral": self.ephemeral,
         }
 
     @classmethod
@@ -100,6 +102,7 @@ class JobSpec:
             max_cost=data.get("max_cost"),
             interruptible=bool(data.get("interruptible")),
             retry_errors=bool(data.get("retry_errors")),
+            ephemeral=bool(data.get("ephemeral")),
         )
 
 

@@ -26,7 +26,7 @@ SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
      "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
-     "interruptible"}
+     "interruptible", "ephemeral"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
@@ -208,6 +208,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         priority=_priority(body.get("priority", 0)),
         max_cost=_max_cost(body.get("max_cost")),
         interruptible=_flag(body.get("interruptible"), "interruptible"),
+        ephemeral=_flag(body.get("ephemeral"), "ephemeral"),
         expected_duration=None if body.get("expected_duration") is None else parse_duration(
             body["expected_duration"], "expected_duration"),
     )

@@ -148,7 +148,8 @@ def test_create_fields_cover_the_reference_signature() -> None:
 
     sdk = set(inspect.signature(Job.create).parameters)
     assert sdk <= JOB_CREATE_FIELDS
-    assert JOB_CREATE_FIELDS - sdk == {"retries", "priority"}  # the CLI and API's own
+    # The CLI and API's own, and project.job's (the SDK mirrors)
+    assert JOB_CREATE_FIELDS - sdk == {"retries", "priority", "ephemeral"}
 
 
 @pytest.mark.parametrize("huge", [10**400, "100000000h", 1e308])

@@ -20,8 +20,8 @@ REFERENCE_CREATE = [
 
 
 def test_public_surface_is_pinned() -> None:
-    assert sorted(nodus.__all__) == ["Distributed", "Job", "Sweep", "View", "__version__",
-                                     "errors", "report"]
+    assert sorted(nodus.__all__) == ["Client", "Distributed", "Job", "Sweep", "View",
+                                     "__version__", "errors", "report"]
 
 
 def test_create_has_exactly_the_reference_keywords() -> None:

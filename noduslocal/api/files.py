@@ -12,6 +12,7 @@ from aiohttp import web
 from noduslocal import errors, workspace
 from noduslocal.api.jobs import lookup, require_control
 from noduslocal.api.services import SERVICES
+from noduslocal.states import TERMINAL
 
 routes = web.RouteTableDef()
 SHA256_HEADER = "X-Nodus-SHA256"
@@ -23,6 +24,10 @@ async def job_workspace(request: web.Request) -> tuple[Path, int]:
     require_control(request, job, "read the files of")
     root = request.app[SERVICES].layout.workspace(job.id)
     if not root.exists():
+        if job.phase in TERMINAL and job.attempts:
+            why = ("it was discarded when the job ended (an ephemeral job)"
+                   if job.spec.ephemeral else "it was freed (`sweep gc`)")
+            raise errors.NotFound(f"job {job.name!r} has no workspace any more: {why}")
         raise errors.NotFound(f"job {job.name!r} has no workspace yet (it has not started)")
     return root, job.owner_uid
 

@@ -32,7 +32,7 @@ from noduslocal.runtime.base import (
     Runtime,
     attempt_state,
 )
-from noduslocal.states import AttemptPhase, Phase, Reason
+from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
 from noduslocal.store import Store, ops
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ class AttemptRunner:
             recorded.set_result(None)
         if attempt.handles and attempt.directory is not None:
             await runtime.release(attempt.ref, attempt.handles)
+        if job.spec.ephemeral and outcome.job_phase in TERMINAL:
+            await asyncio.to_thread(self.layout.free, job.id)  # its volumes and log stay
 
     async def give_up(self, attempt: Attempt, message: str) -> None:
         """End a job whose attempt broke in the daemon itself, so it is never left

@@ -67,8 +67,13 @@ class Task:
 class Expansion:
     command: tuple[str, ...]
     groups: tuple[Group, ...]
+    # One task per row (the SDK's list of mappings) instead of the groups' product; the
+    # groups then only name the columns.
+    rows: tuple[tuple[str, ...], ...] | None = None
 
     def __len__(self) -> int:
+        if self.rows is not None:
+            return len(self.rows)
         count = 1
         for group in self.groups:
             count *= len(group.values)
@@ -82,6 +87,8 @@ class Expansion:
         """Task `index`'s value of each group (mixed radix, last group fastest)."""
         if not 0 <= index < len(self):
             raise IndexError(index)
+        if self.rows is not None:
+            return self.rows[index]
         picked: list[str] = []
         for group in reversed(self.groups):
             index, digit = divmod(index, len(group.values))
@@ -131,6 +138,33 @@ def parse(args: list[str], stdin_lines: Iterable[str] | None = None) -> Expansio
                 raise InvalidArgument(f"command: {{{key}}} names group {key}, but there "
                                       f"{'is' if len(groups) == 1 else 'are'} {len(groups)}",
                                       field="command")
+    if len(expansion) > MAX_TASKS:
+        raise InvalidArgument(f"args: {len(expansion)} tasks; at most {MAX_TASKS} in one "
+                              "sweep", field="args")
+    return expansion
+
+
+def structured(command: list[str], groups: list[tuple[str | None, list[str]]] | None = None,
+               rows: tuple[list[str], list[list[str]]] | None = None) -> Expansion:
+    """The SDK's forms, values taken as they are (no commas split): named groups whose
+    product is the tasks, or column names with one row of values per task."""
+    if not command or not command[0]:
+        raise InvalidArgument("command: expected a non-empty command", field="command")
+    if rows is not None:
+        names, values = rows
+        if not values or any(len(row) != len(names) for row in values):
+            raise InvalidArgument("args: every task needs a value for each name",
+                                  field="args")
+        expansion = Expansion(tuple(command), tuple(Group(n, ()) for n in names),
+                              tuple(tuple(row) for row in values))
+    else:
+        if not groups or any(not values for _, values in groups):
+            raise InvalidArgument("args: every group needs values", field="args")
+        expansion = Expansion(tuple(command), tuple(Group(n, tuple(v)) for n, v in groups))
+    names = [g.name for g in expansion.groups if g.name]
+    if len(set(names)) != len(names) or set(names) & RESERVED:
+        raise InvalidArgument("args: names must differ, and may not be i or n",
+                              field="args")
     if len(expansion) > MAX_TASKS:
         raise InvalidArgument(f"args: {len(expansion)} tasks; at most {MAX_TASKS} in one "
                               "sweep", field="args")

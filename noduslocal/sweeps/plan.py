@@ -84,7 +84,9 @@ class Plan:
                 "grid": self.grid.to_wire() if self.grid is not None else None,
                 "map": None if self.tasks is None else {
                     "command": list(self.tasks.command),
-                    "groups": [[g.name, list(g.values)] for g in self.tasks.groups]}}
+                    "groups": [[g.name, list(g.values)] for g in self.tasks.groups],
+                    "rows": None if self.tasks.rows is None
+                    else [list(row) for row in self.tasks.rows]}}
 
 
 def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
@@ -164,8 +166,13 @@ def gpu_key(value: Any) -> str:
 def _tasks(value: Any) -> expand.Expansion | None:
     if value is None:
         return None
+    if isinstance(value, Mapping) and "command" in value:
+        return _structured(value)
     if not isinstance(value, Mapping) or set(value) - {"args", "lines"}:
-        raise InvalidArgument('map: expected {"args": [...], "lines": [...]}', field="map")
+        raise InvalidArgument('map: expected {"args": [...], "lines": [...]} or {"command": '
+                              '[...], "groups": [[NAME, [VALUES]], ...]} or {"command": '
+                              '[...], "rows": {"names": [...], "values": [[...], ...]}}',
+                              field="map")
     args, lines = value.get("args"), value.get("lines")
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise InvalidArgument("map.args: expected a list of strings", field="map.args")
@@ -173,6 +180,27 @@ def _tasks(value: Any) -> expand.Expansion | None:
                               or not all(isinstance(x, str) for x in lines)):
         raise InvalidArgument("map.lines: expected a list of strings", field="map.lines")
     return expand.parse(args, lines)
+
+
+def _structured(value: Mapping[str, Any]) -> expand.Expansion:
+    """The SDK's map: values as they are, as a product of groups or one row per task."""
+    if set(value) - {"command", "groups", "rows"} or ("groups" in value) == ("rows" in value):
+        raise InvalidArgument('map: {"command": [...]} with "groups" or "rows"', field="map")
+    command = value["command"]
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        raise InvalidArgument("map.command: expected a list of strings", field="map.command")
+    try:
+        if "rows" in value:
+            rows = value["rows"]
+            names = [str(n) for n in rows["names"]]
+            return expand.structured(command, rows=(names, [[str(v) for v in row]
+                                                            for row in rows["values"]]))
+        return expand.structured(command, groups=[
+            (None if name is None else str(name), [str(v) for v in values])
+            for name, values in value["groups"]])
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgument("map: groups are [[NAME or null, [VALUES]], ...]; rows are "
+                              '{"names": [...], "values": [[...], ...]}', field="map") from None
 
 
 def _grid_gpus(grid: Grid | None, regions: tuple[str, ...]) -> dict[str, GpuRequest | None]:

@@ -16,7 +16,9 @@ def cell_params(spec: dict[str, Any], index: int) -> dict[str, Any]:
     """What sets cell `index` apart, from the sweep's stored plan."""
     if spec.get("map"):
         groups = tuple(Group(name, tuple(values)) for name, values in spec["map"]["groups"])
-        expansion = Expansion(tuple(spec["map"]["command"]), groups)
+        rows = spec["map"].get("rows")
+        expansion = Expansion(tuple(spec["map"]["command"]), groups,
+                              None if rows is None else tuple(tuple(r) for r in rows))
         return expansion.task(index).named(groups)
     if spec.get("grid"):
         return Grid.from_wire(spec["grid"]).params(index)
