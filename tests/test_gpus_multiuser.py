@@ -281,3 +281,29 @@ def test_running_gpu_time_counts_in_the_fair_share(gpu_box: Box) -> None:
     placed = {n: ts(gpu_box.cli_json(o, "job", "attempts", n, "--json")[0]["created_at"])
               for n, o in (("a-next", ALICE), ("b-first", BOB))}
     assert placed["b-first"] <= placed["a-next"], placed
+
+
+def test_two_users_sweeps_share_the_gpus_by_fair_share(gpu_box: Box) -> None:
+    """Issue 9: alice's 16-task sweep is running when bob starts a 4-task one; bob's tasks
+    do not wait for the end of alice's sweep: fair share puts them ahead of her remaining
+    released tasks, and all of bob's start before alice's last four do."""
+    root = gpu_box.daemon.client()
+    task = ("--gpus", "1", "--max-parallel", "8", "--no-code", "--no-canary", "--",
+            "sleep", "1", ":::")
+    created = gpu_box.cli_json(ALICE, "map", "--name", "a-sweep", "--json", *task,
+                               *map(str, range(16)))
+    assert created["cells"] == 16 and created["owner"] == ALICE
+    testing.wait_until(lambda: root.get_sweep("a-sweep", ALICE)["counts"].get(
+        "Succeeded", 0) >= GPUS, "alice's first tasks to end")
+    gpu_box.cli_json(BOB, "map", "--name", "b-sweep", "--json", *task, *map(str, range(4)))
+    for name, owner in (("a-sweep", ALICE), ("b-sweep", BOB)):
+        final = root.wait_sweep(name, owner, DEADLINE)
+        assert final["phase"] == "Succeeded", final
+    started = {}
+    for name, owner, cells in (("a-sweep", ALICE, 16), ("b-sweep", BOB, 4)):
+        for i in range(cells):
+            job = root.get_job(f"{name}-{i}", owner)
+            started[(owner, i)] = ts(job["started_at"])
+    alice = sorted(t for (o, _), t in started.items() if o == ALICE)
+    bob = sorted(t for (o, _), t in started.items() if o == BOB)
+    assert max(bob) < alice[-4], (bob, alice)

@@ -249,8 +249,8 @@ def test_refusals_name_the_field_and_create_nothing(daemon: testing.Daemon) -> N
             nodus.Sweep({"command": ["true"]}, **kwargs).run()
     with pytest.raises(errors.Unsupported, match="target"):
         nodus.Sweep(lambda: None)  # type: ignore[arg-type]
-    with pytest.raises(errors.Unsupported, match="max_cost"):
-        nodus.Sweep({"command": ["true"]}, max_cost=5)
+    with pytest.raises(errors.InvalidArgument, match="max_cost: expected a positive number"):
+        nodus.Sweep({"command": ["true"]}, max_cost=-5).run()
     assert client.list_sweeps(all=True) == []
     assert [j["name"] for j in client.list_jobs(all=True)] == ["taken-1"]
 
@@ -457,6 +457,29 @@ def test_a_failing_webhook_never_changes_the_sweep(daemon: testing.Daemon) -> No
     with pytest.raises(errors.InvalidArgument, match="webhook: expected an http"):
         daemon.client().create_sweep({"webhook": "file:///etc/passwd",
                                       "template": {"command": ["true"]}})
+
+
+def test_no_cell_starts_once_max_cost_would_be_passed(tmp_path: Path) -> None:
+    # Simulated L4s at 3,600 an hour: a cell holding one for ~0.5 s costs about 0.5.
+    d = testing.Daemon(cpus=4, memory="8GiB", config='simulate_gpus = "2xL4"\n'
+                                                    'gpu_hour_rates = { L4 = 3600.0 }\n')
+    try:
+        d.start()
+        with d.as_default():
+            sweep = nodus.Sweep({"command": ["sleep", "0.5"], "gpu": 1},
+                                grid={"X": list(range(12))}, max_parallel=1,
+                                max_cost=1.6, name="budget").run()
+            status = sweep.wait(timeout=120)
+        assert (status["phase"], status["reason"]) == ("Failed", "MaxCostExceeded")
+        ran = status["counts"].get("Succeeded", 0)
+        assert 2 <= ran <= 4, status["counts"]
+        assert status["counts"].get("Cancelled") == 12 - ran
+        assert status["cost"] <= 1.6 + 0.7, status["cost"]  # one cell's estimate at most
+        cells = sweep.cells()
+        assert {c["reason"] for c in cells if c["phase"] == "Cancelled"} == {"MaxCostExceeded"}
+        assert all(c["attempts"] == 0 for c in cells if c["phase"] == "Cancelled")
+    finally:
+        d.close()
 
 
 def test_every_task_ends_exactly_once_across_five_kill9s(tmp_path: Path) -> None:

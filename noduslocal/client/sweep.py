@@ -24,13 +24,12 @@ class Sweep:
         if target is not None and not isinstance(target, Mapping):
             # A Function or a recipe: the daemon serves Job templates only.
             raise errors.Unsupported("target")
-        if max_cost is not None:
-            raise errors.Unsupported("max_cost")
         self._target = dict(target or {})
         self._grid = None if grid is None else {
             k: v if isinstance(v, str) else list(v) for k, v in grid.items()}
         self._repetitions = repetitions
         self._max_parallel = max_parallel
+        self._max_cost = max_cost
         self._labels = labels
         self._project = project
         self.name = name
@@ -50,7 +49,8 @@ class Sweep:
                 allow_large=bool(template.pop("allow_large_source", False)))
         body = {"name": self.name, "project": self._project, "labels": self._labels,
                 "template": _wire(template), "grid": self._grid,
-                "repetitions": self._repetitions, "max_parallel": self._max_parallel}
+                "repetitions": self._repetitions, "max_parallel": self._max_parallel,
+                "max_cost": self._max_cost}
         return {k: v for k, v in body.items() if v is not None}
 
     def run(self, idempotency_key: str | None = None) -> Sweep:

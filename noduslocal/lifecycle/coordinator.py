@@ -63,7 +63,8 @@ class Lifecycle:
         self.reports = SweepReports(store, settings.region, self.running_cost,
                                     self.running_metrics, self.log_path)
         self.sweeps = SweepController(store, self.dispatch, self.background,
-                                      Webhooks(self.background, self.reports))
+                                      Webhooks(self.background, self.reports),
+                                      self.running_cost)
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
         self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
                                       withdraw=self.sweeps.withdraw)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from noduslocal.lifecycle.background import Background
@@ -31,15 +32,19 @@ class ActiveSweep:
     running: set[int] = field(default_factory=set)  # released cells that have not ended
     canary: int | None = None  # the canary cell's job id while the gate is shut
     settling: bool = False  # its end is being written
+    budgeting: bool = False  # a release within max_cost is being worked out
+    again: bool = False  # ... and something changed meanwhile: work it out once more
 
 
 class SweepController:
     def __init__(self, store: Store, dispatch: Dispatch, background: Background,
-                 webhooks: Webhooks) -> None:
+                 webhooks: Webhooks, running_cost: Callable[[int], float]) -> None:
+        """`running_cost(job_id)`: what a running cell has cost so far."""
         self.store = store
         self.dispatch = dispatch
         self.background = background
         self.webhooks = webhooks
+        self._running_cost = running_cost
         self._sweeps: dict[int, ActiveSweep] = {}
         self._cell_of: dict[int, int] = {}  # job id -> sweep id, cells of active sweeps
         self._changes: dict[int, list[asyncio.Future[None]]] = {}
@@ -109,6 +114,13 @@ class SweepController:
             room = 1 if active.canary in active.held else 0
         elif phase == SweepPhase.RUNNING:
             room = active.record.max_parallel - len(active.running)
+            if active.record.spec.get("max_cost") is not None and active.held:
+                if active.budgeting:
+                    active.again = True
+                else:
+                    active.budgeting = True
+                    self.background.spawn(self._release_within_budget(active))
+                return
         else:
             return
         ids = [active.held.popleft() for _ in range(min(room, len(active.held)))]
@@ -122,6 +134,44 @@ class SweepController:
             if job.phase == Phase.PENDING and (job.id in active.running
                                                or job.id == active.canary):
                 self.dispatch.enqueue(job)
+
+    async def _release_within_budget(self, active: ActiveSweep) -> None:
+        """Release cells while what is spent, what the running cells will cost (each at
+        least a typical cell's cost) and the next cell's estimate stay within max_cost;
+        when nothing runs and the next cell would pass it, the rest never start."""
+        limit = float(active.record.spec["max_cost"])
+        try:
+            while active.record.phase == SweepPhase.RUNNING and active.held:
+                active.again = False
+                spent, typical = await self.store.sweep_costs(active.record.id)
+                committed = spent + sum(max(self._running_cost(j), typical)
+                                        for j in active.running)
+                ids = []
+                while (len(active.running) + len(ids) < active.record.max_parallel
+                       and len(ids) < len(active.held) and committed < limit
+                       and committed + typical <= limit):
+                    ids.append(active.held[len(ids)])
+                    committed += typical
+                for _ in ids:
+                    active.held.popleft()
+                if ids:
+                    active.running.update(ids)
+                    self.background.spawn(self._enqueue(active, ids))
+                elif not active.running and active.held:
+                    await self._over_budget(active, spent, limit)
+                if not active.again:
+                    return
+        finally:
+            active.budgeting = False
+
+    async def _over_budget(self, active: ActiveSweep, spent: float, limit: float) -> None:
+        held = list(active.held)
+        active.held.clear()
+        why = f"the sweep's max_cost of {limit:g} would be passed (spent {spent:.4g})"
+        await self.store.write(lambda c: sweep_ops.cancel_cells(
+            c, held, time.time(), Reason.MAX_COST_EXCEEDED, why))
+        await self._transition(active, SweepPhase.FAILED, Reason.MAX_COST_EXCEEDED,
+                               f"{why}; {len(held)} cells not started")
 
     def withdraw(self, job_id: int) -> bool:
         """Take a held cell back (an owner cancels or suspends it); False when the cell is

@@ -188,6 +188,14 @@ class Store:
             "json_extract(metrics, '$.throughput') DESC, cost, cell LIMIT 1", (sweep_id,))
         return ops.job_from_row(rows[0]) if rows else None
 
+    async def sweep_costs(self, sweep_id: int) -> tuple[float, float]:
+        """The cost of every ended attempt of the sweep, and a typical cell's: the mean over
+        cells that ran and ended (0 before any has)."""
+        rows = await self._fetchall(
+            "SELECT SUM(cost), AVG(CASE WHEN phase IN ('Succeeded', 'Failed', 'Cancelled') "
+            "AND attempts > 0 THEN cost END) FROM jobs WHERE sweep_id = ?", (sweep_id,))
+        return float(rows[0][0] or 0.0), float(rows[0][1] or 0.0)
+
     async def sweep_totals(self, sweep_id: int) -> tuple[dict[str, int], float]:
         """Cells per phase (as each cell's latest job stands), and the cost of every ended
         attempt of the sweep, retried ones too."""

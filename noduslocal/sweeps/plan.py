@@ -19,8 +19,9 @@ from noduslocal.sweeps.grid import Grid, parse_grid
 from noduslocal.validation import parse_create, validate_name
 
 SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
-                          "map", "max_parallel", "canary", "canary_smoke", "webhook"})
-NOT_YET = {"max_cost": None, "code": None}
+                          "map", "max_parallel", "canary", "canary_smoke", "webhook",
+                          "max_cost"})
+NOT_YET = {"code": None}
 SMOKE_SUFFIX = "canary"  # the smoke command's job is <sweep>-canary
 MAX_URL = 2048
 TEMPLATE_OWN = frozenset({"name", "project", "labels"})  # the sweep's, not the template's
@@ -42,6 +43,7 @@ class Plan:
     gpus: Mapping[str, GpuRequest | None]  # each grid gpu value (gpu_key), parsed once
     webhook: str | None = None  # POSTed the status on canary pass/failure and at the end
     smoke: list[str] | None = None  # canary "smoke": the cheap command that gates instead
+    max_cost: float | None = None  # no cell starts once spent + running estimates pass it
 
     def smoke_spec(self) -> JobSpec | None:
         """The smoke canary's job: the template (image, GPUs, code) with that command."""
@@ -80,7 +82,7 @@ class Plan:
     def stored(self) -> dict[str, Any]:
         """What the sweeps row keeps of the plan (the cells keep their own specs)."""
         return {"template": self.template.spec.to_wire(), "canary": self.canary,
-                "webhook": self.webhook, "smoke": self.smoke,
+                "webhook": self.webhook, "smoke": self.smoke, "max_cost": self.max_cost,
                 "grid": self.grid.to_wire() if self.grid is not None else None,
                 "map": None if self.tasks is None else {
                     "command": list(self.tasks.command),
@@ -141,11 +143,19 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
         canary = "smoke"
     plan = Plan(name, project, template.labels, template, grid, tasks, max_parallel, canary,
                 gpus, _webhook(body.get("webhook")),
-                None if smoke is None else ["sh", "-c", smoke])
+                None if smoke is None else ["sh", "-c", smoke], _max_cost(body.get("max_cost")))
     if name is not None and len(f"{name}-{len(plan) - 1}") > 63:
         raise InvalidArgument(f"name: {name!r} is too long for cell names like "
                               f"{name}-{len(plan) - 1} (63 characters at most)", field="name")
     return plan
+
+
+def _max_cost(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidArgument("max_cost: expected a positive number", field="max_cost")
+    return float(value)
 
 
 def _webhook(value: Any) -> str | None:
