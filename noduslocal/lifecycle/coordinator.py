@@ -58,13 +58,13 @@ class Lifecycle:
         self.dispatch = Dispatch(store, self.queue, self.board, self.accounting, self.stopper,
                                  self.background, on_start=self._run)
         self.admission = Admission(settings, store, capacity, self.dispatch, self.background)
-        self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
-                                    self.stopper, self.accounting)
         self.reports = SweepReports(store, settings.region, self.running_cost,
                                     self.running_metrics, self.log_path)
         self.sweeps = SweepController(store, self.dispatch, self.background,
                                       Webhooks(self.background, self.reports),
                                       self.running_cost)
+        self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
+                                    self.stopper, self.accounting, self.sweeps.cell_ending)
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
         self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
                                       withdraw=self.sweeps.withdraw)

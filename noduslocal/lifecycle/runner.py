@@ -10,7 +10,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -41,7 +41,10 @@ log = logging.getLogger(__name__)
 class AttemptRunner:
     def __init__(self, store: Store, layout: JobLayout, runtimes: Mapping[str, Runtime],
                  board: Board, dispatch: Dispatch, stopper: Stopper,
-                 accounting: GpuAccounting) -> None:
+                 accounting: GpuAccounting,
+                 on_end: Callable[[int, str], None] = lambda job_id, phase: None) -> None:
+        """`on_end(job_id, phase)`: an attempt's end, before its commit (a sweep hands the
+        room on)."""
         self.store = store
         self.layout = layout
         self.runtimes = runtimes
@@ -49,6 +52,7 @@ class AttemptRunner:
         self.dispatch = dispatch
         self.stopper = stopper
         self.accounting = accounting
+        self._on_end = on_end
 
     def runtime_of(self, job: JobRecord) -> Runtime:
         return self.runtimes[job.spec.runtime]
@@ -157,6 +161,7 @@ class AttemptRunner:
         # this end share one commit instead of waiting for each other.
         recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.board.finishing[job.id] = recorded
+        self._on_end(job.id, outcome.job_phase)
         self.dispatch.release(attempt)
         try:
             if running is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.webhooks import Webhooks
-from noduslocal.models import Event, SweepRecord
+from noduslocal.models import Event, JobRecord, SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
 from noduslocal.store import Store
 from noduslocal.store import sweeps as sweep_ops
@@ -31,8 +31,10 @@ class ActiveSweep:
     held: deque[int] = field(default_factory=deque)  # cells' job ids not released, in order
     running: set[int] = field(default_factory=set)  # released cells that have not ended
     canary: int | None = None  # the canary cell's job id while the gate is shut
-    settling: bool = False  # its end is being written
+    settling: bool = False  # its end is being worked out
+    settle_again: bool = False  # a cell's end was committed meanwhile: look once more
     budgeting: bool = False  # a release within max_cost is being worked out
+    ready: dict[int, JobRecord] = field(default_factory=dict)  # held cells, read ahead
     again: bool = False  # ... and something changed meanwhile: work it out once more
 
 
@@ -124,16 +126,43 @@ class SweepController:
         else:
             return
         ids = [active.held.popleft() for _ in range(min(room, len(active.held)))]
-        if ids:
-            active.running.update(ids)
-            self.background.spawn(self._enqueue(active, ids))
+        if not ids:
+            return
+        active.running.update(ids)
+        # Cells read ahead go to the queue now, so their start joins the commit that frees
+        # their room; the others are read first.
+        unread = []
+        for job_id in ids:
+            job = active.ready.pop(job_id, None)
+            if job is None:
+                unread.append(job_id)
+            else:
+                self.dispatch.enqueue(job)
+        if unread or len(active.ready) < active.record.max_parallel:
+            self.background.spawn(self._enqueue(active, unread))
 
     async def _enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
-        for job in await self.store.jobs_by_ids(ids):
+        """Queue the released cells `ids`, and read the next held ones ahead."""
+        ahead = [j for j in list(active.held)[:active.record.max_parallel]
+                 if j not in active.ready]
+        for job in await self.store.jobs_by_ids([*ids, *ahead]):
+            if job.id not in ids:
+                if job.phase == Phase.PENDING and job.id in active.held:
+                    active.ready[job.id] = job
             # Withdrawn meanwhile (a cancel of that cell, or of the sweep) is not queued.
-            if job.phase == Phase.PENDING and (job.id in active.running
-                                               or job.id == active.canary):
+            elif job.phase == Phase.PENDING and (job.id in active.running
+                                                 or job.id == active.canary):
                 self.dispatch.enqueue(job)
+
+    def cell_ending(self, job_id: int, phase: str) -> None:
+        """A cell's end is about to be committed (the runner says so before the commit):
+        its room goes to the next cell at once, whose start then joins that commit. The
+        committed event does the rest (the canary's gate, the sweep's own end)."""
+        active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        if (active is not None and phase in TERMINAL and job_id in active.running
+                and job_id != active.canary):
+            active.running.discard(job_id)
+            self._release(active)
 
     async def _release_within_budget(self, active: ActiveSweep) -> None:
         """Release cells while what is spent, what the running cells will cost (each at
@@ -180,6 +209,7 @@ class SweepController:
         if active is None or job_id not in active.held:
             return False
         active.held.remove(job_id)
+        active.ready.pop(job_id, None)
         return True
 
     def on_events(self, events: list[Event]) -> None:
@@ -225,16 +255,23 @@ class SweepController:
                                f"{why}; nothing else ran")
 
     def _settle_if_done(self, active: ActiveSweep) -> None:
-        if (not active.held and not active.running and not active.settling
+        if (not active.held and not active.running
                 and active.record.phase in (SweepPhase.CANARY, SweepPhase.RUNNING)):
+            if active.settling:
+                active.settle_again = True  # an end committed during the last look
+                return
             active.settling = True
             self.background.spawn(self._settle(active))
 
     async def _settle(self, active: ActiveSweep) -> None:
-        counts, _ = await self.store.sweep_totals(active.record.id)
-        if any(n and phase not in TERMINAL for phase, n in counts.items()):
-            active.settling = False  # a cell is suspended: the sweep goes on when resumed
-            return
+        while True:
+            active.settle_again = False
+            counts, _ = await self.store.sweep_totals(active.record.id)
+            if not any(n and phase not in TERMINAL for phase, n in counts.items()):
+                break
+            if not active.settle_again:  # a cell is suspended, or its end not committed:
+                active.settling = False  # the next end or resume looks again
+                return
         failed = counts.get(Phase.FAILED, 0) + counts.get(Phase.CANCELLED, 0)
         if failed:
             await self._transition(active, SweepPhase.FAILED, Reason.CELLS_FAILED,
