@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from noduslocal.lifecycle.attempt import Attempt
 
 log = logging.getLogger(__name__)
 DEBOUNCE_MS = 200
+FOLLOW_AFTER = 1.0  # seconds an attempt runs before its metrics file is watched
 
 
 async def read(attempt: Attempt, workspace: Path) -> None:
@@ -27,7 +29,13 @@ def read_final(attempt: Attempt, workspace: Path) -> dict[str, float]:
 
 
 async def follow(attempt: Attempt, workspace: Path, stop: asyncio.Event) -> None:
-    """Until `stop` is set: the attempt's metrics, read again whenever the file changes."""
+    """Until `stop` is set: the attempt's metrics, read again whenever the file changes.
+    Only once the attempt has run FOLLOW_AFTER seconds: a watcher costs a thread and an
+    inotify instance, which short tasks (a sweep of `true`) would pay for nothing; their
+    metrics are read at their end."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), FOLLOW_AFTER)
+        return
     try:
         await read(attempt, workspace)
         async for _ in watchfiles.awatch(
