@@ -33,6 +33,12 @@ class Caller:
     def may_control(self, owner_uid: int) -> bool:
         return self.admin or self.uid == owner_uid
 
+    def require_control(self, what: str, owner_uid: int, owner: str, action: str) -> None:
+        """Only the owner or an admin may; `what` names the thing ("job 'x'")."""
+        if not self.may_control(owner_uid):
+            raise errors.PermissionDenied(
+                f"{self.name} may not {action} {what}: it belongs to {owner}")
+
 
 @lru_cache(maxsize=256)
 def _user_name(uid: int) -> str:

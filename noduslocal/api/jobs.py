@@ -55,9 +55,7 @@ async def lookup(request: web.Request) -> JobRecord:
 
 def require_control(request: web.Request, job: JobRecord, action: str) -> None:
     caller: Caller = request["caller"]
-    if not caller.may_control(job.owner_uid):
-        raise errors.PermissionDenied(
-            f"{caller.name} may not {action} job {job.name!r}: it belongs to {job.owner}")
+    caller.require_control(f"job {job.name!r}", job.owner_uid, job.owner, action)
 
 
 def check_project(caller: Caller, project: str | None) -> None:

@@ -36,9 +36,7 @@ async def lookup(request: web.Request) -> SweepRecord:
 
 def require_control(request: web.Request, sweep: SweepRecord, action: str) -> None:
     caller: Caller = request["caller"]
-    if not caller.may_control(sweep.owner_uid):
-        raise errors.PermissionDenied(
-            f"{caller.name} may not {action} sweep {sweep.name!r}: it belongs to {sweep.owner}")
+    caller.require_control(f"sweep {sweep.name!r}", sweep.owner_uid, sweep.owner, action)
 
 
 def redact(request: web.Request, sweep: SweepRecord) -> bool:

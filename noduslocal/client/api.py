@@ -8,7 +8,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,18 +103,21 @@ class Client:
                  timeout: float | None = None) -> dict[str, Any]:
         """Block until the job is terminal, in server-side long polls; riding out a daemon
         restart. Raises WaitTimeout after `timeout` seconds."""
+        return self._long_poll(f"/v1/jobs/{_quote(name)}/wait", project, timeout,
+                               TERMINAL, f"job {name!r}")
+
+    def _long_poll(self, path: str, project: str | None, timeout: float | None,
+                   terminal: Container[str], what: str) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             poll = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            job = self.transport.request(
-                "GET", f"/v1/jobs/{_quote(name)}/wait",
-                query={"project": project, "timeout": f"{min(poll, 60.0):.3f}"},
+            doc: dict[str, Any] = self.transport.request(
+                "GET", path, query={"project": project, "timeout": f"{min(poll, 60.0):.3f}"},
                 timeout=min(poll, 60.0) + 30.0, retry_for=RESTART_GRACE)
-            if job["phase"] in TERMINAL:
-                return job
+            if doc["phase"] in terminal:
+                return doc
             if deadline is not None and time.monotonic() >= deadline:
-                raise errors.WaitTimeout(
-                    f"job {name!r} is still {job['phase']} after {timeout:g}s")
+                raise errors.WaitTimeout(f"{what} is still {doc['phase']} after {timeout:g}s")
 
     def create_sweep(self, body: Mapping[str, Any], *,
                      idempotency_key: str | None = None) -> dict[str, Any]:
@@ -146,18 +149,8 @@ class Client:
     def wait_sweep(self, name: str, project: str | None = None,
                    timeout: float | None = None) -> dict[str, Any]:
         """Block until the sweep is terminal (long polls that ride out a restart)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            poll = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            sweep = self.transport.request(
-                "GET", f"/v1/sweeps/{_quote(name)}/wait",
-                query={"project": project, "timeout": f"{min(poll, 60.0):.3f}"},
-                timeout=min(poll, 60.0) + 30.0, retry_for=RESTART_GRACE)
-            if sweep["phase"] in SWEEP_TERMINAL:
-                return sweep
-            if deadline is not None and time.monotonic() >= deadline:
-                raise errors.WaitTimeout(
-                    f"sweep {name!r} is still {sweep['phase']} after {timeout:g}s")
+        return self._long_poll(f"/v1/sweeps/{_quote(name)}/wait", project, timeout,
+                               SWEEP_TERMINAL, f"sweep {name!r}")
 
     def cancel_sweep(self, name: str, project: str | None = None,
                      remaining: bool = False) -> dict[str, Any]:
