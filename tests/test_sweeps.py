@@ -142,6 +142,12 @@ def test_max_parallel_caps_running_cells_and_changes_live(wide: testing.Daemon,
     held = client.get_job("width-5")
     assert held["phase"] == "Pending"
     assert held["hold"] == "sweep width: 2 of 2 cells running (max_parallel)"
+    # A released cell that waits for room in the queue says so, and why.
+    hog = client.create_job({"name": "hog", "command": ["sleep", "30"], "cpu": 2})
+    client.set_sweep("width", max_parallel=3)
+    testing.wait_until(lambda: (client.get_job("width-3")["hold"] or "").startswith(
+        "blocked on capacity: needs 1 CPU"), "the third cell to wait for a CPU")
+    client.cancel_job(hog["name"])
     client.set_sweep("width", max_parallel=3)
     testing.wait_until(lambda: running() == 3, "a third cell after set --max-parallel 3")
     gate.touch()

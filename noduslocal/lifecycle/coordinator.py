@@ -166,7 +166,9 @@ class Lifecycle:
         return self.accounting.ledger
 
     def hold(self, job_id: int) -> str | None:
-        return self.dispatch.hold(job_id) or self.sweeps.hold(job_id)
+        if (why := self.dispatch.hold(job_id)) is not None and self.sweeps.is_cell(job_id):
+            return f"blocked on capacity: {why}"  # released by its sweep, waiting its turn
+        return why or self.sweeps.hold(job_id)
 
     def pending_job(self, job_id: int) -> JobRecord | None:
         return self.dispatch.pending.get(job_id)

@@ -335,6 +335,10 @@ class SweepController:
         return (f"sweep {name}: {len(active.running)} of {active.record.max_parallel} cells "
                 "running (max_parallel)")
 
+    def is_cell(self, job_id: int) -> bool:
+        """A cell of a sweep that runs (released or held)."""
+        return job_id in self._cell_of
+
     def next_change(self, sweep_id: int) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._changes.setdefault(sweep_id, []).append(future)
