@@ -71,3 +71,16 @@ def test_errors_are_made_alike_for_clustering() -> None:
     assert normalise("CUDA out of memory. Tried to allocate 2.50 GiB (GPU 3; 79.1 GiB)") \
         == "CUDA out of memory. Tried to allocate N GiB (GPU N; N GiB)"
     assert normalise("  KeyError: 0xdeadbeef at step 1e-3  ") == "KeyError: HEX at step N"
+
+
+def test_what_a_max_cost_affords() -> None:
+    from noduslocal.lifecycle.sweep_state import affordable
+
+    # Nothing ended yet (typical 0): as many as there is room for, while under the limit.
+    assert affordable(0.0, [], 0.0, 1.6, room=2, held=10) == 2
+    # Spent 1.02 with a typical cell at 0.51: one more fits (1.53), a second would not.
+    assert affordable(1.02, [], 0.51, 1.6, room=4, held=10) == 1
+    # A running cell counts at least as a typical one, even if it cost less so far.
+    assert affordable(0.51, [0.1], 0.51, 1.6, room=4, held=10) == 1
+    assert affordable(1.6, [], 0.0, 1.6, room=4, held=10) == 0
+    assert affordable(0.0, [], 0.2, 10.0, room=4, held=3) == 3

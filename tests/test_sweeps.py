@@ -182,6 +182,41 @@ def test_many_quick_tasks_end_their_sweep(daemon: testing.Daemon) -> None:
         assert (final["phase"], final["counts"]) == ("Succeeded", {"Succeeded": 150})
 
 
+def test_a_cancel_right_after_create_leaves_no_cell_running(daemon: testing.Daemon) -> None:
+    """Cells released but not queued yet are cancelled too (they were neither queued nor
+    held, and a cancel answered 409 and stopped half-way)."""
+    client = daemon.client()
+    for round_ in range(5):
+        name = f"gone-{round_}"
+        client.create_sweep({"name": name, "canary": "none", "max_parallel": 8,
+                             "template": {"command": ["sleep", "30"], "cpu": "100m"},
+                             "grid": {"X": list(range(20))}})
+        assert client.cancel_sweep(name)["phase"] == "Cancelled"
+        testing.wait_until(lambda n=name: client.get_sweep(n)["counts"] == {
+            "Cancelled": 20}, f"every cell of {name} cancelled")
+
+
+def test_a_resumed_held_cell_waits_for_the_canary_and_a_cancel_ends_suspended_ones(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    client = daemon.client()
+    client.create_sweep({"name": "order", "max_parallel": 1, "template": {
+        "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]},
+        "grid": {"X": list(range(4))}})
+    testing.wait_until(lambda: client.get_job("order-0")["phase"] == "Running", "the canary")
+    client.suspend_job("order-2")  # held: suspended before it ever started
+    client.resume_job("order-2")
+    time.sleep(0.5)
+    assert client.get_job("order-2")["phase"] == "Pending", "it passed the canary gate"
+    assert "waiting for its canary" in client.get_job("order-2")["hold"]
+    client.suspend_job("order-3")
+    client.cancel_sweep("order")
+    final = client.wait_sweep("order", timeout=30)
+    assert final["phase"] == "Cancelled"
+    testing.wait_until(lambda: client.get_sweep("order")["counts"] == {"Cancelled": 4},
+                       "every cell cancelled, the suspended one too")
+
+
 def test_a_suspended_cell_keeps_its_sweep_open_until_resumed(daemon: testing.Daemon,
                                                              tmp_path: Path) -> None:
     gate = tmp_path / "gate"
@@ -225,6 +260,12 @@ def test_failures_are_clustered_by_error_and_logs_show_the_exemplar(
     assert "(task 1: FileNotFoundError: PATH)" in logs.stderr
     task3 = run_cli(daemon, "sweep", "logs", "causes", "--task", "3")
     assert "batch 17 too big" in task3.stdout
+    # After a retry, the log is the latest job's.
+    assert run_cli(daemon, "sweep", "retry", "causes").returncode == 0
+    daemon.client().wait_sweep("causes", timeout=60)
+    again = run_cli(daemon, "sweep", "logs", "causes")
+    assert "(task 1: FileNotFoundError: PATH)" in again.stderr
+    assert daemon.client().get_sweep("causes")["failures"][0]["exemplar_job"] == "causes-1-r2"
     none = run_cli(daemon, "sweep", "logs", "grid-none-such")
     assert none.returncode != 0
 
@@ -490,9 +531,9 @@ def test_no_cell_starts_once_max_cost_would_be_passed(tmp_path: Path) -> None:
             status = sweep.wait(timeout=120)
         assert (status["phase"], status["reason"]) == ("Failed", "MaxCostExceeded")
         ran = status["counts"].get("Succeeded", 0)
-        assert 2 <= ran <= 4, status["counts"]
+        assert 2 <= ran <= 3, status["counts"]  # ~0.51 each: a fourth would pass 1.6
         assert status["counts"].get("Cancelled") == 12 - ran
-        assert status["cost"] <= 1.6 + 0.7, status["cost"]  # one cell's estimate at most
+        assert status["cost"] <= 1.6, status["cost"]
         cells = sweep.cells()
         assert {c["reason"] for c in cells if c["phase"] == "Cancelled"} == {"MaxCostExceeded"}
         assert all(c["attempts"] == 0 for c in cells if c["phase"] == "Cancelled")

@@ -125,9 +125,16 @@ def logs(name: str, project: str | None, task: int | None, follow: bool) -> None
         doc = client.get_sweep(name, project)
         if not doc.get("failures"):
             raise click.UsageError(f"{name} has no failed task; name one with --task N")
-        task = int(doc["failures"][0]["exemplar"])
-        click.echo(f"(task {task}: {doc['failures'][0]['error']})", err=True)
-    for chunk in client.logs(f"{name}-{task}", project, follow=follow):
+        cluster = doc["failures"][0]
+        job = cluster["exemplar_job"]
+        click.echo(f"(task {cluster['exemplar']}: {cluster['error']})", err=True)
+    else:
+        cells = client.sweep_cells(name, project)
+        if not 0 <= task < len(cells):
+            raise click.BadParameter(f"{name} has tasks 0 to {len(cells) - 1}",
+                                     param_hint="--task")
+        job = cells[task]["name"]  # the latest job of that task, after a retry too
+    for chunk in client.logs(job, project, follow=follow):
         sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
 

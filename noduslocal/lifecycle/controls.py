@@ -20,14 +20,17 @@ from noduslocal.store import Store, ops
 
 class OwnerControls:
     def __init__(self, store: Store, dispatch: Dispatch, board: Board, stopper: Stopper,
-                 withdraw: Callable[[int], bool]) -> None:
-        """`withdraw(job_id)`: takes back a sweep's cell that was never released to the
-        queue; False when the job is not such a cell."""
+                 withdraw: Callable[[int], bool],
+                 hold_again: Callable[[JobRecord], bool]) -> None:
+        """`withdraw(job_id)`: takes back a sweep's cell that was never queued; False when
+        the job is not such a cell. `hold_again(job)`: a resumed cell goes back to its
+        sweep's held cells; False when it is no cell of a running sweep."""
         self.store = store
         self.dispatch = dispatch
         self.board = board
         self.stopper = stopper
         self._withdraw = withdraw
+        self._hold_again = hold_again
 
     def _take_back(self, job_id: int) -> bool:
         """Out of the queue, or out of its sweep's held cells: it never started."""
@@ -87,4 +90,6 @@ class OwnerControls:
         await self.store.write(lambda c: ops.set_phase(
             c, job.id, Phase.PENDING, time.time(), Reason.RESUMED,
             "resumed; queued again at its old place", expect=Phase.SUSPENDED))
-        self.dispatch.enqueue(replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED))
+        resumed = replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED)
+        if not self._hold_again(resumed):
+            self.dispatch.enqueue(resumed)

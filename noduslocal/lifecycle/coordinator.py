@@ -6,6 +6,7 @@ board of attempts, and is their one face for the daemon and the API.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, SweepPhase
 from noduslocal.store import Store, ops
 from noduslocal.sweeps.plan import Plan
 
+log = logging.getLogger(__name__)
+
 
 class Lifecycle:
     def __init__(self, settings: Settings, store: Store, layout: JobLayout,
@@ -67,7 +70,8 @@ class Lifecycle:
                                     self.stopper, self.accounting, self.sweeps.cell_ending)
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
         self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
-                                      withdraw=self.sweeps.withdraw)
+                                      withdraw=self.sweeps.withdraw,
+                                      hold_again=self.sweeps.hold_again)
         self.recovery = Recovery(store, layout, runtimes, self.board, self.dispatch,
                                  self.accounting, self.runner, self.sweeps)
         self.health = GpuHealth(settings, capacity, self.accounting, self.board,
@@ -145,7 +149,11 @@ class Lifecycle:
         running = await self.sweeps.cancel(sweep, remaining_only)
         for job in await self.store.jobs_by_ids(running):
             if job.phase not in TERMINAL:
-                await self.controls.cancel(job)
+                try:
+                    await self.controls.cancel(job)
+                except errors.Conflict:  # it ended, or is ending, meanwhile: the rest go on
+                    log.info("cancelling cell %s of sweep %s: it ended meanwhile", job.name,
+                             sweep.name)
 
     async def retry_sweep(self, sweep: SweepRecord, include_cancelled: bool = False) -> None:
         await self.sweeps.retry(sweep, include_cancelled)
@@ -166,7 +174,9 @@ class Lifecycle:
         return self.accounting.ledger
 
     def hold(self, job_id: int) -> str | None:
-        if (why := self.dispatch.hold(job_id)) is not None and self.sweeps.is_cell(job_id):
+        if (pause := self.dispatch.retry_hold(job_id)) is not None:
+            return pause
+        if (why := self.queue.hold(job_id)) is not None and self.sweeps.is_cell(job_id):
             return f"blocked on capacity: {why}"  # released by its sweep, waiting its turn
         return why or self.sweeps.hold(job_id)
 

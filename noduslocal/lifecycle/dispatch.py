@@ -72,11 +72,11 @@ class Dispatch:
         self.pending.pop(job_id, None)
         return True
 
-    def hold(self, job_id: int) -> str | None:
-        """Why a pending job waits, as far as the queue knows."""
+    def retry_hold(self, job_id: int) -> str | None:
+        """Why a job waits for its retry's pause, or None."""
         if (later := self._later.get(job_id)) is not None:
             return f"retrying in {max(0.0, later[1] - time.time()):.0f}s"
-        return self.queue.hold(job_id)
+        return None
 
     def kick(self) -> None:
         """A pass soon, once for everything that changed meanwhile."""

@@ -45,6 +45,9 @@ class Recovery:
             pool.drained = await self.store.drained_gpus()
         await self.accounting.replay(self.store)
         jobs = await self.store.active_jobs()
+        # The sweeps first: an adopted cell's end, committed from here on, then reaches a
+        # sweep that knows the cell (it holds back its pending cells; nothing starts yet).
+        await self.sweeps.recover()
         # Everything that may still run takes its share back before any pass can start a
         # pending job; the pass is held until then.
         for job in jobs:
@@ -53,7 +56,6 @@ class Recovery:
         for job in jobs:
             if job.phase == Phase.PENDING and job.sweep_id is None:
                 self.dispatch.enqueue(job)
-        await self.sweeps.recover()  # a sweep's pending cells: its controller releases them
         self.dispatch.ready = True
         self.dispatch.kick()
 

@@ -7,14 +7,15 @@ Which cells are held back lives here only, so a restart recomputes it from the s
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.sweep_state import ActiveSweep, affordable
 from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import Event, JobRecord, SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
@@ -23,19 +24,6 @@ from noduslocal.store import sweeps as sweep_ops
 
 log = logging.getLogger(__name__)
 ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
-
-
-@dataclass
-class ActiveSweep:
-    record: SweepRecord
-    held: deque[int] = field(default_factory=deque)  # cells' job ids not released, in order
-    running: set[int] = field(default_factory=set)  # released cells that have not ended
-    canary: int | None = None  # the canary cell's job id while the gate is shut
-    settling: bool = False  # its end is being worked out
-    settle_again: bool = False  # a cell's end was committed meanwhile: look once more
-    budgeting: bool = False  # a release within max_cost is being worked out
-    ready: dict[int, JobRecord] = field(default_factory=dict)  # held cells, read ahead
-    again: bool = False  # ... and something changed meanwhile: work it out once more
 
 
 class SweepController:
@@ -138,6 +126,7 @@ class SweepController:
                 unread.append(job_id)
             else:
                 self.dispatch.enqueue(job)
+        active.releasing.update(unread)
         if unread or len(active.ready) < active.record.max_parallel:
             self.background.spawn(self._enqueue(active, unread))
 
@@ -150,17 +139,20 @@ class SweepController:
                 if job.phase == Phase.PENDING and job.id in active.held:
                     active.ready[job.id] = job
             # Withdrawn meanwhile (a cancel of that cell, or of the sweep) is not queued.
-            elif job.phase == Phase.PENDING and (job.id in active.running
-                                                 or job.id == active.canary):
+            elif (job.phase == Phase.PENDING and active.record.phase not in SWEEP_TERMINAL
+                  and ((job.id in active.releasing and job.id in active.running)
+                       or job.id == active.canary)):
                 self.dispatch.enqueue(job)
+        active.releasing.difference_update(ids)
 
     def cell_ending(self, job_id: int, phase: str) -> None:
         """A cell's end is about to be committed (the runner says so before the commit):
         its room goes to the next cell at once, whose start then joins that commit. The
         committed event does the rest (the canary's gate, the sweep's own end)."""
         active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        # Not under a max_cost: the budget counts a cell's cost once its end is committed.
         if (active is not None and phase in TERMINAL and job_id in active.running
-                and job_id != active.canary):
+                and job_id != active.canary and active.record.spec.get("max_cost") is None):
             active.running.discard(job_id)
             self._release(active)
 
@@ -173,18 +165,14 @@ class SweepController:
             while active.record.phase == SweepPhase.RUNNING and active.held:
                 active.again = False
                 spent, typical = await self.store.sweep_costs(active.record.id)
-                committed = spent + sum(max(self._running_cost(j), typical)
-                                        for j in active.running)
-                ids = []
-                while (len(active.running) + len(ids) < active.record.max_parallel
-                       and len(ids) < len(active.held) and committed < limit
-                       and committed + typical <= limit):
-                    ids.append(active.held[len(ids)])
-                    committed += typical
-                for _ in ids:
-                    active.held.popleft()
+                count = affordable(spent, [self._running_cost(j) for j in active.running],
+                                   typical, limit,
+                                   active.record.max_parallel - len(active.running),
+                                   len(active.held))
+                ids = [active.held.popleft() for _ in range(count)]
                 if ids:
                     active.running.update(ids)
+                    active.releasing.update(ids)
                     self.background.spawn(self._enqueue(active, ids))
                 elif not active.running and active.held:
                     await self._over_budget(active, spent, limit)
@@ -194,22 +182,48 @@ class SweepController:
             active.budgeting = False
 
     async def _over_budget(self, active: ActiveSweep, spent: float, limit: float) -> None:
-        held = list(active.held)
-        active.held.clear()
         why = f"the sweep's max_cost of {limit:g} would be passed (spent {spent:.4g})"
-        await self.store.write(lambda c: sweep_ops.cancel_cells(
-            c, held, time.time(), Reason.MAX_COST_EXCEEDED, why))
+        waiting = await self._take_waiting(active)
         await self._transition(active, SweepPhase.FAILED, Reason.MAX_COST_EXCEEDED,
-                               f"{why}; {len(held)} cells not started")
+                               f"{why}; {len(waiting)} cells not started",
+                               cancel=(waiting, Reason.MAX_COST_EXCEEDED, why))
+
+    async def _take_waiting(self, active: ActiveSweep) -> list[int]:
+        """Every cell that waits and will not run now: held ones, released ones not queued
+        yet, suspended ones."""
+        cells = await self.store.sweep_cells(active.record.id)
+        waiting = [*active.held, *active.releasing,
+                   *(j for j, _, phase in cells if phase == Phase.SUSPENDED)]
+        active.held.clear()
+        active.running.difference_update(active.releasing)
+        active.releasing.clear()
+        return waiting
 
     def withdraw(self, job_id: int) -> bool:
         """Take a held cell back (an owner cancels or suspends it); False when the cell is
         not held here (it was released, or is no cell)."""
         active = self._sweeps.get(self._cell_of.get(job_id, -1))
-        if active is None or job_id not in active.held:
+        if active is None:
+            return False
+        if job_id in active.releasing:  # released, not queued yet: it never started
+            active.releasing.discard(job_id)
+            active.running.discard(job_id)
+            return True
+        if job_id not in active.held:
             return False
         active.held.remove(job_id)
         active.ready.pop(job_id, None)
+        return True
+
+    def hold_again(self, job: JobRecord) -> bool:
+        """A suspended cell of a running sweep, resumed: back among the held cells in its
+        order, so the canary gate and max_parallel still apply; False when the job is no
+        such cell (the caller queues it)."""
+        active = self._sweeps.get(self._cell_of.get(job.id, -1))
+        if active is None:
+            return False
+        bisect.insort(active.held, job.id)
+        self._release(active)
         return True
 
     def on_events(self, events: list[Event]) -> None:
@@ -227,8 +241,6 @@ class SweepController:
                 if event.job_id == active.canary and event.phase in TERMINAL:
                     self.background.spawn(self._gate(active, event.job_id, event.phase))
                     continue
-            elif event.reason == Reason.RESUMED:
-                active.running.add(event.job_id)
             touched[active.record.id] = active
         for active in touched.values():
             self._release(active)
@@ -247,12 +259,10 @@ class SweepController:
             return
         canary = (await self.store.jobs_by_ids([job_id]))[0]
         why = f"{which} ended {phase}: {canary.message or canary.reason}"
-        held = list(active.held)
-        active.held.clear()
-        await self.store.write(lambda c: sweep_ops.cancel_cells(
-            c, held, time.time(), Reason.CANARY_FAILED, why))
+        waiting = await self._take_waiting(active)
         await self._transition(active, SweepPhase.FAILED, Reason.CANARY_FAILED,
-                               f"{why}; nothing else ran")
+                               f"{why}; nothing else ran",
+                               cancel=(waiting, Reason.CANARY_FAILED, why))
 
     def _settle_if_done(self, active: ActiveSweep) -> None:
         if (not active.held and not active.running
@@ -288,13 +298,11 @@ class SweepController:
         active = self._sweeps.get(sweep.id)
         if active is None:
             return []
-        held = list(active.held)
-        active.held.clear()
-        await self.store.write(lambda c: sweep_ops.cancel_cells(
-            c, held, time.time(), Reason.CANCELLED, "its sweep was cancelled"))
+        waiting = await self._take_waiting(active)
         await self._transition(active, SweepPhase.CANCELLED, Reason.CANCELLED,
                                "cancelled on request" + (
-                                   "; running cells go on" if remaining_only else ""))
+                                   "; running cells go on" if remaining_only else ""),
+                               cancel=(waiting, Reason.CANCELLED, "its sweep was cancelled"))
         return [] if remaining_only else sorted(active.running)
 
     async def retry(self, sweep: SweepRecord, include_cancelled: bool) -> None:
@@ -345,11 +353,14 @@ class SweepController:
         return future
 
     async def _transition(self, active: ActiveSweep, phase: SweepPhase, reason: str,
-                          message: str | None = None) -> None:
+                          message: str | None = None,
+                          cancel: tuple[list[int], str, str] | None = None) -> None:
+        """The sweep's transition; with `cancel` (cells, reason, message), those cells are
+        cancelled in the same transaction, so a crash leaves both or neither."""
         sweep = active.record
         was = SweepPhase(sweep.phase)
-        applied = await self.store.write(lambda c: sweep_ops.set_sweep_phase(
-            c, sweep.id, phase, time.time(), reason, message, expect=was))
+        applied = await self.store.write(lambda c: sweep_ops.end_sweep(
+            c, sweep.id, phase, time.time(), reason, message, was, cancel))
         if not applied:  # another transition came first (a cancel during the last end)
             return
         sweep.phase, sweep.reason, sweep.message = phase.value, reason, message

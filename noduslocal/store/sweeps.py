@@ -149,6 +149,19 @@ def set_max_parallel(conn: sqlite3.Connection, sweep_id: int,
     return None, []
 
 
+def end_sweep(conn: sqlite3.Connection, sweep_id: int, phase: SweepPhase, now: float,
+              reason: str, message: str | None, expect: SweepPhase,
+              cancel: tuple[list[int], str, str] | None) -> tuple[bool, list[Event]]:
+    """set_sweep_phase, and with `cancel` (cells, reason, message) those cells cancelled
+    (the ones still Pending or Suspended), in one transaction."""
+    applied, _ = set_sweep_phase(conn, sweep_id, phase, now, reason, message, expect=expect)
+    if not applied or cancel is None:
+        return applied, []
+    cells, cell_reason, cell_message = cancel
+    _, events = cancel_cells(conn, cells, now, cell_reason, cell_message)
+    return True, events
+
+
 def mark_freed(conn: sqlite3.Connection, sweep_id: int,
                now: float) -> tuple[None, list[Event]]:
     conn.execute("UPDATE sweeps SET freed_at = ? WHERE id = ?", (now, sweep_id))
@@ -247,11 +260,11 @@ def _copy_smoke(conn: sqlite3.Connection, old: int, sweep_name: str,
 
 def cancel_cells(conn: sqlite3.Connection, job_ids: list[int], now: float, reason: str,
                  message: str) -> tuple[list[int], list[Event]]:
-    """Cancel cells that never started (still Pending); returns the ones cancelled."""
+    """Cancel cells that wait (Pending, or Suspended); returns the ones cancelled."""
     cancelled, events = [], []
     for job_id in job_ids:
         row = conn.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None or row[0] != Phase.PENDING:
+        if row is None or row[0] not in (Phase.PENDING, Phase.SUSPENDED):
             continue
         events.append(_transition(conn, job_id, Phase.CANCELLED, now, reason, message,
                                   ended_at=now))

@@ -48,6 +48,7 @@ def clusters(failed: list[JobRecord],
         key = (job.exit_code, normalise(line) or (job.message or job.reason or ""))
         group = groups.setdefault(key, {"exit_code": key[0], "error": key[1], "count": 0,
                                         "cells": [], "exemplar": job.cell,
+                                        "exemplar_job": job.name,
                                         "exemplar_error": line or job.message})
         group["count"] += 1
         if len(group["cells"]) < EXAMPLES:
