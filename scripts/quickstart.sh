@@ -133,7 +133,7 @@ fi
 
 log "5. a sweep: one command over every combination of values, the canary (task 0) first"
 noduslocal map --no-code --name "sweep-$$" --max-parallel "$CPUS" --label "demo=quickstart-$$" \
-    -- sh -c 'sleep 1; echo "lr=$0 batch=$1"' ::: 1e-4 3e-4 1e-3 ::: 16 32
+    -- sh -c 'sleep 1; echo "lr=$0 batch=$1"' ::: lr=1e-4,3e-4,1e-3 ::: batch=16,32
 noduslocal sweep wait "sweep-$$"
 echo "   its report, one row per cell:"
 noduslocal sweep status "sweep-$$" --cells
