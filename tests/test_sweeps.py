@@ -441,6 +441,9 @@ def test_a_smoke_command_gates_instead_of_task_0(daemon: testing.Daemon,
     lines = order.read_text().split()
     assert lines[:2] == ["smoke", "smoke"] and sorted(lines[2:]) == ["a", "b", "c"]
     assert client.get_job("smoky-canary-r2")["phase"] == "Succeeded"
+    # gc frees every job the sweep made: cells, superseded ones, both smoke canaries.
+    assert run_cli(daemon, "sweep", "gc", "smoky", "--yes").returncode == 0
+    assert not any(daemon.data_dir.glob("jobs/*/workspace"))
 
 
 def test_map_refuses_what_it_cannot_do_yet(daemon: testing.Daemon) -> None:

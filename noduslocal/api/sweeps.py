@@ -150,11 +150,13 @@ async def gc_sweep(request: web.Request) -> web.Response:
     if sweep.phase not in SWEEP_TERMINAL:
         raise errors.Conflict(f"sweep {sweep.name!r} is {sweep.phase}; gc frees a finished "
                               "sweep only (cancel it first)")
-    cells = await services.store.sweep_cells(sweep.id)
-    if live := [cell for _, cell, phase in cells if phase not in TERMINAL]:
-        raise errors.Conflict(f"sweep {sweep.name!r}: {len(live)} cells have not ended "
-                              f"(cell {live[0]} first); gc once they have")
-    await asyncio.to_thread(lambda: [services.layout.free(job_id) for job_id, _, _ in cells])
+    # Every job the sweep made: its cells, the ones a retry superseded, its smoke canary.
+    made = await services.store.jobs(project=sweep.project,
+                                     labels={sweep_ops.SWEEP_LABEL: sweep.name}, limit=-1)
+    if live := [job.name for job in made if job.phase not in TERMINAL]:
+        raise errors.Conflict(f"sweep {sweep.name!r}: {len(live)} of its jobs have not ended "
+                              f"({live[0]} first); gc once they have")
+    await asyncio.to_thread(lambda: [services.layout.free(job.id) for job in made])
     await services.store.write(lambda c: sweep_ops.mark_freed(c, sweep.id, time.time()))
     return web.json_response(await status_doc(request, await fresh(request, sweep)))
 
