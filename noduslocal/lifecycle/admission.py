@@ -6,7 +6,10 @@ queued.
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from noduslocal import errors
 from noduslocal.config import Settings
@@ -17,6 +20,23 @@ from noduslocal.scheduler.capacity import Capacity, Request
 from noduslocal.store import Store, ops
 
 NAME_TRIES = 5  # generated names that may clash before create gives up
+T = TypeVar("T")
+
+
+async def under_a_free_name(store: Store, requested: str | None, kind: str,
+                            insert: Callable[[sqlite3.Connection, str, float], Any]) -> T:
+    """Store with `insert(conn, name, now)` under the requested name, or under a generated
+    `<kind>-<8 hex>` tried again while it clashes; a requested name that clashes raises."""
+    for _ in range(NAME_TRIES):
+        name = requested or f"{kind}-{secrets.token_hex(4)}"
+        now = time.time()
+        try:
+            created: T = await store.write(lambda c, n=name, t=now: insert(c, n, t))
+            return created
+        except errors.AlreadyExists:
+            if requested:
+                raise
+    raise errors.Internal(f"could not generate a free {kind} name")
 
 
 class Admission:
@@ -48,19 +68,9 @@ class Admission:
                      request_hash: str | None) -> tuple[JobRecord, bool]:
         self.check(req, owner)
         project = req.project or owner.name
-        for _ in range(NAME_TRIES):
-            name = req.name or f"job-{secrets.token_hex(4)}"
-            now = time.time()
-            try:
-                created: ops.Created = await self.store.write(
-                    lambda c, n=name, t=now: ops.insert_job(
-                        c, req, owner, n, project, t, idempotency_key, request_hash))
-                break
-            except errors.AlreadyExists:
-                if req.name:
-                    raise
-        else:
-            raise errors.Internal("could not generate a free job name")
+        created: ops.Created = await under_a_free_name(
+            self.store, req.name, "job", lambda c, name, now: ops.insert_job(
+                c, req, owner, name, project, now, idempotency_key, request_hash))
         if created.created:
             self.dispatch.enqueue(created.job)
         return created.job, created.created

@@ -5,12 +5,9 @@ one transaction, and handed to the sweep controller.
 
 from __future__ import annotations
 
-import secrets
-import time
 from dataclasses import replace
 
-from noduslocal import errors
-from noduslocal.lifecycle.admission import NAME_TRIES, Admission
+from noduslocal.lifecycle.admission import Admission, under_a_free_name
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.models import SweepRecord
 from noduslocal.store import Store, ops
@@ -36,21 +33,11 @@ class SweepAdmission:
         self.check(plan, owner)
         project = plan.project or owner.name
         cells = len(plan)
-        for _ in range(NAME_TRIES):
-            name = plan.name or f"sweep-{secrets.token_hex(4)}"
-            now = time.time()
-            try:
-                created: sweep_ops.CreatedSweep = await self.store.write(
-                    lambda c, n=name, t=now: sweep_ops.insert_sweep(
-                        c, plan.template, plan.stored(), cells,
-                        lambda i, n=n: plan.cell_spec(i, n), plan.max_parallel, owner, n,
-                        project, t, idempotency_key, request_hash, plan.smoke_spec()))
-                break
-            except errors.AlreadyExists:
-                if plan.name:
-                    raise
-        else:
-            raise errors.Internal("could not generate a free sweep name")
+        created: sweep_ops.CreatedSweep = await under_a_free_name(
+            self.store, plan.name, "sweep", lambda c, name, now: sweep_ops.insert_sweep(
+                c, plan.template, plan.stored(), cells, lambda i: plan.cell_spec(i, name),
+                plan.max_parallel, owner, name, project, now, idempotency_key, request_hash,
+                plan.smoke_spec()))
         if created.created:
             first = created.first_job
             await self.controller.add(created.sweep, list(range(first, first + cells)))
