@@ -85,8 +85,9 @@ SWEEP_TRANSITIONS: dict[SweepPhase, frozenset[SweepPhase]] = {
                                   SweepPhase.CANCELLED, SweepPhase.SUSPENDED}),
     SweepPhase.RUNNING: frozenset({SweepPhase.SUCCEEDED, SweepPhase.FAILED,
                                    SweepPhase.CANCELLED, SweepPhase.SUSPENDED}),
+    # Failed: its canary failed while it was suspended (it ended before the stop landed).
     SweepPhase.SUSPENDED: frozenset({SweepPhase.CANARY, SweepPhase.RUNNING,
-                                     SweepPhase.CANCELLED}),
+                                     SweepPhase.CANCELLED, SweepPhase.FAILED}),
     SweepPhase.SUCCEEDED: frozenset(),
     SweepPhase.FAILED: frozenset({SweepPhase.CANARY, SweepPhase.RUNNING}),
     SweepPhase.CANCELLED: frozenset(),

@@ -349,3 +349,19 @@ def test_dockerd_unreachable_holds_container_jobs_not_host_jobs() -> None:
         assert "dockerd unreachable" in (status["hold"] or "")
         out = run_cli(d, "job", "status", waiting["name"])
         assert "dockerd unreachable" in out.stdout
+
+
+def test_map_from_a_container_job_runs_in_its_image_from_its_workspace(
+        daemon: testing.Daemon) -> None:
+    client = daemon.client()
+    client.create_job({"name": "prep", "image": BUSYBOX, "command": [
+        "sh", "-c", "echo ready > /workspace/state"]})
+    assert client.wait_job("prep", timeout=60)["phase"] == "Succeeded"
+    done = run_cli(daemon, "map", "--from", "prep", "--name", "boxed", "--", "sh", "-c",
+                   'echo "$0 $(cat /workspace/state)"', ":::", "a", "b")
+    assert done.returncode == 0, done.stderr
+    assert client.wait_sweep("boxed", timeout=90)["phase"] == "Succeeded"
+    for index, value in enumerate("ab"):
+        job = client.get_job(f"boxed-{index}")
+        assert job["spec"]["image"] == BUSYBOX
+        assert run_cli(daemon, "job", "logs", f"boxed-{index}").stdout == f"{value} ready\n"

@@ -615,6 +615,30 @@ def test_an_uploaded_source_becomes_the_owners_files(box: Box, tmp_path: Path) -
         shutil.rmtree(src, ignore_errors=True)
 
 
+def test_map_from_copies_a_workspace_as_its_owner_for_its_owner_only(box: Box) -> None:
+    done = box.cli(ALICE, "job", "run", "--name", "prep", "--cpu", SMALL, "--", "sh", "-c",
+                   "echo model > w.bin")
+    assert done.returncode == 0, done.stderr
+    assert_denied(box.cli(BOB, "map", "--from", "prep", "--project", ALICE, "--no-canary",
+                          "--", "true", ":::", "a"))
+    # A file alice may not read, put in her workspace by root: her tar cannot copy it,
+    # where root's could.
+    secret = next(box.daemon.data_dir.glob("jobs/*/workspace/w.bin")).parent / "root-only"
+    secret.write_text("not alice's\n")
+    os.chmod(secret, 0o600)
+    refused = box.cli(ALICE, "map", "--from", "prep", "--no-canary", "--", "true", ":::", "a")
+    assert refused.returncode == 1, refused.stdout
+    assert "could not be copied" in refused.stderr and "Permission denied" in refused.stderr
+    secret.unlink()
+    forked = box.cli(ALICE, "map", "--from", "prep", "--name", "fork", "--no-canary", "--cpu",
+                     SMALL, "--", "sh", "-c", "/usr/bin/stat -c %U w.bin", ":::", "x")
+    assert forked.returncode == 0, forked.stderr
+    final = box.daemon.client().wait_sweep("fork", ALICE, timeout=DEADLINE)
+    log = box.cli(ALICE, "job", "logs", "fork-0")
+    assert final["phase"] == "Succeeded", (final["message"], log.stdout, log.stderr)
+    assert log.stdout.split() == [ALICE], log.stdout
+
+
 # --- the admin group (last: it changes alice's groups) ------------------------------------
 
 

@@ -446,12 +446,30 @@ def test_a_smoke_command_gates_instead_of_task_0(daemon: testing.Daemon,
     assert not any(daemon.data_dir.glob("jobs/*/workspace"))
 
 
-def test_map_refuses_what_it_cannot_do_yet(daemon: testing.Daemon) -> None:
-    for flag, value in (("--from", "job-1"),):
-        done = run_cli(daemon, "map", "--no-code", flag, value, "--", "echo", ":::", "a")
-        assert done.returncode == 2
-        assert "is not supported by noduslocal yet" in done.stderr
-    assert daemon.client().list_sweeps(all=True) == []
+def test_map_from_a_finished_job_starts_each_task_from_its_workspace(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    client = daemon.client()
+    setup = client.create_job({"name": "setup", "command": ["sh", "-c",
+        "mkdir deps && echo weights > deps/w.bin && echo 5 > .nodus-metrics.jsonl; "
+        "sleep 30"]})
+    testing.wait_until(lambda: client.get_job("setup")["phase"] == "Running", "setup runs")
+    running = run_cli(daemon, "map", "--from", "setup", "--", "true", ":::", "a")
+    assert running.returncode == 1
+    assert "job 'setup' is Running; stop it first" in running.stderr
+    client.cancel_job(setup["name"])
+    testing.wait_until(lambda: client.get_job("setup")["phase"] == "Cancelled", "setup ends")
+    both = run_cli(daemon, "map", "--from", "setup", "--no-code", "--", "true", ":::", "a")
+    assert both.returncode == 2 and "give one of --code, --no-code and --from" in both.stderr
+    out = tmp_path / "seen"
+    done = run_cli(daemon, "map", "--from", "setup", "--name", "forked", "--", "sh", "-c",
+                   f'echo "$0 $(cat deps/w.bin) $(ls -A | tr "\\n" " ")" >> {out}',
+                   ":::", "a", "b")
+    assert done.returncode == 0, done.stderr
+    assert client.wait_sweep("forked", timeout=60)["phase"] == "Succeeded"
+    # The job's files, not its metrics file (each task reports its own).
+    assert sorted(out.read_text().splitlines()) == ["a weights deps ", "b weights deps "]
+    missing = run_cli(daemon, "map", "--from", "nosuch", "--", "true", ":::", "a")
+    assert missing.returncode == 1 and "nosuch" in missing.stderr
 
 
 class Hooks(http.server.ThreadingHTTPServer):

@@ -27,7 +27,7 @@ def _pct(values: list[float], p: float) -> float:
 @routes.get("/v1/jobs/{name}/estimate")
 async def estimate(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    lifecycle, settings = services.lifecycle, services.settings
+    lifecycle = services.lifecycle
     job: JobRecord = await lookup(request)
     now = time.time()
     if job.phase == Phase.PENDING:
@@ -39,9 +39,7 @@ async def estimate(request: web.Request) -> web.Response:
         start_at, start_why = None, f"it is {job.phase}"
     spec = job.spec
     gpus = spec.gpu.count if spec.gpu else 0
-    model = (spec.gpu.model if spec.gpu and spec.gpu.model else
-             next((g.model for g in lifecycle.inventory.gpus), ""))
-    rate = settings.gpu_hour_rates.get(model, settings.gpu_hour_rates.get("default", 0.0))
+    rate = lifecycle.gpu_hour_rate(spec.gpu.model if spec.gpu else None)
     costs: list[float] = []
     source = "no expected_duration and no earlier run of the same command"
     if spec.expected_duration is not None:

@@ -9,11 +9,14 @@ import time
 
 from aiohttp import web
 
-from noduslocal import errors
+from noduslocal import errors, snapshot
+from noduslocal.api.files import job_workspace
 from noduslocal.api.identity import Caller
+from noduslocal.api.jobs import lookup, require_control
 from noduslocal.api.services import SERVICES
 from noduslocal.client.source import LARGE_SOURCE
 from noduslocal.outputs import HashingWriter
+from noduslocal.states import TERMINAL
 from noduslocal.store import ops
 from noduslocal.validation import SHA256_RE
 
@@ -69,3 +72,26 @@ async def put_source(request: web.Request) -> web.Response:
     await services.store.write(lambda c: ops.record_source(c, sha, caller.uid, size,
                                                            time.time()))
     return web.json_response({"sha256": sha, "size": size}, status=201)
+
+
+@routes.post("/v1/jobs/{name}/snapshot")
+async def snapshot_job(request: web.Request) -> web.Response:
+    """A finished job's workspace as a source of the caller's (`map --from JOB`), with the
+    job's image and runtime for the tasks that start from it."""
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    job = await lookup(request)
+    require_control(request, job, "copy the workspace of")
+    if job.phase not in TERMINAL:
+        raise errors.Conflict(f"from: job {job.name!r} is {job.phase}; stop it first "
+                              f"(noduslocal job cancel {job.name}) so its workspace is final",
+                              field="from")
+    root, _ = await job_workspace(request)
+    limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
+    sha, size = await asyncio.to_thread(snapshot.pack, root, job, services.layout.blobs,
+                                        limit)
+    await services.store.write(lambda c: ops.record_source(c, sha, caller.uid, size,
+                                                           time.time()))
+    return web.json_response({"sha256": sha, "size": size, "job": job.name,
+                              "image": job.spec.image, "runtime": job.spec.runtime},
+                             status=201)

@@ -130,6 +130,24 @@ async def cancel_sweep(request: web.Request) -> web.Response:
     return web.json_response(await status_doc(request, await fresh(request, sweep)))
 
 
+@routes.post("/v1/sweeps/{name}/suspend")
+async def suspend_sweep(request: web.Request) -> web.Response:
+    """Release no more cells and stop the running ones, each kept Suspended."""
+    sweep = await lookup(request)
+    require_control(request, sweep, "suspend")
+    await request.app[SERVICES].lifecycle.suspend_sweep(sweep)
+    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+
+
+@routes.post("/v1/sweeps/{name}/resume")
+async def resume_sweep(request: web.Request) -> web.Response:
+    """Go on where the suspend left it: the suspended cells wait again, in order."""
+    sweep = await lookup(request)
+    require_control(request, sweep, "resume")
+    await request.app[SERVICES].lifecycle.resume_sweep(sweep)
+    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+
+
 @routes.post("/v1/sweeps/{name}/retry")
 async def retry_sweep(request: web.Request) -> web.Response:
     """Run a Failed sweep's failed cells again as new jobs (`all`: cancelled ones too);
@@ -172,7 +190,5 @@ async def set_sweep(request: web.Request) -> web.Response:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
         raise errors.InvalidArgument(f"max_parallel: expected an integer from 1 to "
                                      f"{MAX_PARALLEL}", field="max_parallel")
-    if sweep.phase in SWEEP_TERMINAL:
-        raise errors.Conflict(f"sweep {sweep.name!r} has already ended ({sweep.phase})")
     await request.app[SERVICES].lifecycle.set_max_parallel(sweep, value)
     return web.json_response(await status_doc(request, await fresh(request, sweep)))

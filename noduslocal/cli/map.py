@@ -11,7 +11,6 @@ from typing import Any
 
 import click
 
-from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.cli.job import _pairs, json_option, project_option
 from noduslocal.sweeps import expand
@@ -41,8 +40,8 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
                                                         path_type=Path),
               help="The code snapshot every task starts from (default: this directory).")
 @click.option("--no-code", is_flag=True, help="Upload no code; tasks start empty.")
-@click.option("--from", "from_job", metavar="JOB", help="Start each task from this job's "
-              "workspace and image.")
+@click.option("--from", "from_job", metavar="JOB", help="Start each task from a copy of this "
+              "finished job's workspace, in its image (unless --image).")
 @click.option("--volume", "volumes", multiple=True, metavar="NAME[:MOUNT]",
               help="Mount volume NAME at MOUNT (default /workspace/NAME) in every task.")
 @click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
@@ -61,14 +60,12 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
          labels: tuple[str, ...], webhook: str | None, allow_large_source: bool,
          dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND once per value (or combination of values) as a sweep of tasks."""
-    if from_job is not None:
-        raise errors.Unsupported("from")
     if canary_smoke is not None and no_canary:
         raise click.UsageError("give --canary-smoke or --no-canary, not both")
     if gpus and sku:
         raise click.UsageError("give --gpus or --sku, not both")
-    if code is not None and no_code:
-        raise click.UsageError("give --code or --no-code, not both")
+    if sum((code is not None, no_code, from_job is not None)) > 1:
+        raise click.UsageError("give one of --code, --no-code and --from")
     args = list(command)
     lines = None
     if expand.MARKER not in args:
@@ -98,7 +95,12 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
     if volumes:
         template["volumes"] = {mount or f"/workspace/{vol}": vol for vol, _, mount in
                                (item.partition(":") for item in volumes)}
-    if not no_code:
+    if from_job is not None:
+        copied = client.snapshot_job(from_job, project, allow_large=allow_large_source)
+        template["source"] = {"sha256": copied["sha256"]}
+        if image is None and copied["image"] is not None:
+            template["image"] = copied["image"]  # --image names another
+    elif not no_code:
         template["source"] = client.upload_source(
             [code or Path.cwd()], contents_of_single_dir=True, allow_large=allow_large_source)
     body: dict[str, Any] = {"template": template, "max_parallel": max_parallel,

@@ -42,7 +42,7 @@ def sweeps(show_all: bool, project: str | None, as_json: bool) -> None:
 
 @click.group("sweep")
 def sweep() -> None:
-    """One sweep: status, logs, wait, cancel, set, harvest, gc."""
+    """One sweep: status, logs, wait, suspend, resume, cancel, retry, set, harvest, gc."""
 
 
 sweep.add_command(harvest)
@@ -59,6 +59,8 @@ def _status_table(doc: dict[str, Any]) -> Any:
     table.add_row("cells", f"{doc['done']} of {doc['cells']} done; {_counts(doc)}")
     table.add_row("width", f"at most {doc['max_parallel']} at once")
     table.add_row("cost", f"{doc['cost']:.4f}")
+    if (est := doc.get("estimate")) and est["cells_left"]:
+        table.add_row("estimate", _estimate(est))
     if best := doc.get("best"):
         table.add_row("best", f"cell {best['index']} ({_params(best)}): throughput "
                               f"{best['throughput']:g}, cost {best['cost']:.4f}")
@@ -68,6 +70,13 @@ def _status_table(doc: dict[str, Any]) -> Any:
         table.add_row("failed", f"{group['count']} x exit {group['exit_code']}: "
                                 f"{group['error']} (cells {cells})")
     return table
+
+
+def _estimate(est: dict[str, Any]) -> str:
+    if est["cost"] is None:
+        return f"unknown: {est['basis']}"
+    return (f"{est['cost']:.4f} in all, about {output.duration(est['finish_in_s'])} more "
+            f"({est['basis']})")
 
 
 def _params(cell: dict[str, Any]) -> str:
@@ -195,6 +204,33 @@ def cancel(name: str, project: str | None, remaining: bool, as_json: bool) -> No
         output.print_json(doc)
     else:
         click.echo(f"{doc['name']}: {doc['phase']}; {_counts(doc)}")
+
+
+@sweep.command("suspend")
+@click.argument("name")
+@project_option
+@json_option
+def suspend(name: str, project: str | None, as_json: bool) -> None:
+    """Start no more cells and stop the running ones (each kept Suspended, its checkpoint
+    too) until `sweep resume`."""
+    doc = Client().suspend_sweep(name, project)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: {doc['phase']}; {_counts(doc)}")
+
+
+@sweep.command("resume")
+@click.argument("name")
+@project_option
+@json_option
+def resume(name: str, project: str | None, as_json: bool) -> None:
+    """Go on with a suspended sweep: its suspended cells wait again, in order."""
+    doc = Client().resume_sweep(name, project)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(f"{doc['name']}: {doc['phase']}: {doc['message']}")
 
 
 @sweep.command("retry")

@@ -157,6 +157,14 @@ class Client:
         return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/cancel", query={
             "project": project, "remaining": "1" if remaining else None})
 
+    def suspend_sweep(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/suspend",
+                                      query={"project": project})
+
+    def resume_sweep(self, name: str, project: str | None = None) -> dict[str, Any]:
+        return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/resume",
+                                      query={"project": project})
+
     def retry_sweep(self, name: str, project: str | None = None,
                     all: bool = False) -> dict[str, Any]:
         return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/retry",
@@ -214,6 +222,14 @@ class Client:
         finally:
             packed.path.unlink(missing_ok=True)
         return {"sha256": packed.sha256}
+
+    def snapshot_job(self, name: str, project: str | None = None, *,
+                     allow_large: bool = False) -> dict[str, Any]:
+        """A finished job's workspace as a source of ours: {"sha256", "size", "job",
+        "image", "runtime"}."""
+        return self.transport.request(
+            "POST", f"/v1/jobs/{_quote(name)}/snapshot", query={"project": project},
+            headers={"X-Nodus-Allow-Large": "true"} if allow_large else None, timeout=660.0)
 
     def create_volume(self, name: str) -> dict[str, Any]:
         return self.transport.request("POST", "/v1/volumes", body={"name": name})

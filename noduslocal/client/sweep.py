@@ -102,10 +102,16 @@ class Sweep:
         self._take(self._client.cancel_sweep(self._named(), self._project))
 
     def estimate(self) -> View:
-        raise errors.Unsupported("Sweep.estimate")
+        """The status's estimate: the cost of every cell (what is spent, what the rest
+        should cost) and when the last should end, with the basis of each."""
+        return View(self.status()["estimate"])
 
     def suspend(self) -> None:
-        raise errors.Unsupported("Sweep.suspend")
+        """Release no more cells and stop the running ones (each ends Suspended, its
+        checkpoint kept) until resume()."""
+        self._take(self._client.suspend_sweep(self._named(), self._project))
 
     def resume(self) -> None:
-        raise errors.Unsupported("Sweep.resume")
+        """Go on: the suspended cells wait again in order, the canary first if it had
+        not passed."""
+        self._take(self._client.resume_sweep(self._named(), self._project))

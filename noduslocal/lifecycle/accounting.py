@@ -55,3 +55,10 @@ class GpuAccounting:
             return 0.0
         return attempt.meter.cost(self.inventory, self.settings.gpu_hour_rates,
                                   self.settings.energy_price_per_kwh, time.time())
+
+    def gpu_hour_rate(self, model: str | None) -> float:
+        """What a GPU-hour of `model` costs (None: this box's first GPU's model)."""
+        rates = self.settings.gpu_hour_rates
+        if model is None:
+            model = next((gpu.model for gpu in self.inventory.gpus), "")
+        return rates.get(model, rates.get("default", 0.0))

@@ -6,7 +6,6 @@ board of attempts, and is their one face for the daemon and the API.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.lifecycle.sweep_admission import SweepAdmission
+from noduslocal.lifecycle.sweep_controls import SweepControls
 from noduslocal.lifecycle.sweep_reports import SweepReports
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.lifecycle.webhooks import Webhooks
@@ -34,11 +34,9 @@ from noduslocal.runtime.execute import ExecResult
 from noduslocal.scheduler.fairshare import Ledger
 from noduslocal.scheduler.gpus import GpuPool
 from noduslocal.scheduler.queue import Capacity, Limits, Queue
-from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, SweepPhase
+from noduslocal.states import Phase
 from noduslocal.store import Store, ops
 from noduslocal.sweeps.plan import Plan
-
-log = logging.getLogger(__name__)
 
 
 class Lifecycle:
@@ -61,7 +59,8 @@ class Lifecycle:
         self.dispatch = Dispatch(store, self.queue, self.board, self.accounting, self.stopper,
                                  self.background, on_start=self._run)
         self.admission = Admission(settings, store, capacity, self.dispatch, self.background)
-        self.reports = SweepReports(store, settings.region, self.running_cost,
+        self.reports = SweepReports(store, settings.region, self.accounting,
+                                    self.running_cost,
                                     self.running_metrics, self.log_path)
         self.sweeps = SweepController(store, self.dispatch, self.background,
                                       Webhooks(self.background, self.reports),
@@ -72,6 +71,7 @@ class Lifecycle:
         self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
                                       withdraw=self.sweeps.withdraw,
                                       hold_again=self.sweeps.hold_again)
+        self.sweep_controls = SweepControls(store, self.sweeps, self.dispatch, self.controls)
         self.recovery = Recovery(store, layout, runtimes, self.board, self.dispatch,
                                  self.accounting, self.runner, self.sweeps)
         self.health = GpuHealth(settings, capacity, self.accounting, self.board,
@@ -142,24 +142,19 @@ class Lifecycle:
     async def cancel_sweep(self, sweep: SweepRecord, remaining_only: bool = False) -> None:
         """End the sweep Cancelled: cells not started are cancelled, and running ones too
         unless `remaining_only`."""
-        if sweep.phase in SWEEP_TERMINAL:
-            if sweep.phase == SweepPhase.CANCELLED:
-                return
-            raise errors.Conflict(f"sweep {sweep.name!r} has already ended ({sweep.phase})")
-        running = await self.sweeps.cancel(sweep, remaining_only)
-        for job in await self.store.jobs_by_ids(running):
-            if job.phase not in TERMINAL:
-                try:
-                    await self.controls.cancel(job)
-                except errors.Conflict:  # it ended, or is ending, meanwhile: the rest go on
-                    log.info("cancelling cell %s of sweep %s: it ended meanwhile", job.name,
-                             sweep.name)
+        await self.sweep_controls.cancel(sweep, remaining_only)
+
+    async def suspend_sweep(self, sweep: SweepRecord) -> None:
+        await self.sweep_controls.suspend(sweep)
+
+    async def resume_sweep(self, sweep: SweepRecord) -> None:
+        await self.sweep_controls.resume(sweep)
 
     async def retry_sweep(self, sweep: SweepRecord, include_cancelled: bool = False) -> None:
-        await self.sweeps.retry(sweep, include_cancelled)
+        await self.sweep_controls.retry(sweep, include_cancelled)
 
     async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:
-        await self.sweeps.set_max_parallel(sweep, max_parallel)
+        await self.sweep_controls.set_max_parallel(sweep, max_parallel)
 
     def sweep_changed(self, sweep_id: int) -> asyncio.Future[None]:
         """A future for the sweep's next transition."""
@@ -168,6 +163,9 @@ class Lifecycle:
     @property
     def inventory(self) -> Inventory:
         return self.accounting.inventory
+
+    def gpu_hour_rate(self, model: str | None) -> float:
+        return self.accounting.gpu_hour_rate(model)
 
     @property
     def ledger(self) -> Ledger:

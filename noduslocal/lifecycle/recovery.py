@@ -54,7 +54,9 @@ class Recovery:
             if job.phase in (Phase.STARTING, Phase.RUNNING):
                 await self._reconcile(job)
         for job in jobs:
-            if job.phase == Phase.PENDING and job.sweep_id is None:
+            # A sweep's smoke canary (no cell) is its sweep's to queue, or to hold.
+            if (job.phase == Phase.PENDING and job.sweep_id is None
+                    and not self.sweeps.is_cell(job.id)):
                 self.dispatch.enqueue(job)
         self.dispatch.ready = True
         self.dispatch.kick()

@@ -1,29 +1,33 @@
 """A sweep's documents as the API, the CLI and webhooks see them: its status (phase,
-counts, cost, the best cell, failures clustered by error) and its cells' rows, with live
-cost and metrics for cells that run."""
+counts, cost, the best cell, failures clustered by error, the estimate) and its cells'
+rows, with live cost and metrics for cells that run."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.models import JobRecord, SweepRecord
 from noduslocal.states import Phase
 from noduslocal.store import Store
 from noduslocal.sweeps import failures, report
+from noduslocal.sweeps.estimate import estimate
 
 REDACTED = "***"
 
 
 class SweepReports:
-    def __init__(self, store: Store, region: str,
+    def __init__(self, store: Store, region: str, accounting: GpuAccounting,
                  running_cost: Callable[[int], float],
                  running_metrics: Callable[[int], dict[str, float] | None],
                  log_path: Callable[[JobRecord, int, str], Path]) -> None:
         self.store = store
         self.region = region
+        self.accounting = accounting
         self._running_cost = running_cost
         self._running_metrics = running_metrics
         self._log_path = log_path
@@ -52,7 +56,17 @@ class SweepReports:
         doc = report.status(sweep, counts, cost,
                             None if best is None else self.row(sweep, best, redact),
                             clustered)
-        return {**doc, "canary_job": await self._canary_job(sweep)}
+        return {**doc, "canary_job": await self._canary_job(sweep),
+                "estimate": await self.estimate(sweep, cost)}
+
+    async def estimate(self, sweep: SweepRecord, spent: float) -> dict[str, Any]:
+        """What every cell should cost and when the last should end (`spent`: what its
+        ended attempts cost)."""
+        running = sum(self._running_cost(j) for j in await self.store.sweep_running(sweep.id))
+        now = time.time()
+        return estimate(await self.store.sweep_cell_groups(sweep.id, now), spent, running,
+                        self.accounting.gpu_hour_rate, sweep.max_parallel,
+                        len(self.accounting.inventory.gpus), now)
 
     async def _canary_job(self, sweep: SweepRecord) -> str | None:
         """The name of the job that gates the sweep: the smoke command's, or cell 0's."""

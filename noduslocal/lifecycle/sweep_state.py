@@ -22,6 +22,7 @@ class ActiveSweep:
     ready: dict[int, JobRecord] = field(default_factory=dict)  # held cells, read ahead
     releasing: set[int] = field(default_factory=set)  # released, being read to be queued
     again: bool = False  # ... and something changed meanwhile: work it out once more
+    stopping: set[int] = field(default_factory=set)  # running cells a suspend stops
 
 
 def affordable(spent: float, running: list[float], typical: float, limit: float,

@@ -24,6 +24,7 @@ from noduslocal.store import sweeps as sweep_ops
 
 log = logging.getLogger(__name__)
 ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
+RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING})  # not held
 
 
 class SweepController:
@@ -44,11 +45,11 @@ class SweepController:
     async def add(self, sweep: SweepRecord, job_ids: list[int]) -> None:
         """A sweep just created: its cells (in cell order) are all held."""
         active = ActiveSweep(sweep, deque(job_ids))
-        self._track(active, job_ids)
+        self.track(active, job_ids)
         await self._begin(active)
 
     @staticmethod
-    def _smoke(sweep: SweepRecord) -> int | None:
+    def smoke(sweep: SweepRecord) -> int | None:
         """The smoke canary's job, when a smoke command gates the sweep."""
         job_id = sweep.spec.get("smoke_job")
         return int(job_id) if job_id is not None else None
@@ -61,44 +62,75 @@ class SweepController:
             cells = await self.store.sweep_cells(sweep.id)
             active = ActiveSweep(sweep, deque(j for j, _, p in cells if p == Phase.PENDING),
                                  {j for j, _, p in cells if p in ACTIVE and p != Phase.PENDING})
-            self._track(active, [j for j, _, p in cells if p not in TERMINAL])
+            self.track(active, [j for j, _, p in cells if p not in TERMINAL])
             if sweep.phase == SweepPhase.PENDING:
                 await self._begin(active)
                 continue
+            if sweep.phase == SweepPhase.SUSPENDED:
+                await self._recover_suspended(active, cells)
+                continue
             if sweep.phase == SweepPhase.CANARY:
                 job_id, _, phase = cells[0]
-                if (smoke := self._smoke(sweep)) is not None:  # queued by recovery, if due
+                if (smoke := self.smoke(sweep)) is not None:
                     job_id, phase = smoke, (await self.store.jobs_by_ids([smoke]))[0].phase
-                    self._track(active, [smoke])
+                    self.track(active, [smoke])
+                    if phase == Phase.PENDING:
+                        active.canary = smoke
+                        self.spawn_enqueue(active, [smoke])
                 if phase in TERMINAL:
-                    await self._gate(active, job_id, phase)
+                    await self.gate(active, job_id, phase)
                     continue
                 active.canary = job_id
-            self._release(active)
-            self._settle_if_done(active)
+            self.release(active)
+            self.settle_if_done(active)
 
-    def _track(self, active: ActiveSweep, job_ids: list[int]) -> None:
+    async def _recover_suspended(self, active: ActiveSweep,
+                                 cells: list[tuple[int, int, str]]) -> None:
+        """A suspended sweep stays so: what runs is being stopped, and the canary it had
+        when suspended still gates it once resumed (unless it ended meanwhile)."""
+        sweep = active.record
+        active.stopping = set(active.running)
+        if await self.store.sweep_phase_before_suspend(sweep.id) != SweepPhase.CANARY:
+            return
+        job_id, _, phase = cells[0]
+        if (smoke := self.smoke(sweep)) is not None:
+            job_id, phase = smoke, (await self.store.jobs_by_ids([smoke]))[0].phase
+            self.track(active, [smoke])
+        if phase in TERMINAL:
+            await self.gate(active, job_id, phase)
+        else:
+            active.canary = job_id
+
+    def spawn_enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
+        """enqueue() on its own task."""
+        self.background.spawn(self.enqueue(active, ids))
+
+    def active(self, sweep_id: int) -> ActiveSweep | None:
+        """What is known of an unended sweep."""
+        return self._sweeps.get(sweep_id)
+
+    def track(self, active: ActiveSweep, job_ids: list[int]) -> None:
         self._sweeps[active.record.id] = active
         for job_id in job_ids:
             self._cell_of[job_id] = active.record.id
 
     async def _begin(self, active: ActiveSweep) -> None:
-        smoke = self._smoke(active.record)
+        smoke = self.smoke(active.record)
         gated = smoke is not None or (active.record.spec.get("canary") == "cell"
                                       and active.record.cells > 1)
         if smoke is not None:
             active.canary = smoke
-            self._track(active, [smoke])
-            self.background.spawn(self._enqueue(active, [smoke]))
+            self.track(active, [smoke])
+            self.spawn_enqueue(active, [smoke])
         elif gated:
             active.canary = active.held[0]
-        await self._transition(active, SweepPhase.CANARY if gated else SweepPhase.RUNNING,
+        await self.transition(active, SweepPhase.CANARY if gated else SweepPhase.RUNNING,
                                Reason.SCHEDULED)
-        self._release(active)
+        self.release(active)
 
     # --- cells in, cells out ----------------------------------------------------------
 
-    def _release(self, active: ActiveSweep) -> None:
+    def release(self, active: ActiveSweep) -> None:
         phase = active.record.phase
         if phase == SweepPhase.CANARY:
             room = 1 if active.canary in active.held else 0
@@ -128,9 +160,9 @@ class SweepController:
                 self.dispatch.enqueue(job)
         active.releasing.update(unread)
         if unread or len(active.ready) < active.record.max_parallel:
-            self.background.spawn(self._enqueue(active, unread))
+            self.spawn_enqueue(active, unread)
 
-    async def _enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
+    async def enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
         """Queue the released cells `ids`, and read the next held ones ahead."""
         ahead = [j for j in list(active.held)[:active.record.max_parallel]
                  if j not in active.ready]
@@ -138,8 +170,9 @@ class SweepController:
             if job.id not in ids:
                 if job.phase == Phase.PENDING and job.id in active.held:
                     active.ready[job.id] = job
-            # Withdrawn meanwhile (a cancel of that cell, or of the sweep) is not queued.
-            elif (job.phase == Phase.PENDING and active.record.phase not in SWEEP_TERMINAL
+            # Withdrawn meanwhile (a cancel of that cell, or of the sweep, or a suspend of
+            # the sweep) is not queued.
+            elif (job.phase == Phase.PENDING and active.record.phase in RELEASING
                   and ((job.id in active.releasing and job.id in active.running)
                        or job.id == active.canary)):
                 self.dispatch.enqueue(job)
@@ -154,7 +187,7 @@ class SweepController:
         if (active is not None and phase in TERMINAL and job_id in active.running
                 and job_id != active.canary and active.record.spec.get("max_cost") is None):
             active.running.discard(job_id)
-            self._release(active)
+            self.release(active)
 
     async def _release_within_budget(self, active: ActiveSweep) -> None:
         """Release cells while what is spent, what the running cells will cost (each at
@@ -173,7 +206,7 @@ class SweepController:
                 if ids:
                     active.running.update(ids)
                     active.releasing.update(ids)
-                    self.background.spawn(self._enqueue(active, ids))
+                    self.spawn_enqueue(active, ids)
                 elif not active.running and active.held:
                     await self._over_budget(active, spent, limit)
                 if not active.again:
@@ -183,12 +216,12 @@ class SweepController:
 
     async def _over_budget(self, active: ActiveSweep, spent: float, limit: float) -> None:
         why = f"the sweep's max_cost of {limit:g} would be passed (spent {spent:.4g})"
-        waiting = await self._take_waiting(active)
-        await self._transition(active, SweepPhase.FAILED, Reason.MAX_COST_EXCEEDED,
+        waiting = await self.take_waiting(active)
+        await self.transition(active, SweepPhase.FAILED, Reason.MAX_COST_EXCEEDED,
                                f"{why}; {len(waiting)} cells not started",
                                cancel=(waiting, Reason.MAX_COST_EXCEEDED, why))
 
-    async def _take_waiting(self, active: ActiveSweep) -> list[int]:
+    async def take_waiting(self, active: ActiveSweep) -> list[int]:
         """Every cell that waits and will not run now: held ones, released ones not queued
         yet, suspended ones."""
         cells = await self.store.sweep_cells(active.record.id)
@@ -223,7 +256,7 @@ class SweepController:
         if active is None:
             return False
         bisect.insort(active.held, job.id)
-        self._release(active)
+        self.release(active)
         return True
 
     def on_events(self, events: list[Event]) -> None:
@@ -236,35 +269,55 @@ class SweepController:
                 continue
             if event.phase in TERMINAL or event.phase == Phase.SUSPENDED:
                 active.running.discard(event.job_id)
+                if (event.job_id in active.stopping and event.phase == Phase.SUSPENDED
+                        and active.record.phase != SweepPhase.SUSPENDED):
+                    # Stopped by a suspend of the sweep, which was resumed meanwhile.
+                    self.background.spawn(self.resume_late(active, event.job_id))
+                active.stopping.discard(event.job_id)
                 if event.phase in TERMINAL:
                     del self._cell_of[event.job_id]
                 if event.job_id == active.canary and event.phase in TERMINAL:
-                    self.background.spawn(self._gate(active, event.job_id, event.phase))
+                    self.background.spawn(self.gate(active, event.job_id, event.phase))
                     continue
             touched[active.record.id] = active
         for active in touched.values():
-            self._release(active)
-            self._settle_if_done(active)
+            self.release(active)
+            self.settle_if_done(active)
 
-    async def _gate(self, active: ActiveSweep, job_id: int, phase: str) -> None:
-        """The canary ended: open the gate, or fail the sweep and cancel the rest."""
+    async def resume_late(self, active: ActiveSweep, job_id: int) -> None:
+        """A cell whose stop the sweep's suspend asked for, suspended after the sweep was
+        resumed: it goes back with the others."""
+        if not await self.store.write(lambda c: sweep_ops.resume_jobs(c, [job_id],
+                                                                       time.time())):
+            return  # cancelled, or resumed by its owner, meanwhile
+        if job_id == self.smoke(active.record):
+            self.spawn_enqueue(active, [job_id])
+        else:
+            bisect.insort(active.held, job_id)
+        self.release(active)
+
+    async def gate(self, active: ActiveSweep, job_id: int, phase: str) -> None:
+        """The canary ended: open the gate, or fail the sweep and cancel the rest. While
+        the sweep is suspended a pass only opens the gate for its resume."""
         active.canary = None
-        which = ("the smoke canary" if job_id == self._smoke(active.record)
+        which = ("the smoke canary" if job_id == self.smoke(active.record)
                  else "the canary (cell 0)")
+        if phase == Phase.SUCCEEDED and active.record.phase == SweepPhase.SUSPENDED:
+            return
         if phase == Phase.SUCCEEDED:
-            await self._transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
+            await self.transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
                                    f"{which} succeeded")
-            self._release(active)
-            self._settle_if_done(active)
+            self.release(active)
+            self.settle_if_done(active)
             return
         canary = (await self.store.jobs_by_ids([job_id]))[0]
         why = f"{which} ended {phase}: {canary.message or canary.reason}"
-        waiting = await self._take_waiting(active)
-        await self._transition(active, SweepPhase.FAILED, Reason.CANARY_FAILED,
+        waiting = await self.take_waiting(active)
+        await self.transition(active, SweepPhase.FAILED, Reason.CANARY_FAILED,
                                f"{why}; nothing else ran",
                                cancel=(waiting, Reason.CANARY_FAILED, why))
 
-    def _settle_if_done(self, active: ActiveSweep) -> None:
+    def settle_if_done(self, active: ActiveSweep) -> None:
         if (not active.held and not active.running
                 and active.record.phase in (SweepPhase.CANARY, SweepPhase.RUNNING)):
             if active.settling:
@@ -284,49 +337,11 @@ class SweepController:
                 return
         failed = counts.get(Phase.FAILED, 0) + counts.get(Phase.CANCELLED, 0)
         if failed:
-            await self._transition(active, SweepPhase.FAILED, Reason.CELLS_FAILED,
+            await self.transition(active, SweepPhase.FAILED, Reason.CELLS_FAILED,
                                    f"{failed} of {active.record.cells} cells did not succeed")
         else:
-            await self._transition(active, SweepPhase.SUCCEEDED, Reason.COMPLETED,
+            await self.transition(active, SweepPhase.SUCCEEDED, Reason.COMPLETED,
                                    f"all {active.record.cells} cells succeeded")
-
-    # --- owners' controls -------------------------------------------------------------
-
-    async def cancel(self, sweep: SweepRecord, remaining_only: bool) -> list[int]:
-        """Cancel the held cells and end the sweep Cancelled; returns the released cells
-        still running, for the caller to cancel unless `remaining_only`."""
-        active = self._sweeps.get(sweep.id)
-        if active is None:
-            return []
-        waiting = await self._take_waiting(active)
-        await self._transition(active, SweepPhase.CANCELLED, Reason.CANCELLED,
-                               "cancelled on request" + (
-                                   "; running cells go on" if remaining_only else ""),
-                               cancel=(waiting, Reason.CANCELLED, "its sweep was cancelled"))
-        return [] if remaining_only else sorted(active.running)
-
-    async def retry(self, sweep: SweepRecord, include_cancelled: bool) -> None:
-        """Run a Failed sweep's failed cells again (the canary first after a canary
-        failure), as new jobs held and released by the usual rule."""
-        retried: sweep_ops.RetriedCells = await self.store.write(
-            lambda c: sweep_ops.retry_cells(c, sweep.id, include_cancelled, time.time()))
-        fresh = await self.store.sweep(sweep.project, sweep.name)
-        assert fresh is not None
-        active = ActiveSweep(fresh, deque(retried.job_ids), canary=retried.canary)
-        self._track(active, retried.job_ids)
-        if retried.canary is not None and retried.canary not in retried.job_ids:
-            self._track(active, [retried.canary])  # a smoke canary: queued at once
-            self.background.spawn(self._enqueue(active, [retried.canary]))
-        self._notify(fresh.id)
-        self._release(active)
-
-    async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:
-        await self.store.write(lambda c: sweep_ops.set_max_parallel(c, sweep.id,
-                                                                    max_parallel))
-        active = self._sweeps.get(sweep.id)
-        if active is not None:
-            active.record.max_parallel = max_parallel
-            self._release(active)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -336,8 +351,11 @@ class SweepController:
         if active is None or job_id not in active.held:
             return None
         name = active.record.name
+        if active.record.phase == SweepPhase.SUSPENDED:
+            return (f"sweep {name} is suspended; `noduslocal sweep resume {name}` releases "
+                    "its cells")
         if active.record.phase == SweepPhase.CANARY:
-            which = ("smoke canary" if self._smoke(active.record) is not None
+            which = ("smoke canary" if self.smoke(active.record) is not None
                      else "canary (cell 0)")
             return f"sweep {name}: waiting for its {which} to succeed"
         return (f"sweep {name}: {len(active.running)} of {active.record.max_parallel} cells "
@@ -352,17 +370,19 @@ class SweepController:
         self._changes.setdefault(sweep_id, []).append(future)
         return future
 
-    async def _transition(self, active: ActiveSweep, phase: SweepPhase, reason: str,
-                          message: str | None = None,
-                          cancel: tuple[list[int], str, str] | None = None) -> None:
-        """The sweep's transition; with `cancel` (cells, reason, message), those cells are
-        cancelled in the same transaction, so a crash leaves both or neither."""
+    async def transition(self, active: ActiveSweep, phase: SweepPhase, reason: str,
+                         message: str | None = None,
+                         cancel: tuple[list[int], str, str] | None = None,
+                         resume: list[int] | None = None) -> bool:
+        """The sweep's transition; with `cancel` (cells, reason, message) those cells are
+        cancelled, with `resume` those suspended jobs are Pending again, in the same
+        transaction, so a crash leaves both or neither. False: another came first."""
         sweep = active.record
         was = SweepPhase(sweep.phase)
-        applied = await self.store.write(lambda c: sweep_ops.end_sweep(
-            c, sweep.id, phase, time.time(), reason, message, was, cancel))
+        applied = await self.store.write(lambda c: sweep_ops.move_sweep(
+            c, sweep.id, phase, time.time(), reason, message, was, cancel, resume))
         if not applied:  # another transition came first (a cancel during the last end)
-            return
+            return False
         sweep.phase, sweep.reason, sweep.message = phase.value, reason, message
         log.info("sweep %s: %s (%s)", sweep.name, phase.value, message or reason)
         hooks = {Reason.CANARY_PASSED: ["canary-passed"],
@@ -372,9 +392,10 @@ class SweepController:
             self._sweeps.pop(sweep.id, None)
             for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
                 del self._cell_of[job_id]
-        self._notify(sweep.id)
+        self.notify(sweep.id)
+        return True
 
-    def _notify(self, sweep_id: int) -> None:
+    def notify(self, sweep_id: int) -> None:
         for future in self._changes.pop(sweep_id, ()):
             if not future.done():
                 future.set_result(None)

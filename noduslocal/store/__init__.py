@@ -20,6 +20,7 @@ from noduslocal.store import jobs as ops
 from noduslocal.store import sweeps as sweep_ops
 from noduslocal.store.migrate import migrate
 from noduslocal.store.writer import OnCommit, Operation, Writer
+from noduslocal.sweeps.estimate import CellGroup
 
 __all__ = ["Store", "ops"]
 
@@ -195,6 +196,31 @@ class Store:
             "SELECT SUM(cost), AVG(CASE WHEN phase IN ('Succeeded', 'Failed', 'Cancelled') "
             "AND attempts > 0 THEN cost END) FROM jobs WHERE sweep_id = ?", (sweep_id,))
         return float(rows[0][0] or 0.0), float(rows[0][1] or 0.0)
+
+    async def sweep_phase_before_suspend(self, sweep_id: int) -> str | None:
+        """The phase a suspended sweep had when it was suspended (Canary or Running)."""
+        rows = await self._fetchall(
+            "SELECT phase FROM sweep_events WHERE sweep_id = ? AND phase NOT IN "
+            "('Suspended', 'Pending') ORDER BY seq DESC LIMIT 1", (sweep_id,))
+        return str(rows[0][0]) if rows else None
+
+    async def sweep_cell_groups(self, sweep_id: int, now: float) -> list[CellGroup]:
+        """Each cell's latest job, grouped by phase and GPU request: what an estimate
+        needs, without reading every cell (one not started yet counts as starting `now`)."""
+        rows = await self._fetchall(
+            "SELECT phase, COALESCE(json_extract(spec, '$.gpu.count'), 0), "
+            "json_extract(spec, '$.gpu.type'), json_extract(spec, '$.expected_duration'), "
+            "COUNT(*), COALESCE(SUM(CASE WHEN ended_at IS NOT NULL THEN ended_at - "
+            "started_at END), 0), COUNT(CASE WHEN ended_at IS NOT NULL THEN started_at END), "
+            "COALESCE(SUM(CASE WHEN ended_at IS NULL THEN COALESCE(started_at, ?) END), 0) "
+            f"FROM jobs WHERE {CURRENT} GROUP BY 1, 2, 3, 4", (now, sweep_id))
+        return [CellGroup(*row) for row in rows]
+
+    async def sweep_running(self, sweep_id: int) -> list[int]:
+        """The job ids of the cells that start or run now."""
+        return [row[0] for row in await self._fetchall(
+            f"SELECT id FROM jobs WHERE {CURRENT} AND phase IN ('Starting', 'Running')",
+            (sweep_id,))]
 
     async def sweep_totals(self, sweep_id: int) -> tuple[dict[str, int], float]:
         """Cells per phase (as each cell's latest job stands), and the cost of every ended

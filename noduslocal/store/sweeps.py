@@ -149,17 +149,36 @@ def set_max_parallel(conn: sqlite3.Connection, sweep_id: int,
     return None, []
 
 
-def end_sweep(conn: sqlite3.Connection, sweep_id: int, phase: SweepPhase, now: float,
-              reason: str, message: str | None, expect: SweepPhase,
-              cancel: tuple[list[int], str, str] | None) -> tuple[bool, list[Event]]:
-    """set_sweep_phase, and with `cancel` (cells, reason, message) those cells cancelled
-    (the ones still Pending or Suspended), in one transaction."""
+def move_sweep(conn: sqlite3.Connection, sweep_id: int, phase: SweepPhase, now: float,
+               reason: str, message: str | None, expect: SweepPhase,
+               cancel: tuple[list[int], str, str] | None = None,
+               resume: list[int] | None = None) -> tuple[bool, list[Event]]:
+    """set_sweep_phase and, in the same transaction, with `cancel` (cells, reason, message)
+    those cells cancelled (the ones still Pending or Suspended), with `resume` those jobs
+    (the ones still Suspended) Pending again."""
     applied, _ = set_sweep_phase(conn, sweep_id, phase, now, reason, message, expect=expect)
-    if not applied or cancel is None:
-        return applied, []
-    cells, cell_reason, cell_message = cancel
-    _, events = cancel_cells(conn, cells, now, cell_reason, cell_message)
+    if not applied:
+        return False, []
+    events: list[Event] = []
+    if cancel is not None:
+        cells, cell_reason, cell_message = cancel
+        events += cancel_cells(conn, cells, now, cell_reason, cell_message)[1]
+    if resume:
+        events += resume_jobs(conn, resume, now)[1]
     return True, events
+
+
+def resume_jobs(conn: sqlite3.Connection, job_ids: list[int],
+                now: float) -> tuple[list[int], list[Event]]:
+    """Those of the jobs still Suspended, Pending again (their sweep was resumed)."""
+    resumed, events = [], []
+    for job_id in job_ids:
+        row = conn.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is not None and row[0] == Phase.SUSPENDED:
+            events.append(_transition(conn, job_id, Phase.PENDING, now, Reason.RESUMED,
+                                      "its sweep was resumed"))
+            resumed.append(job_id)
+    return resumed, events
 
 
 def mark_freed(conn: sqlite3.Connection, sweep_id: int,
