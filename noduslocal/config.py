@@ -85,6 +85,7 @@ class Settings:
     user_max_jobs: int | None = None  # jobs one user may run at once (None: no limit)
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
+    host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
 
     @property
     def user_mode(self) -> bool:
@@ -116,7 +117,14 @@ _TOML_KEYS = {
     "user_max_jobs": ("user_max_jobs", int),
     "energy_price_per_kwh": ("energy_price_per_kwh", float),
     "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
+    "host_shim": ("host_shim", lambda v: _choice(v, "host_shim", ("auto", "python"))),
 }
+
+
+def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise InvalidArgument(f"{name}: expected one of {', '.join(allowed)}", field=name)
+    return str(value)
 
 
 def load_settings(

@@ -155,8 +155,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     from noduslocal.gpu.service import GpuService
     from noduslocal.layout import JobLayout
     from noduslocal.lifecycle.coordinator import Lifecycle
+    from noduslocal.runtime import compiled_shim
     from noduslocal.runtime.docker import DockerRuntime
     from noduslocal.runtime.host import HostRuntime
+    from noduslocal.runtime.spawner import Spawner
     from noduslocal.store import Store
 
     claim_socket(settings.socket, settings.user_mode)
@@ -171,7 +173,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     gpus = GpuService(settings)
     inventory = await gpus.start()
     layout = JobLayout(settings.data_dir)
-    host = HostRuntime(layout)
+    compiled = (None if settings.host_shim == "python"
+                else await asyncio.to_thread(compiled_shim.find, settings.data_dir))
+    host = HostRuntime(layout, Spawner(compiled))
     await host.start()
     docker = DockerRuntime(settings, layout, lambda: lifecycle.runtime_changed(),
                            store.attempt_ended)

@@ -454,7 +454,7 @@ def test_workspace_is_private_to_its_owner(box: Box) -> None:
                      "/bin/ls")
     assert inside.returncode != 0
     assert "secret.txt" not in inside.stdout
-    assert "cannot change directory" in inside.stdout and "Permission denied" in inside.stdout
+    assert "cannot enter workdir" in inside.stdout and "Permission denied" in inside.stdout
 
 
 # --- nothing the client sends claims an identity -----------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from noduslocal.runtime import shim
+from noduslocal.runtime import compiled_shim, shim
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -30,6 +30,7 @@ from noduslocal.runtime.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone
 
 T = TypeVar("T")
+SHIM: list[Path | None] = [None]  # the compiled shim the spawner starts, None: Python's
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 DEADLINE = 15.0  # seconds to wait for something that should happen at once
@@ -38,12 +39,32 @@ DEADLINE = 15.0  # seconds to wait for something that should happen at once
 # --- helpers -----------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True, params=["python", "compiled"])
+def which_shim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[None]:
+    """Every test runs with each shim: they speak one protocol."""
+    binary = None
+    if request.param == "compiled":
+        binary = compiled_shim.find(tmp_path_factory.getbasetemp() / "shim-data")
+        if binary is None:
+            if os.environ.get("CI"):
+                pytest.fail("no compiled shim: scripts/test.sh builds it (needs gcc)")
+            pytest.skip("no C compiler for the compiled shim")
+    SHIM[0] = binary
+    yield
+    SHIM[0] = None
+
+
+def spawner() -> Spawner:
+    return Spawner(SHIM[0])
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
 async def with_runtime(body: Callable[[Spawner], Awaitable[T]]) -> T:
-    runtime = Spawner()
+    runtime = spawner()
     await runtime.start()
     try:
         return await body(runtime)
@@ -126,7 +147,9 @@ def test_exit_status_and_the_files_a_shim_leaves(tmp_path: Path) -> None:
     pid_data = json.loads((directory / shim.PID).read_text())
     assert pid_data["shim_pid"] == shim_pid
     assert pid_data["pgid"] == pid_data["pid"] != shim_pid
-    assert (directory / shim.OUTPUT_LOG).exists() and (directory / shim.STDERR_LOG).exists()
+    # Logs are made on the first output: this job wrote none.
+    assert not (directory / shim.OUTPUT_LOG).exists()
+    assert not (directory / shim.STDERR_LOG).exists()
     assert not (directory / shim.ABANDONED).exists()
     assert not [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
     assert inspect(directory) == state
@@ -274,7 +297,7 @@ def test_env_is_exactly_the_requested_one(tmp_path: Path, monkeypatch: pytest.Mo
 def test_launch_needs_a_started_runtime(tmp_path: Path) -> None:
     async def body() -> None:
         with pytest.raises(SpawnError):
-            await Spawner().launch(request(new_dir(tmp_path), ["true"]))
+            await spawner().launch(request(new_dir(tmp_path), ["true"]))
 
     run(body())
 
@@ -355,19 +378,19 @@ def test_shims_outlive_the_spawner(tmp_path: Path, cleanup: list[int]) -> None:
     script = "until [ -e go ]; do sleep 0.02; done; echo finished"
 
     async def body() -> tuple[int, int, AttemptState]:
-        runtime = Spawner()
+        runtime = spawner()
         await runtime.start()
         try:
             assert runtime._proc is not None
-            spawner = runtime._proc.pid
+            spawner_pid = runtime._proc.pid
             shim_pid = await runtime.launch(request(directory, ["sh", "-c", script]))
             cleanup.append((await running_job(directory))["pgid"])
         finally:
             await runtime.close()
-        return spawner, shim_pid, inspect(directory)
+        return spawner_pid, shim_pid, inspect(directory)
 
-    spawner, shim_pid, after_close = run(body())
-    assert gone(spawner)
+    spawner_pid, shim_pid, after_close = run(body())
+    assert gone(spawner_pid)
     assert after_close == Alive(shim_pid)  # still running its job with the spawner gone
     (directory / "go").touch()
     deadline = time.monotonic() + DEADLINE
@@ -470,3 +493,26 @@ def test_masker_merges_overlapping_secrets() -> None:
     masker = shim.Masker([b"ab", b"bSECRETVALUE"])
     assert masker.feed(b"xabSECRETVALUEy", final=True) == b"x***y"
     assert shim.Masker([b"aa"]).feed(b"aaaa-aaa", final=True) == b"***-***"
+
+
+def test_secrets_are_masked_across_writes_and_streams(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    script = "printf 'a sec'; sleep 0.2; printf 'ret b\\n'; echo 'hunter2!' >&2"
+
+    async def body(runtime: Spawner) -> AttemptState:
+        req = {**request(directory, ["sh", "-c", script]), "mask": ["secret", "hunter2", ""]}
+        shim_pid = await runtime.launch(req)
+        return await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+
+    state = run(with_runtime(body))
+    assert isinstance(state, Exited) and state.exit_code == 0
+    assert (directory / shim.OUTPUT_LOG).read_text() == "a *** b\n***!\n"
+    assert (directory / shim.STDERR_LOG).read_text() == "***!\n"
+
+
+def test_a_missing_command_names_the_path_searched(tmp_path: Path) -> None:
+    state = run(with_runtime(lambda r: run_job(r, new_dir(tmp_path), ["nope-x2"],
+                                               env={"PATH": "/nowhere:/bin"})))
+    assert isinstance(state, Exited) and state.exit_code == 127
+    assert ("cannot execute 'nope-x2': not found in PATH (/nowhere:/bin)"
+            in (tmp_path / "attempt" / shim.OUTPUT_LOG).read_text())

@@ -93,7 +93,8 @@ def _resolve(argv0: str, env: dict) -> str:
         candidate = os.path.join(entry or ".", argv0)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    raise SetupError(127, f"cannot execute {argv0!r}: not found in PATH")
+    raise SetupError(127, f"cannot execute {argv0!r}: not found in PATH "
+                          f"({env.get('PATH', os.defpath)})")
 
 
 def _spawn_as_owner(req: dict, out_w: int, err_w: int) -> int:
@@ -183,18 +184,40 @@ class Masker:
         return bytes(out)
 
 
+class Logs:
+    """The attempt's logs, each made on its first output: a job that writes nothing (most
+    tasks of a sweep of `true`) costs two files less."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.fds: dict[str, int] = {}
+
+    def write(self, names: tuple[str, ...], data: bytes) -> None:
+        if not data:
+            return
+        for name in names:
+            fd = self.fds.get(name)
+            if fd is None:
+                fd = self.fds[name] = os.open(
+                    os.path.join(self.directory, name),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+            os.write(fd, data)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+
+
 def _pump(out_r: int, err_r: int, directory: str, pid: int, mask: list[bytes]) -> int:
     """Copy output into the logs until the job exits and its pipes close; return the
     wait status."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-    combined = os.open(os.path.join(directory, OUTPUT_LOG), flags, 0o640)
-    errors = os.open(os.path.join(directory, STDERR_LOG), flags, 0o640)
+    logs = Logs(directory)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel = selectors.DefaultSelector()
-    sel.register(out_r, selectors.EVENT_READ, ((combined,), Masker(mask)))
-    sel.register(err_r, selectors.EVENT_READ, ((combined, errors), Masker(mask)))
+    sel.register(out_r, selectors.EVENT_READ, ((OUTPUT_LOG,), Masker(mask)))
+    sel.register(err_r, selectors.EVENT_READ, ((OUTPUT_LOG, STDERR_LOG), Masker(mask)))
     sel.register(wake_r, selectors.EVENT_READ, None)
     status: int | None = None
     deadline: float | None = None
@@ -225,20 +248,16 @@ def _pump(out_r: int, err_r: int, directory: str, pid: int, mask: list[bytes]) -
                 sel.unregister(key.fd)
                 os.close(key.fd)
                 open_pipes -= 1
-            chunk = masker.feed(chunk, final=not chunk)
-            for fd in targets:
-                os.write(fd, chunk)
+            logs.write(targets, masker.feed(chunk, final=not chunk))
     for key in list(sel.get_map().values()):
         if key.data is not None:  # a pipe still held open: write what the masker held back
             targets, masker = key.data
-            for fd in targets:
-                os.write(fd, masker.feed(b"", final=True))
+            logs.write(targets, masker.feed(b"", final=True))
     if status is None:
         _, status = os.waitpid(pid, 0)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-    os.close(combined)
-    os.close(errors)
+    logs.close()
     return status
 
 
@@ -304,8 +323,46 @@ def run_shim(req: dict) -> None:
     os._exit(code)
 
 
-def serve() -> None:
-    """The spawner: fork one shim per request line until the daemon closes our stdin."""
+def encode_request(req: dict) -> bytes:
+    """The request as the compiled shim (shim.c) reads it: NUL-terminated fields, lists
+    preceded by their length. It goes through a pipe, never argv: secrets would be
+    visible to every user in /proc/PID/cmdline."""
+    fields: list[str] = ["NODUS1", req["dir"], req["cwd"]]
+    uid = req.get("uid")
+    fields += ["" if uid is None else str(uid), str(req.get("gid") or 0)]
+    groups = [str(g) for g in (req.get("groups") or [req.get("gid") or 0])]
+    env = [f"{k}={v}" for k, v in req["env"].items()]
+    mask = [m for m in req.get("mask", ()) if m]
+    for items in (groups, list(req["argv"]), env, mask):
+        fields += [str(len(items)), *items]
+    fields.append(req["boot_id"])
+    return b"".join(f.encode() + b"\0" for f in fields)
+
+
+def spawn_compiled(binary: str, req: dict) -> int:
+    """Start the compiled shim for one attempt (posix_spawn: no copy of this process)."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.posix_spawn(
+            binary, [binary], {},
+            file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0),
+                          (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                          (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)],
+            setsigdef=DEFAULT_SIGNALS, setsigmask=())
+    finally:
+        os.close(read_end)
+    try:
+        data = memoryview(encode_request(req))
+        while data:
+            data = data[os.write(write_end, data):]
+    finally:
+        os.close(write_end)
+    return pid
+
+
+def serve(binary: str | None = None) -> None:
+    """The spawner: start one shim per request line until the daemon closes our stdin:
+    the compiled one (`binary`), else a fork of this process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
@@ -327,7 +384,7 @@ def serve() -> None:
         req = json.loads(line)
         req["boot_id"] = boot
         try:
-            pid = os.fork()
+            pid = spawn_compiled(binary, req) if binary else os.fork()
         except OSError as exc:
             out.write(json.dumps({"id": req["id"], "error": str(exc)}).encode() + b"\n")
             out.flush()
@@ -339,4 +396,4 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1] if len(sys.argv) > 1 else None)

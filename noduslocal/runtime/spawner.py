@@ -44,7 +44,10 @@ def settled(directory: Path) -> AttemptState:
 
 
 class Spawner:
-    def __init__(self) -> None:
+    def __init__(self, compiled: Path | None = None) -> None:
+        """`compiled`: the compiled shim to start for each attempt (compiled_shim.py);
+        None: the spawner forks the Python shim."""
+        self.compiled = compiled
         self._proc: asyncio.subprocess.Process | None = None
         self._alive = asyncio.Event()
         self._replies: dict[int, asyncio.Future[int]] = {}
@@ -56,6 +59,7 @@ class Spawner:
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", shim.__file__,
+            *([str(self.compiled)] if self.compiled is not None else []),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )
         self._reader = asyncio.create_task(self._read_replies(self._proc), name="spawner")

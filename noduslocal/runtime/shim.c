@@ -1,0 +1,489 @@
+/* The per-attempt shim, compiled: the same protocol as shim.py's run_shim (the attempt
+ * directory's attempt.lock, abandoned, pid.json, exit.json and logs), at a fraction of a
+ * forked Python's cost. The spawner starts it with posix_spawn and writes the request to
+ * its stdin as NUL-terminated fields (see encode_request in shim.py); it leads its own
+ * session, outlives the spawner and the daemon, and never runs as anyone but root or the
+ * daemon's user: the job's child drops to the owner before exec.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAGIC "NODUS1"
+#define DRAIN_AFTER_EXIT_MS 2000 /* keep reading pipes that escaped processes hold open */
+#define CHUNK 65536
+
+struct request {
+    const char *dir, *cwd, *boot_id;
+    int has_uid;
+    uid_t uid;
+    gid_t gid;
+    size_t ngroups;
+    gid_t *groups;
+    char **argv, **env, **mask;
+    size_t nmask;
+};
+
+struct buffer {
+    char *data;
+    size_t len, cap;
+};
+
+struct stream {
+    int fd;
+    int targets[2];
+    int ntargets;
+    struct buffer held; /* an end of output that may be the start of a secret */
+};
+
+static const struct request *req;
+static int log_fds[2] = {-1, -1}; /* output.log and stderr.log, opened on first output */
+static const char *log_names[2] = {"output.log", "stderr.log"};
+
+static void die(void) { _exit(1); }
+
+static void *xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) die();
+    return q;
+}
+
+static void buf_add(struct buffer *b, const char *data, size_t n) {
+    if (b->len + n > b->cap) {
+        b->cap = (b->len + n) * 2;
+        b->data = xrealloc(b->data, b->cap);
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static long long monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void write_all(int fd, const char *data, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, data, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return; /* a full disk: the job goes on, as with the Python shim's logs */
+        }
+        data += w;
+        n -= (size_t)w;
+    }
+}
+
+static char *path_in(const char *name) {
+    size_t n = strlen(req->dir) + strlen(name) + 2;
+    char *p = xrealloc(NULL, n);
+    snprintf(p, n, "%s/%s", req->dir, name);
+    return p;
+}
+
+static int log_fd(int which) {
+    if (log_fds[which] < 0) {
+        char *p = path_in(log_names[which]);
+        log_fds[which] = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        free(p);
+    }
+    return log_fds[which];
+}
+
+/* --- the request ------------------------------------------------------------------ */
+
+static char *input;
+static size_t input_len, input_pos;
+
+static const char *field(void) {
+    if (input_pos >= input_len) die();
+    const char *f = input + input_pos;
+    const char *end = memchr(f, 0, input_len - input_pos);
+    if (!end) die();
+    input_pos += (size_t)(end - f) + 1;
+    return f;
+}
+
+static long number(void) {
+    char *end;
+    const char *f = field();
+    long v = strtol(f, &end, 10);
+    if (*f == 0 || *end != 0) die();
+    return v;
+}
+
+static char **strings(size_t *count) {
+    long n = number();
+    if (n < 0) die();
+    char **list = xrealloc(NULL, sizeof(char *) * ((size_t)n + 1));
+    for (long i = 0; i < n; i++) list[i] = (char *)field();
+    list[n] = NULL;
+    if (count) *count = (size_t)n;
+    return list;
+}
+
+static struct request *read_request(void) {
+    struct buffer b = {0};
+    char chunk[CHUNK];
+    for (;;) {
+        ssize_t r = read(0, chunk, sizeof chunk);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        buf_add(&b, chunk, (size_t)r);
+    }
+    input = b.data;
+    input_len = b.len;
+    struct request *r = xrealloc(NULL, sizeof *r);
+    memset(r, 0, sizeof *r);
+    if (strcmp(field(), MAGIC) != 0) die();
+    r->dir = field();
+    r->cwd = field();
+    const char *uid = field();
+    r->has_uid = *uid != 0;
+    r->uid = (uid_t)strtoul(uid, NULL, 10);
+    r->gid = (gid_t)number();
+    char **groups = strings(&r->ngroups);
+    r->groups = xrealloc(NULL, sizeof(gid_t) * (r->ngroups + 1));
+    for (size_t i = 0; i < r->ngroups; i++) r->groups[i] = (gid_t)strtoul(groups[i], NULL, 10);
+    r->argv = strings(NULL);
+    r->env = strings(NULL);
+    r->mask = strings(&r->nmask);
+    r->boot_id = field();
+    if (!r->argv[0]) die();
+    return r;
+}
+
+/* --- the job ----------------------------------------------------------------------- */
+
+static const char *env_path(void) {
+    for (char **e = req->env; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) return *e + 5;
+    return "/bin:/usr/bin";
+}
+
+static void child_fail(int code, const char *fmt, ...) {
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    write_all(2, line, (size_t)n);
+    _exit(code);
+}
+
+/* In the forked child: the owner's identity, the workdir, then exec with PATH searched in
+ * the job's own environment, with the owner's rights. */
+static void exec_job(int null, int out_w, int err_w) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+    setpgid(0, 0);
+    if (dup2(null, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(126);
+    if (req->has_uid && req->uid != getuid()) {
+        if (setgroups(req->ngroups, req->groups) || setgid(req->gid) || setuid(req->uid))
+            child_fail(126, "noduslocal: cannot become uid %u: %s\n", (unsigned)req->uid,
+                       strerror(errno));
+    }
+    if (chdir(req->cwd) != 0)
+        child_fail(126, "noduslocal: cannot enter workdir %s: %s\n", req->cwd,
+                   strerror(errno));
+    const char *name = req->argv[0];
+    if (strchr(name, '/')) {
+        execve(name, req->argv, req->env);
+        child_fail(errno == ENOENT ? 127 : 126, "noduslocal: cannot execute '%s': %s\n",
+                   name, strerror(errno));
+    }
+    const char *path = env_path();
+    int denied = 0;
+    char candidate[PATH_MAX];
+    for (const char *p = path;; p++) {
+        const char *end = strchrnul(p, ':');
+        size_t dirlen = (size_t)(end - p);
+        int n = dirlen ? snprintf(candidate, sizeof candidate, "%.*s/%s", (int)dirlen, p, name)
+                       : snprintf(candidate, sizeof candidate, "%s", name);
+        if (n > 0 && n < (int)sizeof candidate) {
+            execve(candidate, req->argv, req->env);
+            if (errno == EACCES) denied = errno;
+            else if (errno != ENOENT && errno != ENOTDIR)
+                child_fail(126, "noduslocal: cannot execute '%s': %s\n", name,
+                           strerror(errno));
+        }
+        if (!*end) break;
+        p = end;
+    }
+    if (denied)
+        child_fail(126, "noduslocal: cannot execute '%s': %s\n", name, strerror(denied));
+    child_fail(127, "noduslocal: cannot execute '%s': not found in PATH (%s)\n", name, path);
+}
+
+static long long start_ticks(pid_t pid) {
+    char p[64], data[1024];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, data, sizeof data - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    data[n] = 0;
+    char *s = strrchr(data, ')');
+    if (!s) return -1;
+    s += 2; /* fields from the state on: the start time is the 20th of them */
+    for (int i = 0; i < 19 && s; i++) {
+        s = strchr(s, ' ');
+        if (s) s++;
+    }
+    return s ? atoll(s) : -1;
+}
+
+static void fsync_dir(void) {
+    int fd = open(req->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+/* Write-then-rename, for readers that may look at any moment; with `durable`, synced to
+ * disk, file and directory entry. */
+static void write_json_atomic(const char *name, const char *json, int durable) {
+    char tmpname[64];
+    snprintf(tmpname, sizeof tmpname, ".%s.tmp", name);
+    char *tmp = path_in(tmpname), *final = path_in(name);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        write_all(fd, json, strlen(json));
+        if (durable) fdatasync(fd);
+        close(fd);
+        rename(tmp, final);
+        if (durable) fsync_dir();
+    }
+    free(tmp);
+    free(final);
+}
+
+/* --- output: secrets masked, a value split across two reads too ------------------------ */
+
+struct span {
+    size_t start, end;
+};
+
+static int by_start(const void *a, const void *b) {
+    const struct span *x = a, *y = b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static void emit(struct stream *s, const char *data, size_t n) {
+    if (!n) return;
+    for (int i = 0; i < s->ntargets; i++) {
+        int fd = log_fd(s->targets[i]);
+        if (fd >= 0) write_all(fd, data, n);
+    }
+}
+
+static size_t longest_secret(void) {
+    size_t m = 1;
+    for (size_t i = 0; i < req->nmask; i++)
+        if (strlen(req->mask[i]) > m) m = strlen(req->mask[i]);
+    return m;
+}
+
+static void feed(struct stream *s, const char *chunk, size_t n, int final) {
+    if (!req->nmask) {
+        emit(s, chunk, n);
+        return;
+    }
+    buf_add(&s->held, chunk, n);
+    char *data = s->held.data;
+    size_t len = s->held.len, nspans = 0, cap = 16, pos = 0;
+    struct span *spans = xrealloc(NULL, sizeof *spans * cap);
+    for (size_t i = 0; i < req->nmask; i++) {
+        size_t slen = strlen(req->mask[i]);
+        if (!slen) continue;
+        for (char *at = data; (at = memmem(at, len - (size_t)(at - data), req->mask[i], slen));
+             at++) {
+            if (nspans == cap) spans = xrealloc(spans, sizeof *spans * (cap *= 2));
+            spans[nspans++] = (struct span){(size_t)(at - data), (size_t)(at - data) + slen};
+        }
+    }
+    qsort(spans, nspans, sizeof *spans, by_start);
+    struct buffer out = {0};
+    for (size_t i = 0; i < nspans; i++) {
+        if (spans[i].start < pos) { /* overlaps the span just masked: extend it */
+            if (spans[i].end > pos) pos = spans[i].end;
+            continue;
+        }
+        buf_add(&out, data + pos, spans[i].start - pos);
+        buf_add(&out, "***", 3);
+        pos = spans[i].end;
+    }
+    free(spans);
+    size_t cut = len;
+    if (!final) {
+        size_t keep = longest_secret() - 1;
+        size_t most = keep < len - pos ? keep : len - pos;
+        for (size_t size = most; size > 0; size--) {
+            int prefix = 0;
+            for (size_t i = 0; i < req->nmask && !prefix; i++)
+                prefix = strlen(req->mask[i]) >= size &&
+                         memcmp(req->mask[i], data + len - size, size) == 0;
+            if (prefix) {
+                cut -= size;
+                break;
+            }
+        }
+    }
+    buf_add(&out, data + pos, cut - pos);
+    emit(s, out.data, out.len);
+    free(out.data);
+    memmove(s->held.data, data + cut, len - cut);
+    s->held.len = len - cut;
+}
+
+/* Copy output into the logs until the job exits and its pipes close; the wait status. */
+static int pump(int out_r, int err_r, pid_t pid) {
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    struct stream streams[2] = {{out_r, {0}, 1, {0}}, {err_r, {0, 1}, 2, {0}}};
+    int open_pipes = 2, status = 0, have_status = 0;
+    long long deadline = -1;
+    char chunk[CHUNK];
+    while (open_pipes) {
+        /* Before every wait, after SIGCHLD is routed to the signalfd: a job that exited
+         * before we got here, leaving a child that holds its pipes, is not missed. */
+        if (!have_status && waitpid(pid, &status, WNOHANG) == pid) {
+            have_status = 1;
+            kill(-pid, SIGKILL); /* like a container: the rest of its group goes with it */
+            deadline = monotonic_ms() + DRAIN_AFTER_EXIT_MS;
+        }
+        struct pollfd fds[3];
+        int nfds = 0;
+        for (int i = 0; i < 2; i++)
+            if (streams[i].fd >= 0) fds[nfds++] = (struct pollfd){streams[i].fd, POLLIN, 0};
+        if (sfd >= 0) fds[nfds++] = (struct pollfd){sfd, POLLIN, 0};
+        int timeout = -1;
+        if (deadline >= 0) {
+            long long left = deadline - monotonic_ms();
+            timeout = left > 0 ? (int)left : 0;
+        } else if (sfd < 0) {
+            timeout = 50; /* no signalfd: look for the exit now and then */
+        }
+        int ready = poll(fds, (nfds_t)nfds, timeout);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready == 0 && deadline >= 0) break; /* escaped processes still hold the pipes */
+        for (int k = 0; k < nfds && ready > 0; k++) {
+            if (!fds[k].revents) continue;
+            if (fds[k].fd == sfd) {
+                struct signalfd_siginfo info;
+                while (read(sfd, &info, sizeof info) > 0) {}
+                continue;
+            }
+            struct stream *s = fds[k].fd == streams[0].fd ? &streams[0] : &streams[1];
+            ssize_t n = read(s->fd, chunk, sizeof chunk);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                close(s->fd);
+                s->fd = -1;
+                open_pipes--;
+                feed(s, "", 0, 1);
+            } else {
+                feed(s, chunk, (size_t)n, 0);
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (streams[i].fd >= 0) feed(&streams[i], "", 0, 1); /* what the masker held */
+    if (!have_status) {
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+        kill(-pid, SIGKILL);
+    }
+    return status;
+}
+
+int main(void) {
+    pid_t spawner = getppid();
+    req = read_request();
+    setsid(); /* no terminal reaches the shim or its job */
+    int null = open("/dev/null", O_RDWR);
+    if (null < 0) die();
+    for (int fd = 0; fd < 3; fd++) dup2(null, fd);
+    if (null > 2) close(null);
+    syscall(SYS_close_range, 3, ~0U, 0);
+    null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+    char *lock_path = path_in("attempt.lock");
+    int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock < 0 || flock(lock, LOCK_EX) != 0) die();
+    char *abandoned = path_in("abandoned");
+    if (access(abandoned, F_OK) == 0) _exit(0); /* a restarted daemon gave up on us */
+
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) die();
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL); /* delivered through the signalfd in pump() */
+    double started = now();
+    pid_t pid = fork();
+    if (pid < 0) die();
+    if (pid == 0) exec_job(null, out[1], err[1]);
+    setpgid(pid, pid); /* the child does it too: whichever runs first */
+    close(out[1]);
+    close(err[1]);
+
+    char json[512], ticks[32];
+    long long t = start_ticks(pid);
+    if (t < 0) snprintf(ticks, sizeof ticks, "null");
+    else snprintf(ticks, sizeof ticks, "%lld", t);
+    snprintf(json, sizeof json,
+             "{\"shim_pid\": %d, \"pid\": %d, \"pgid\": %d, \"started_at\": %.6f, "
+             "\"boot_id\": \"%s\", \"start_ticks\": %s}",
+             (int)getpid(), (int)pid, (int)pid, started, req->boot_id, ticks);
+    write_json_atomic("pid.json", json, 0);
+
+    int status = pump(out[0], err[0], pid);
+    char code[32], sig[32];
+    if (WIFSIGNALED(status)) {
+        snprintf(code, sizeof code, "%d", 128 + WTERMSIG(status));
+        snprintf(sig, sizeof sig, "%d", WTERMSIG(status));
+    } else {
+        snprintf(code, sizeof code, "%d", WEXITSTATUS(status));
+        snprintf(sig, sizeof sig, "null");
+    }
+    snprintf(json, sizeof json,
+             "{\"started_at\": %.6f, \"ended_at\": %.6f, \"exit_code\": %s, \"signal\": %s}",
+             started, now(), code, sig);
+    /* While the spawner is our parent the daemon is alive and commits this exit within
+     * milliseconds, so syncing it here too would only add device flushes to every end.
+     * Once the daemon is gone this file is the only record until it returns. */
+    write_json_atomic("exit.json", json, getppid() != spawner);
+    _exit(0);
+}

@@ -1,0 +1,69 @@
+"""Finding and building the compiled shim, and the daemon's choice of shim; the shim's own
+behaviour is tested against both shims in test_shim.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from noduslocal import testing
+from noduslocal.runtime import compiled_shim
+
+
+def spawner_cmdline(d: testing.Daemon) -> list[str]:
+    assert d.proc is not None
+    children = subprocess.run(["pgrep", "-P", str(d.proc.pid)], capture_output=True,
+                              text=True).stdout.split()
+    for pid in children:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if any(arg.endswith(b"shim.py") for arg in argv):
+            return [arg.decode() for arg in argv if arg]
+    raise AssertionError("no spawner among the daemon's children")
+
+
+def test_built_once_named_by_its_source_and_trusted_only_if_safe(tmp_path: Path) -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C compiler: scripts/test.sh installs gcc")
+        pytest.skip("no C compiler")
+    built = compiled_shim.build(tmp_path / "bin")
+    assert built is not None and built.name == compiled_shim.binary_name()
+    assert compiled_shim._trusted(built)
+    os.chmod(built, 0o777)  # anyone could swap it for their own program: never run it
+    assert not compiled_shim._trusted(built)
+    os.chmod(built, 0o755)
+    os.chmod(built.parent, 0o777)
+    assert not compiled_shim._trusted(built)
+
+
+def test_without_a_compiler_there_is_none(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled_shim.shutil, "which", lambda name: None)
+    monkeypatch.setattr(compiled_shim, "PACKAGE_BIN", tmp_path / "nothing-here")
+    assert compiled_shim.find(tmp_path / "data") is None
+
+
+def test_the_daemon_starts_the_compiled_shim_unless_told_not_to(tmp_path: Path) -> None:
+    if compiled_shim.find(tmp_path / "probe") is None:
+        if os.environ.get("CI"):
+            pytest.fail("no compiled shim: scripts/test.sh builds it")
+        pytest.skip("no compiled shim here")
+    for config, compiled in (("", True), ('host_shim = "python"\n', False)):
+        d = testing.Daemon(config=config)
+        try:
+            d.start()
+            argv = spawner_cmdline(d)
+            assert any(compiled_shim.binary_name() in arg for arg in argv) == compiled, argv
+            job = d.client().create_job({"command": ["sh", "-c", "echo ran"]})
+            done = d.client().wait_job(job["name"], timeout=30)
+            assert done["phase"] == "Succeeded"
+        finally:
+            d.close()
+    bad = testing.Daemon(config='host_shim = "fast"\n')
+    with pytest.raises(RuntimeError, match="host_shim: expected one of auto, python"):
+        bad.start()
+    bad.close()
