@@ -323,46 +323,8 @@ def run_shim(req: dict) -> None:
     os._exit(code)
 
 
-def encode_request(req: dict) -> bytes:
-    """The request as the compiled shim (shim.c) reads it: NUL-terminated fields, lists
-    preceded by their length. It goes through a pipe, never argv: secrets would be
-    visible to every user in /proc/PID/cmdline."""
-    fields: list[str] = ["NODUS1", req["dir"], req["cwd"]]
-    uid = req.get("uid")
-    fields += ["" if uid is None else str(uid), str(req.get("gid") or 0)]
-    groups = [str(g) for g in (req.get("groups") or [req.get("gid") or 0])]
-    env = [f"{k}={v}" for k, v in req["env"].items()]
-    mask = [m for m in req.get("mask", ()) if m]
-    for items in (groups, list(req["argv"]), env, mask):
-        fields += [str(len(items)), *items]
-    fields.append(req["boot_id"])
-    return b"".join(f.encode() + b"\0" for f in fields)
-
-
-def spawn_compiled(binary: str, req: dict) -> int:
-    """Start the compiled shim for one attempt (posix_spawn: no copy of this process)."""
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    try:
-        pid = os.posix_spawn(
-            binary, [binary], {},
-            file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0),
-                          (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                          (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)],
-            setsigdef=DEFAULT_SIGNALS, setsigmask=())
-    finally:
-        os.close(read_end)
-    try:
-        data = memoryview(encode_request(req))
-        while data:
-            data = data[os.write(write_end, data):]
-    finally:
-        os.close(write_end)
-    return pid
-
-
-def serve(binary: str | None = None) -> None:
-    """The spawner: start one shim per request line until the daemon closes our stdin:
-    the compiled one (`binary`), else a fork of this process."""
+def serve() -> None:
+    """The spawner: fork one shim per request line until the daemon closes our stdin."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
@@ -384,7 +346,7 @@ def serve(binary: str | None = None) -> None:
         req = json.loads(line)
         req["boot_id"] = boot
         try:
-            pid = spawn_compiled(binary, req) if binary else os.fork()
+            pid = os.fork()
         except OSError as exc:
             out.write(json.dumps({"id": req["id"], "error": str(exc)}).encode() + b"\n")
             out.flush()
@@ -396,4 +358,4 @@ def serve(binary: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1] if len(sys.argv) > 1 else None)
+    serve()

@@ -1,5 +1,6 @@
-"""The host runtime's spawner, daemon side: keeps the spawner child (shim.py), forks a
-shim per attempt through it, watches shims with pidfds, and signals a job's process group.
+"""The host runtime's spawner, daemon side: starts the compiled shim per attempt, or keeps
+the spawner child (shim.py) that forks a Python shim per attempt; watches shims with
+pidfds, and signals a job's process group.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from noduslocal.runtime import shim
+from noduslocal.runtime import compiled_shim, shim
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -45,8 +46,9 @@ def settled(directory: Path) -> AttemptState:
 
 class Spawner:
     def __init__(self, compiled: Path | None = None) -> None:
-        """`compiled`: the compiled shim to start for each attempt (compiled_shim.py);
-        None: the spawner forks the Python shim."""
+        """`compiled`: the compiled shim (compiled_shim.py), started for each attempt by
+        posix_spawn from here (no copy of the daemon is made); None: a spawner child forks
+        the Python shim for each."""
         self.compiled = compiled
         self._proc: asyncio.subprocess.Process | None = None
         self._alive = asyncio.Event()
@@ -57,9 +59,11 @@ class Spawner:
         self.boot_id = shim.boot_id()
 
     async def start(self) -> None:
+        if self.compiled is not None:
+            self._alive.set()
+            return
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", shim.__file__,
-            *([str(self.compiled)] if self.compiled is not None else []),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )
         self._reader = asyncio.create_task(self._read_replies(self._proc), name="spawner")
@@ -115,11 +119,13 @@ class Spawner:
                 await asyncio.sleep(1)
 
     async def launch(self, request: dict[str, Any]) -> int:
-        """Fork a shim for one attempt; returns the shim's pid."""
+        """Start a shim for one attempt; returns the shim's pid."""
         try:
             await asyncio.wait_for(self._alive.wait(), SPAWNER_WAIT)
         except TimeoutError:
             raise SpawnError("no spawner is running") from None
+        if self.compiled is not None:
+            return self._spawn_compiled({**request, "boot_id": self.boot_id})
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdin.is_closing():
             raise SpawnError("no spawner is running")
@@ -133,6 +139,25 @@ class Spawner:
             self._replies.pop(req_id, None)
             raise SpawnError(f"the spawner went away: {exc}") from None
         return await future
+
+    def _spawn_compiled(self, request: dict[str, Any]) -> int:
+        assert self.compiled is not None
+        try:
+            pid = compiled_shim.spawn(self.compiled, request)
+        except OSError as exc:
+            raise SpawnError(f"starting the shim failed: {exc}") from None
+        # Our child: reaped the moment it exits (whoever watches it reads its files).
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+
+        def reap() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+        loop.add_reader(pidfd, reap)
+        return pid
 
     def watch(self, directory: Path, shim_pid: int) -> asyncio.Future[AttemptState]:
         """A future that resolves with the attempt's state once its shim has exited."""

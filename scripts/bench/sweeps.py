@@ -3,8 +3,9 @@
 end, beside GNU parallel (`parallel -j2 true ::: 1..1000`) and task-spooler (`tsp -S 2`)
 in the same run.
 
-    python scripts/bench/sweeps.py [TASKS] [CELLS]        targets: create < 1 s; map
-                                                           faster than parallel, near tsp
+    python scripts/bench/sweeps.py [TASKS] [CELLS] [ROUNDS]   targets: create < 1 s; map
+                                                              faster than parallel, near tsp
+    BENCH_DATA_ROOT=/dev/shm ...   the daemon's directory in RAM (CELLS 0: skip creates)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from common import summary_ms, table
 from throughput import run_tsp
 
 from noduslocal import testing
+from noduslocal.runtime import compiled_shim
 
 
 def create_times(cells: int, rounds: int) -> list[float]:
@@ -41,8 +44,11 @@ def create_times(cells: int, rounds: int) -> list[float]:
     return times
 
 
-def run_map(n: int) -> float:
-    with testing.daemon(cpus=2, log_level="WARNING") as d:
+def run_map(n: int, root: str | None) -> float:
+    """`root`: where the daemon's directory goes (default: a new one in /tmp)."""
+    if root is not None:
+        root = tempfile.mkdtemp(prefix="nl-bench-", dir=root)
+    with testing.daemon(cpus=2, log_level="WARNING", root=root) as d:
         exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
         env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
         start = time.perf_counter()
@@ -69,22 +75,28 @@ def run_parallel(n: int) -> float | None:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     cells = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
-    created = create_times(cells, 5)
-    print(table([{"what": f"create a {cells}-cell sweep (one call, 5 rounds)",
-                  **summary_ms(created)}]))
-    print()
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    root = os.environ.get("BENCH_DATA_ROOT")  # e.g. /dev/shm: the daemon's files in RAM
+    shim = compiled_shim.find(Path(tempfile.gettempdir()))
+    print(f"shim: {shim.name if shim else 'python'}; daemon directory in {root or '/tmp'}")
+    if cells:
+        created = create_times(cells, 5)
+        print(table([{"what": f"create a {cells}-cell sweep (one call, 5 rounds)",
+                      **summary_ms(created)}]))
+        print()
     rows = []
-    ours = run_map(n)
-    rows.append({"runner": "noduslocal map --max-parallel 2 (cpus=2)", "tasks": str(n),
-                 "total s": f"{ours:.2f}", "tasks/s": f"{n / ours:.0f}"})
-    parallel = run_parallel(n)
-    rows.append({"runner": "GNU parallel -j2", "tasks": str(n),
-                 "total s": f"{parallel:.2f}", "tasks/s": f"{n / parallel:.0f}"}
-                if parallel else {"runner": "parallel: not installed"})
-    tsp = run_tsp(n)
-    rows.append({"runner": "task-spooler (tsp -S 2)", "tasks": str(n),
-                 "total s": f"{tsp[1]:.2f}", "tasks/s": f"{n / tsp[1]:.0f}"}
-                if tsp else {"runner": "tsp: not installed"})
+    for _ in range(rounds):  # interleaved: this VM's speed drifts from minute to minute
+        ours = run_map(n, root)
+        rows.append({"runner": "noduslocal map --max-parallel 2 (cpus=2)", "tasks": str(n),
+                     "total s": f"{ours:.2f}", "tasks/s": f"{n / ours:.0f}"})
+        parallel = run_parallel(n)
+        rows.append({"runner": "GNU parallel -j2", "tasks": str(n),
+                     "total s": f"{parallel:.2f}", "tasks/s": f"{n / parallel:.0f}"}
+                    if parallel else {"runner": "parallel: not installed"})
+        tsp = run_tsp(n)
+        rows.append({"runner": "task-spooler (tsp -S 2)", "tasks": str(n),
+                     "total s": f"{tsp[1]:.2f}", "tasks/s": f"{n / tsp[1]:.0f}"}
+                    if tsp else {"runner": "tsp: not installed"})
     print(table(rows))
 
 
