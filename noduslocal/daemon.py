@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import gc
 import grp
 import logging
 import os
@@ -27,6 +28,7 @@ from noduslocal.config import Settings, load_settings
 log = logging.getLogger("noduslocald")
 IDENTITY_TTL = 60.0  # seconds a user's admin membership is cached
 SHUTDOWN_TIMEOUT = 1.5  # seconds open streams get before the socket closes under them
+GC_THRESHOLD = 20_000  # allocations between collections of the youngest generation
 
 
 class StartupError(RuntimeError):
@@ -195,6 +197,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         log.info("noduslocald %d serving on %s (data %s, %g CPUs, %d MiB)", os.getpid(),
                  settings.socket, settings.data_dir, settings.cpus_m / 1000,
                  settings.memory // 2**20)
+        # What startup made lives as long as the daemon: out of the collector's sight, and
+        # young objects collected less often (a collection per 700 allocations cost about
+        # 3 % of the loop's time under a stream of short jobs).
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, 20, 20)
         sd_notify("READY=1")
         if ready is not None:
             ready.set()

@@ -44,11 +44,16 @@ def create_times(cells: int, rounds: int) -> list[float]:
     return times
 
 
-def run_map(n: int, root: str | None) -> float:
-    """`root`: where the daemon's directory goes (default: a new one in /tmp)."""
-    if root is not None:
-        root = tempfile.mkdtemp(prefix="nl-bench-", dir=root)
-    with testing.daemon(cpus=2, log_level="WARNING", root=root) as d:
+def run_map(n: int, root: str | None, made: list[Path]) -> float:
+    """`root`: where the daemon's directory goes (default: a new one in /tmp). Its files
+    are removed only at the end of the run (`made`): on a file system without a journal,
+    inodes deleted in the last minutes make every new file slower to allocate, and one
+    round's cleanup would slow the next."""
+    d = testing.Daemon(tempfile.mkdtemp(prefix="nl-bench-", dir=root), cpus=2,
+                       log_level="WARNING")
+    made.append(d.root)
+    try:
+        d.start()
         exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
         env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
         start = time.perf_counter()
@@ -59,6 +64,9 @@ def run_map(n: int, root: str | None) -> float:
                        capture_output=True)
         total = time.perf_counter() - start
         assert d.client().get_sweep("tp")["counts"] == {"Succeeded": n}
+    finally:
+        if d.proc is not None:
+            d.kill()
     return total
 
 
@@ -85,8 +93,9 @@ def main() -> None:
                       **summary_ms(created)}]))
         print()
     rows = []
+    made: list[Path] = []
     for _ in range(rounds):  # interleaved: this VM's speed drifts from minute to minute
-        ours = run_map(n, root)
+        ours = run_map(n, root, made)
         rows.append({"runner": "noduslocal map --max-parallel 2 (cpus=2)", "tasks": str(n),
                      "total s": f"{ours:.2f}", "tasks/s": f"{n / ours:.0f}"})
         parallel = run_parallel(n)
@@ -98,6 +107,8 @@ def main() -> None:
                      "total s": f"{tsp[1]:.2f}", "tasks/s": f"{n / tsp[1]:.0f}"}
                     if tsp else {"runner": "tsp: not installed"})
     print(table(rows))
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 if __name__ == "__main__":
