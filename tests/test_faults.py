@@ -654,13 +654,13 @@ def test_stale_job_directory_fails_the_job_instead_of_reusing_it(
     wait_until(lambda: c.info()["capacity"]["cpus_used"] == 0, "its CPU to be freed")
 
 
+@pytest.mark.parametrize("config", ["", 'host_shim = "python"\n'])
 def test_spawner_killed_under_a_stream_of_jobs_strands_none(
-        fresh: Callable[..., testing.Daemon]) -> None:
-    """The Python shim's spawner (the compiled shim is started by the daemon itself)."""
-    daemon = fresh(config='host_shim = "python"\n')
+        fresh: Callable[..., testing.Daemon], config: str) -> None:
+    daemon = fresh(config=config)
     c = daemon.client()
     names = [c.create_job({"command": ["true"], "cpu": "100m"})["name"] for _ in range(20)]
-    spawner = int(subprocess.run(["pgrep", "-f", "-P", str(daemon.proc.pid), "shim.py"],
+    spawner = int(subprocess.run(["pgrep", "-f", "-P", str(daemon.proc.pid), "shim"],
                                  capture_output=True, text=True).stdout.split()[0])
     os.kill(spawner, signal.SIGKILL)
     names += [c.create_job({"command": ["true"], "cpu": "100m"})["name"] for _ in range(40)]

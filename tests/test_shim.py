@@ -374,9 +374,6 @@ def test_abandoned_marker_stops_a_late_shim(tmp_path: Path) -> None:
 
 
 def test_shims_outlive_the_spawner(tmp_path: Path, cleanup: list[int]) -> None:
-    if SHIM[0] is not None:
-        pytest.skip("the compiled shim has no spawner: the daemon starts it, and "
-                    "test_faults kills the daemon under running jobs")
     directory = new_dir(tmp_path)
     script = "until [ -e go ]; do sleep 0.02; done; echo finished"
 

@@ -1,7 +1,7 @@
 """The compiled shim (shim.c): found beside the package, where scripts/test.sh and
-install.sh build it, else built once into the data dir when a C compiler is there, and
-started with its request; without one the spawner forks the Python shim, which speaks
-the same protocol, only slower.
+install.sh build it, else built once into the data dir when a C compiler is there; run as
+`--serve` it is the spawner, and requests reach it framed as encode_request() makes them.
+Without it the Python spawner forks the Python shim, which speaks the same protocol.
 
     python -m noduslocal.runtime.compiled_shim        builds it beside the package
 """
@@ -17,8 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-from noduslocal.runtime import shim
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("shim.c")
@@ -80,11 +78,11 @@ def find(data_dir: Path) -> Path | None:
     return built if built is not None and _trusted(built) else None
 
 
-def encode_request(req: dict[str, Any]) -> bytes:
-    """The request as the compiled shim (shim.c) reads it: NUL-terminated fields, lists
-    preceded by their length. It goes through a pipe, never argv: secrets would be
-    visible to every user in /proc/PID/cmdline."""
-    fields: list[str] = ["NODUS1", req["dir"], req["cwd"]]
+def encode_request(req: dict[str, Any], req_id: int) -> bytes:
+    """A request as the compiled spawner reads it: a 4-byte length, then NUL-terminated
+    fields, lists preceded by their length. It goes through a pipe, never argv: secrets
+    would be visible to every user in /proc/PID/cmdline."""
+    fields: list[str] = ["NODUS1", str(req_id), req["dir"], req["cwd"]]
     uid = req.get("uid")
     fields += ["" if uid is None else str(uid), str(req.get("gid") or 0)]
     groups = [str(g) for g in (req.get("groups") or [req.get("gid") or 0])]
@@ -93,30 +91,8 @@ def encode_request(req: dict[str, Any]) -> bytes:
     for items in (groups, list(req["argv"]), env, mask):
         fields += [str(len(items)), *items]
     fields.append(req["boot_id"])
-    return b"".join(f.encode() + b"\0" for f in fields)
-
-
-def spawn(binary: Path, req: dict[str, Any]) -> int:
-    """Start the compiled shim for one attempt (posix_spawn: no copy of the caller, the
-    daemon). A request larger than a pipe's buffer blocks until the shim reads it, at
-    once."""
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    try:
-        pid = os.posix_spawn(
-            binary, [str(binary)], {},
-            file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0),
-                          (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                          (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)],
-            setsigdef=shim.DEFAULT_SIGNALS, setsigmask=())
-    finally:
-        os.close(read_end)
-    try:
-        data = memoryview(encode_request(req))
-        while data:
-            data = data[os.write(write_end, data):]
-    finally:
-        os.close(write_end)
-    return pid
+    body = b"".join(f.encode() + b"\0" for f in fields)
+    return len(body).to_bytes(4, "little") + body
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 /* The per-attempt shim, compiled: the same protocol as shim.py's run_shim (the attempt
  * directory's attempt.lock, abandoned, pid.json, exit.json and logs), at a fraction of a
- * forked Python's cost. The spawner starts it with posix_spawn and writes the request to
- * its stdin as NUL-terminated fields (see encode_request in shim.py); it leads its own
+ * forked Python's cost. `nodus-shim --serve` is the spawner: the daemon writes requests to
+ * its stdin (a 4-byte length, then NUL-terminated fields: see compiled_shim.py), and for
+ * each it forks a shim and answers {"id": N, "pid": P} on stdout. A shim leads its own
  * session, outlives the spawner and the daemon, and never runs as anyone but root or the
  * daemon's user: the job's child drops to the owner before exec.
  */
@@ -146,20 +147,14 @@ static char **strings(size_t *count) {
     return list;
 }
 
-static struct request *read_request(void) {
-    struct buffer b = {0};
-    char chunk[CHUNK];
-    for (;;) {
-        ssize_t r = read(0, chunk, sizeof chunk);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        buf_add(&b, chunk, (size_t)r);
-    }
-    input = b.data;
-    input_len = b.len;
+static struct request *parse_request(char *data, size_t len) {
+    input = data;
+    input_len = len;
+    input_pos = 0;
     struct request *r = xrealloc(NULL, sizeof *r);
     memset(r, 0, sizeof *r);
     if (strcmp(field(), MAGIC) != 0) die();
+    field(); /* the request's id, the spawner's */
     r->dir = field();
     r->cwd = field();
     const char *uid = field();
@@ -428,9 +423,12 @@ static int pump(int out_r, int err_r, pid_t pid) {
     return status;
 }
 
-int main(void) {
-    pid_t spawner = getppid();
-    req = read_request();
+/* In the forked child of the spawner: run one attempt to its end. Never returns. */
+static void run_shim(char *data, size_t len, pid_t spawner) {
+    signal(SIGCHLD, SIG_DFL); /* the spawner's children are reaped for it; ours are not */
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    req = parse_request(data, len);
     setsid(); /* no terminal reaches the shim or its job */
     int null = open("/dev/null", O_RDWR);
     if (null < 0) die();
@@ -486,4 +484,56 @@ int main(void) {
      * Once the daemon is gone this file is the only record until it returns. */
     write_json_atomic("exit.json", json, getppid() != spawner);
     _exit(0);
+}
+
+static int read_exact(int fd, void *into, size_t n) {
+    char *p = into;
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* The spawner: one shim forked per request until the daemon closes our stdin. Forking
+ * this small process costs far less than starting a program, and the daemon's loop only
+ * writes a request and reads a line. */
+static int serve(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sa.sa_flags = SA_NOCLDWAIT; /* shims are reaped by the kernel: no zombies */
+    sigaction(SIGCHLD, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGINT, SIG_IGN); /* a Ctrl-C at the daemon's terminal is the daemon's */
+    pid_t self = getpid();
+    for (;;) {
+        unsigned char header[4];
+        if (read_exact(0, header, 4) != 0) return 0;
+        size_t len = header[0] | header[1] << 8 | header[2] << 16 | (size_t)header[3] << 24;
+        char *data = xrealloc(NULL, len + 1);
+        if (read_exact(0, data, len) != 0) return 0;
+        data[len] = 0;
+        const char *id = memchr(data, 0, len) ? data + strlen(data) + 1 : "";
+        if (id >= data + len) id = "";
+        char reply[128];
+        pid_t pid = fork();
+        if (pid == 0) run_shim(data, len, self);
+        if (pid < 0)
+            snprintf(reply, sizeof reply, "{\"id\": %.20s, \"error\": \"fork: %s\"}\n", id,
+                     strerror(errno));
+        else
+            snprintf(reply, sizeof reply, "{\"id\": %.20s, \"pid\": %d}\n", id, (int)pid);
+        free(data);
+        write_all(1, reply, strlen(reply));
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--serve") == 0) return serve();
+    fprintf(stderr, "usage: %s --serve (started by the noduslocal daemon)\n", argv[0]);
+    return 2;
 }

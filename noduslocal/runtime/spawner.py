@@ -1,6 +1,6 @@
-"""The host runtime's spawner, daemon side: starts the compiled shim per attempt, or keeps
-the spawner child (shim.py) that forks a Python shim per attempt; watches shims with
-pidfds, and signals a job's process group.
+"""The host runtime's spawner, daemon side: keeps the spawner child (the compiled shim's
+`--serve`, or shim.py) that forks a shim per attempt, watches shims with pidfds, and
+signals a job's process group.
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ def settled(directory: Path) -> AttemptState:
 
 class Spawner:
     def __init__(self, compiled: Path | None = None) -> None:
-        """`compiled`: the compiled shim (compiled_shim.py), started for each attempt by
-        posix_spawn from here (no copy of the daemon is made); None: a spawner child forks
-        the Python shim for each."""
+        """`compiled`: the compiled shim (compiled_shim.py), whose `--serve` spawner forks
+        one per attempt; None: the Python spawner (shim.py) forks the Python shim."""
         self.compiled = compiled
         self._proc: asyncio.subprocess.Process | None = None
         self._alive = asyncio.Event()
@@ -59,13 +58,10 @@ class Spawner:
         self.boot_id = shim.boot_id()
 
     async def start(self) -> None:
-        if self.compiled is not None:
-            self._alive.set()
-            return
+        command = ([str(self.compiled), "--serve"] if self.compiled is not None
+                   else [sys.executable, "-I", "-S", shim.__file__])
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", shim.__file__,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         self._reader = asyncio.create_task(self._read_replies(self._proc), name="spawner")
         self._alive.set()
 
@@ -124,8 +120,6 @@ class Spawner:
             await asyncio.wait_for(self._alive.wait(), SPAWNER_WAIT)
         except TimeoutError:
             raise SpawnError("no spawner is running") from None
-        if self.compiled is not None:
-            return self._spawn_compiled({**request, "boot_id": self.boot_id})
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdin.is_closing():
             raise SpawnError("no spawner is running")
@@ -133,31 +127,15 @@ class Spawner:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._replies[req_id] = future
         try:
-            proc.stdin.write(json.dumps({**request, "id": req_id}).encode() + b"\n")
+            proc.stdin.write(
+                compiled_shim.encode_request({**request, "boot_id": self.boot_id}, req_id)
+                if self.compiled is not None
+                else json.dumps({**request, "id": req_id}).encode() + b"\n")
             await proc.stdin.drain()
         except (ConnectionError, BrokenPipeError) as exc:
             self._replies.pop(req_id, None)
             raise SpawnError(f"the spawner went away: {exc}") from None
         return await future
-
-    def _spawn_compiled(self, request: dict[str, Any]) -> int:
-        assert self.compiled is not None
-        try:
-            pid = compiled_shim.spawn(self.compiled, request)
-        except OSError as exc:
-            raise SpawnError(f"starting the shim failed: {exc}") from None
-        # Our child: reaped the moment it exits (whoever watches it reads its files).
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(pid)
-
-        def reap() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-
-        loop.add_reader(pidfd, reap)
-        return pid
 
     def watch(self, directory: Path, shim_pid: int) -> asyncio.Future[AttemptState]:
         """A future that resolves with the attempt's state once its shim has exited."""
