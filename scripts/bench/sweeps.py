@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,7 +45,7 @@ def create_times(cells: int, rounds: int) -> list[float]:
     return times
 
 
-def run_map(n: int, root: str | None, made: list[Path]) -> float:
+def run_map(n: int, root: str | None, made: list[Path]) -> tuple[float, float]:
     """`root`: where the daemon's directory goes (default: a new one in /tmp). Its files
     are removed only at the end of the run (`made`): on a file system without a journal,
     inodes deleted in the last minutes make every new file slower to allocate, and one
@@ -56,6 +57,7 @@ def run_map(n: int, root: str | None, made: list[Path]) -> float:
         d.start()
         exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
         env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
+        cpu = busy_cpu_seconds()
         start = time.perf_counter()
         subprocess.run([exe, "map", "--no-code", "--name", "tp", "--max-parallel", "2", "--",
                         "true", ":::", *map(str, range(n))], env=env, check=True,
@@ -63,11 +65,19 @@ def run_map(n: int, root: str | None, made: list[Path]) -> float:
         subprocess.run([exe, "sweep", "wait", "tp"], env=env, check=True,
                        capture_output=True)
         total = time.perf_counter() - start
+        cpu = busy_cpu_seconds() - cpu
         assert d.client().get_sweep("tp")["counts"] == {"Succeeded": n}
     finally:
         if d.proc is not None:
             d.kill()
-    return total
+    return total, cpu
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time every process of the machine has used (/proc/stat: all but idle and
+    iowait), so a runner's cost counts its daemon, helpers, shims and jobs alike."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def run_parallel(n: int) -> float | None:
@@ -94,18 +104,21 @@ def main() -> None:
         print()
     rows = []
     made: list[Path] = []
+
+    def row(runner: str, run: Callable[[], float | tuple[float, float] | None]) -> None:
+        """`run` returns its time, or its time and the CPU of just that (no startup)."""
+        before = busy_cpu_seconds()
+        result = run()
+        total, cpu = result if isinstance(result, tuple) else (
+            result, busy_cpu_seconds() - before)
+        rows.append({"runner": runner, "tasks": str(n), "total s": f"{total:.2f}",
+                     "tasks/s": f"{n / total:.0f}", "CPU ms/task": f"{1000 * cpu / n:.2f}"}
+                    if total else {"runner": f"{runner}: not installed"})
+
     for _ in range(rounds):  # interleaved: this VM's speed drifts from minute to minute
-        ours = run_map(n, root, made)
-        rows.append({"runner": "noduslocal map --max-parallel 2 (cpus=2)", "tasks": str(n),
-                     "total s": f"{ours:.2f}", "tasks/s": f"{n / ours:.0f}"})
-        parallel = run_parallel(n)
-        rows.append({"runner": "GNU parallel -j2", "tasks": str(n),
-                     "total s": f"{parallel:.2f}", "tasks/s": f"{n / parallel:.0f}"}
-                    if parallel else {"runner": "parallel: not installed"})
-        tsp = run_tsp(n)
-        rows.append({"runner": "task-spooler (tsp -S 2)", "tasks": str(n),
-                     "total s": f"{tsp[1]:.2f}", "tasks/s": f"{n / tsp[1]:.0f}"}
-                    if tsp else {"runner": "tsp: not installed"})
+        row("noduslocal map --max-parallel 2 (cpus=2)", lambda: run_map(n, root, made))
+        row("GNU parallel -j2", lambda: run_parallel(n))
+        row("task-spooler (tsp -S 2)", lambda: (run_tsp(n) or (0.0, 0.0))[1] or None)
     print(table(rows))
     for path in made:
         shutil.rmtree(path, ignore_errors=True)
