@@ -412,7 +412,8 @@ def test_harvest_then_gc(daemon: testing.Daemon, tmp_path: Path) -> None:
     status = daemon.client().get_sweep("h")
     assert status["freed_at"] is not None and status["counts"] == {"Succeeded": 3}
     assert not any(daemon.data_dir.glob("jobs/*/workspace"))
-    assert len(list(daemon.data_dir.glob("jobs/*/attempt-1/output.log"))) == 3  # logs stay
+    # Attempt records and logs stay (these tasks wrote no output, so they have no log).
+    assert len(list(daemon.data_dir.glob("jobs/*/attempt-1/exit.json"))) == 3
     assert Path("/etc/shadow").exists()
     busy = nodus.Sweep({"command": ["sleep", "30"]}, grid={"X": [1]}, name="busy").run()
     early = run_cli(daemon, "sweep", "gc", "busy", "--yes")
