@@ -1,5 +1,6 @@
 """What the sweep controller knows of each running sweep (its held, released and running
-cells, the canary, the flags of its async looks), and how many cells a max_cost affords.
+cells, the canary, the flags of its async looks), how many cells a max_cost affords, and
+why a held cell waits.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from noduslocal.models import JobRecord, SweepRecord
+from noduslocal.states import SweepPhase
 
 
 @dataclass
@@ -37,3 +39,15 @@ def affordable(spent: float, running: list[float], typical: float, limit: float,
         count += 1
         committed += typical
     return count
+
+
+def held_because(active: ActiveSweep, smoke: bool) -> str:
+    """Why a held cell of the sweep waits, in words (`smoke`: a smoke command gates it)."""
+    name, phase = active.record.name, active.record.phase
+    if phase == SweepPhase.SUSPENDED:
+        return f"sweep {name} is suspended; `noduslocal sweep resume {name}` releases its cells"
+    if phase == SweepPhase.CANARY:
+        which = "smoke canary" if smoke else "canary (cell 0)"
+        return f"sweep {name}: waiting for its {which} to succeed"
+    return (f"sweep {name}: {len(active.running)} of {active.record.max_parallel} cells "
+            "running (max_parallel)")

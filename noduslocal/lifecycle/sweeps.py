@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.dispatch import Dispatch
-from noduslocal.lifecycle.sweep_state import ActiveSweep, affordable
+from noduslocal.lifecycle.sweep_state import ActiveSweep, affordable, held_because
 from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import Event, JobRecord, SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
@@ -350,16 +350,7 @@ class SweepController:
         active = self._sweeps.get(self._cell_of.get(job_id, -1))
         if active is None or job_id not in active.held:
             return None
-        name = active.record.name
-        if active.record.phase == SweepPhase.SUSPENDED:
-            return (f"sweep {name} is suspended; `noduslocal sweep resume {name}` releases "
-                    "its cells")
-        if active.record.phase == SweepPhase.CANARY:
-            which = ("smoke canary" if self.smoke(active.record) is not None
-                     else "canary (cell 0)")
-            return f"sweep {name}: waiting for its {which} to succeed"
-        return (f"sweep {name}: {len(active.running)} of {active.record.max_parallel} cells "
-                "running (max_parallel)")
+        return held_because(active, self.smoke(active.record) is not None)
 
     def is_cell(self, job_id: int) -> bool:
         """A cell of a sweep that runs (released or held)."""
