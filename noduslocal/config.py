@@ -83,6 +83,7 @@ class Settings:
     fair_share_half_life: float = 7 * 24 * 3600.0  # seconds for GPU-hours to count half
     user_max_gpus: int | None = None  # GPUs one user may hold at once (None: no limit)
     user_max_jobs: int | None = None  # jobs one user may run at once (None: no limit)
+    user_max_execs: int = 8  # `job exec` commands one user may have running at once
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
@@ -115,6 +116,7 @@ _TOML_KEYS = {
                              lambda v: parse_duration(v, "fair_share_half_life")),
     "user_max_gpus": ("user_max_gpus", int),
     "user_max_jobs": ("user_max_jobs", int),
+    "user_max_execs": ("user_max_execs", int),
     "energy_price_per_kwh": ("energy_price_per_kwh", float),
     "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
     "host_shim": ("host_shim", lambda v: _choice(v, "host_shim", ("auto", "python"))),

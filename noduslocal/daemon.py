@@ -171,10 +171,12 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     hub = EventHub()
     store = Store(settings.data_dir / "noduslocal.db")
-    await store.open(hub.publish, settings.commit_batch)
+    layout = JobLayout(settings.data_dir)
+    # Above the highest job directory: an id the database forgot is never given again.
+    await store.open(hub.publish, settings.commit_batch,
+                     max(layout.job_ids_on_disk(), default=0))
     gpus = GpuService(settings)
     inventory = await gpus.start()
-    layout = JobLayout(settings.data_dir)
     compiled = (None if settings.host_shim == "python"
                 else await asyncio.to_thread(compiled_shim.find, settings.data_dir))
     host = HostRuntime(layout, Spawner(compiled))

@@ -61,6 +61,14 @@ class Conflict(NodusError):
     http_status = 409
 
 
+class ResourceExhausted(NodusError):
+    """A cap was reached (a user's share of a pool, the disk's reserve): try again later,
+    or ask an admin to raise it."""
+
+    code = "ResourceExhausted"
+    http_status = 429
+
+
 class NotFound(NodusError):
     code = "NotFound"
     http_status = 404
@@ -133,6 +141,7 @@ _BY_CODE: dict[str, type[NodusError]] = {
         PayloadTooLarge,
         AlreadyExists,
         Conflict,
+        ResourceExhausted,
         NotFound,
         PermissionDenied,
         DaemonUnavailable,

@@ -35,6 +35,17 @@ done
 """
 
 
+def failure_cause(stderr: str, code: int) -> str:
+    """What a failed tool said first, the cause; its last line is often only tar's
+    "Exiting with failure status due to previous errors"."""
+    lines = [line for line in stderr.strip().splitlines()
+             if line.strip() and "Exiting with failure status" not in line]
+    if not lines:
+        return f"exit status {code}"
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return lines[0] + more
+
+
 @lru_cache(maxsize=256)
 def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
     """Home, shell and groups of a job's owner; each lookup reads /etc/passwd and
@@ -57,6 +68,7 @@ class JobLayout:
         self.jobs_dir = data_dir / "jobs"
         self.volumes_dir = data_dir / "volumes"
         self.blobs = BlobStore(data_dir / "blobs")
+        self._ahead: set[int] = set()  # jobs whose first attempt's directories exist
 
     def create_root(self) -> None:
         for directory in (self.jobs_dir, self.volumes_dir):
@@ -68,6 +80,13 @@ class JobLayout:
 
     def job_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
+
+    def job_ids_on_disk(self) -> list[int]:
+        """Every job that has a directory, by id."""
+        try:
+            return sorted(int(e.name) for e in os.scandir(self.jobs_dir) if e.name.isdigit())
+        except FileNotFoundError:
+            return []
 
     def attempt_dir(self, job_id: int, number: int) -> Path:
         return self.job_dir(job_id) / f"attempt-{number}"
@@ -97,6 +116,13 @@ class JobLayout:
         """Make the attempt's directory, and the job's directory and workspace (owned by the
         job's owner) where an earlier attempt has not; returns the attempt directory."""
         directory = self.attempt_dir(job.id, number)
+        if number == 1 and (job.id in self._ahead or self._made_ahead(job.id)):
+            self._ahead.discard(job.id)  # made ahead (perhaps by the daemon before us)
+            self.job_dir(job.id).mkdir(mode=0o711, exist_ok=True)
+            self.workspace(job.id).mkdir(mode=0o700, exist_ok=True)
+            self._own(self.workspace(job.id), job)
+            directory.mkdir(mode=0o700, exist_ok=True)
+            return directory
         # The first attempt refuses a job directory that exists: one left by another
         # database must not be reused, nor its workspace handed to a new owner. A later
         # attempt may find none (the daemon died before the first one made it).
@@ -119,6 +145,35 @@ class JobLayout:
                 self._own(checkpoint, job)
         directory.mkdir(mode=0o700)
         return directory
+
+    def _made_ahead(self, job_id: int) -> bool:
+        """The job's directory holds nothing but what prepare_ahead() makes, empty."""
+        try:
+            top = {e.name for e in os.scandir(self.job_dir(job_id))}
+            return (top <= {"workspace", "attempt-1"}
+                    and not any(os.scandir(self.workspace(job_id)))
+                    and ("attempt-1" not in top
+                         or not any(os.scandir(self.attempt_dir(job_id, 1)))))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def prepare_ahead(self, job: JobRecord) -> None:
+        """The first attempt's directories of a job about to start (a sweep's next cells),
+        made while others run so its start does not wait for them; only for a job whose
+        workspace needs nothing put in it. prepare() then finds them."""
+        if (job.attempts or job.spec.source or job.spec.checkpoint or job.spec.volumes
+                or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
+            return
+        self._ahead.add(job.id)  # first: prepare() may run while these are being made
+        try:
+            self.job_dir(job.id).mkdir(mode=0o711)
+        except OSError:
+            self._ahead.discard(job.id)  # not ours to reuse: prepare() decides, as ever
+            return
+        with contextlib.suppress(OSError):  # made in part: prepare() finishes the rest
+            self.workspace(job.id).mkdir(mode=0o700)
+            self._own(self.workspace(job.id), job)
+            self.attempt_dir(job.id, 1).mkdir(mode=0o700)
 
     def _populate(self, workspace: Path, job: JobRecord) -> None:
         """Fill the new workspace as its owner, never as root: the source unpacked by tar,
@@ -152,9 +207,8 @@ class JobLayout:
                                   env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
                                   timeout=POPULATE_TIMEOUT, **kwargs)
         if done.returncode != 0:
-            detail = (done.stderr.strip().splitlines() or ["exit status "
-                                                           f"{done.returncode}"])[-1]
-            raise RuntimeError(f"preparing the workspace failed: {detail}")
+            raise RuntimeError(f"preparing the workspace failed: "
+                               f"{failure_cause(done.stderr, done.returncode)}")
 
     @staticmethod
     def _own(path: Path, job: JobRecord) -> None:

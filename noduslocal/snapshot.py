@@ -12,7 +12,7 @@ from typing import Any
 
 from noduslocal import errors
 from noduslocal.job_paths import in_workspace
-from noduslocal.layout import DEFAULT_PATH, account
+from noduslocal.layout import DEFAULT_PATH, account, failure_cause
 from noduslocal.metrics import METRICS_FILE
 from noduslocal.models import JobRecord
 from noduslocal.outputs import BlobStore, HashingWriter
@@ -58,10 +58,8 @@ def pack(workspace: Path, job: JobRecord, blobs: BlobStore, limit: int) -> tuple
             error = proc.stderr.read().decode(errors="replace").strip()
             code = proc.wait(TIMEOUT)
         if code != 0:
-            detail = (error.splitlines() or [f"exit status {code}"])[0]  # the first cause
-            raise errors.Conflict(
-                f"from: job {job.name!r}'s workspace could not be copied: {detail}",
-                field="from")
+            raise errors.Conflict(f"from: job {job.name!r}'s workspace could not be copied: "
+                                  f"{failure_cause(error, code)}", field="from")
         size, sha = blobs.keep(tmp, writer)
         kept = True
         return sha, size

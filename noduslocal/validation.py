@@ -19,6 +19,8 @@ NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 MAX_RETRIES = 100
+MAX_ARG_STRLEN = 131072  # bytes of one argument or variable, NUL included (Linux)
+MAX_EXEC_BYTES = 1 << 20  # arguments and environment together; the kernel takes 2 MiB
 
 # The keyword arguments of the reference `Job.create`, plus `retries` (the CLI's
 # `--retries`, which the reference has on `super job run` only).
@@ -52,11 +54,28 @@ def validate_name(value: Any, field_name: str) -> str:
     return value
 
 
+def exec_size(text: str, field_name: str) -> int:
+    """Bytes `text` takes in a process's arguments or environment; refused when it is not
+    valid Unicode or longer than the kernel takes in one string (MAX_ARG_STRLEN)."""
+    try:
+        size = len(text.encode()) + 1
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{field_name}: not valid Unicode (a lone surrogate)",
+                              field=field_name) from None
+    if size > MAX_ARG_STRLEN:
+        raise InvalidArgument(f"{field_name}: a string of {size - 1} bytes; a process takes "
+                              f"at most {MAX_ARG_STRLEN - 1} in one argument or variable",
+                              field=field_name)
+    return size
+
+
 def _string_list(value: Any, field_name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise InvalidArgument(f"{field_name}: expected a list of strings", field=field_name)
     if any("\0" in item for item in value):
         raise InvalidArgument(f"{field_name}: strings may not contain NUL", field=field_name)
+    for item in value:
+        exec_size(item, field_name)
     return list(value)
 
 
@@ -73,6 +92,7 @@ def _env(value: Any) -> dict[str, str]:
             )
         if not isinstance(val, str) or "\0" in val:
             raise InvalidArgument(f"env: the value of {key} must be a string", field="env")
+        exec_size(f"{key}={val}", "env")
         env[key] = val
     return env
 
@@ -101,6 +121,7 @@ def validate_secret_value(value: Any, field_name: str) -> str:
     if not isinstance(value, str) or not value or "\0" in value:
         raise InvalidArgument(f"{field_name}: a secret's value is a non-empty string",
                               field=field_name)
+    exec_size(value, field_name)  # it becomes a job's environment variable
     return value
 
 
@@ -186,6 +207,12 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         raise InvalidArgument(f"retries: expected an integer from 0 to {MAX_RETRIES}",
                               field="retries")
     env = _env(body.get("env") or {})
+    total = sum(exec_size(item, "args") for item in [*command, *args]) + sum(
+        exec_size(f"{k}={v}", "env") for k, v in env.items())
+    if total > MAX_EXEC_BYTES:
+        raise InvalidArgument(f"args: command, args and env take {total} bytes together; a "
+                              f"job's may take at most {MAX_EXEC_BYTES} (put data in a file)",
+                              field="args")
     secrets = _secret_refs(body.get("secrets") or [], env)
     spec = JobSpec(
         command=command,

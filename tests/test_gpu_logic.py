@@ -138,4 +138,6 @@ def test_containers_never_see_gpus_they_were_not_given() -> None:
     gpus = box().gpus[:1]
     assert job_env(gpus, True, True, simulated=False)["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
     assert job_env([], True, True, simulated=False)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    # A simulated GPU is no real one: a container is given none, whatever it asks for.
+    assert job_env(gpus, True, True, simulated=True)["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert "NVIDIA_VISIBLE_DEVICES" not in job_env(gpus, True, False, simulated=False)

@@ -639,6 +639,31 @@ def test_map_from_copies_a_workspace_as_its_owner_for_its_owner_only(box: Box) -
     assert log.stdout.split() == [ALICE], log.stdout
 
 
+def test_a_project_squatted_before_its_user_existed_never_resolves_implicitly(
+        box: Box) -> None:
+    late = "nlcarol"
+    if _user_exists(late):
+        _run("userdel", "-r", late, check=False)
+    made = box.cli(ALICE, "job", "run", "--detach", "--name", "train", "--project", late,
+                   "--cpu", SMALL, "--", "true")
+    assert made.returncode == 0, made.stderr
+    _run("useradd", "-m", "-G", SOCKET_GROUP, late)
+    try:
+        env = ["PATH=/usr/local/bin:/usr/bin:/bin", f"HOME=/home/{late}", "LANG=C.UTF-8",
+               f"{SOCKET_ENV}={box.daemon.socket}", f"PYTHONPATH={box.lib}"]
+        seen = subprocess.run(["runuser", "-u", late, "--", "env", "-i", *env, SYSTEM_PYTHON,
+                               "-m", "noduslocal.cli", "job", "status", "train"],
+                              capture_output=True, text=True, timeout=DEADLINE, cwd=box.lib)
+        assert seen.returncode != 0 and "Traceback" not in seen.stderr
+        assert "is nlalice's (pass --project nlcarol to look at it)" in seen.stderr
+        again = box.cli(ALICE, "job", "run", "--detach", "--name", "other", "--project",
+                        late, "--cpu", SMALL, "--", "true")
+        assert again.returncode != 0
+        assert "belongs to the user of that name" in again.stderr
+    finally:
+        _run("userdel", "-r", late, check=False)
+
+
 # --- the admin group (last: it changes alice's groups) ------------------------------------
 
 

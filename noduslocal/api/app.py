@@ -12,6 +12,7 @@ from aiohttp import web
 
 from noduslocal import errors
 from noduslocal.api import (
+    admin,
     estimate,
     files,
     gpus,
@@ -77,7 +78,7 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
 def route_tables() -> list[web.RouteTableDef]:
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
-            estimate.routes, sweeps.routes]
+            estimate.routes, sweeps.routes, admin.routes]
 
 
 def build_app(services: Services) -> web.Application:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
+import math
 import pwd
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from noduslocal import errors
+from noduslocal.api.body import parse as parse_body
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
 from noduslocal.models import JobRecord
@@ -50,6 +51,13 @@ async def lookup(request: web.Request) -> JobRecord:
     job = await services.store.job(project, name)
     if job is None:
         raise errors.NotFound(f"job {name!r} not found in project {project!r}")
+    caller: Caller = request["caller"]
+    if "project" not in request.query and job.owner_uid != caller.uid:
+        # The caller's own project, named implicitly, holds another user's job (made in
+        # it before the caller's account existed): never resolve that by accident.
+        raise errors.NotFound(
+            f"job {name!r} not found among yours in project {project!r}; the job of that "
+            f"name there is {job.owner}'s (pass --project {project} to look at it)")
     return job
 
 
@@ -77,8 +85,8 @@ async def create_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     caller: Caller = request["caller"]
     raw = await request.read()
-    body: Any = json.loads(raw or b"null")
-    req = parse_create(body, regions=(services.settings.region,))
+    body_value: Any = parse_body(raw)
+    req = parse_create(body_value, regions=(services.settings.region,))
     check_project(caller, req.project)
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is not None and not (0 < len(key) <= 200):
@@ -156,15 +164,25 @@ async def resume_job(request: web.Request) -> web.Response:
     return await _control(request, "resume", request.app[SERVICES].lifecycle.resume)
 
 
+def poll_timeout(request: web.Request) -> float:
+    """A long poll's `timeout` query: finite seconds from 0, at most max_wait_poll."""
+    longest = request.app[SERVICES].settings.max_wait_poll
+    text = request.query.get("timeout")
+    try:
+        timeout = longest if text is None else float(text)
+    except ValueError:
+        timeout = math.nan
+    if not math.isfinite(timeout) or timeout < 0:
+        raise errors.InvalidArgument(f"timeout: expected seconds from 0, not {text!r}",
+                                     field="timeout")
+    return min(timeout, longest)
+
+
 @routes.get("/v1/jobs/{name}/wait")
 async def wait_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    try:
-        timeout = float(request.query.get("timeout", services.settings.max_wait_poll))
-    except ValueError:
-        raise errors.InvalidArgument("timeout: expected seconds", field="timeout") from None
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(0.0, min(timeout, services.settings.max_wait_poll))
+    deadline = loop.time() + poll_timeout(request)
     job: JobRecord | None = await lookup(request)
     while job is not None and job.phase not in TERMINAL:
         change = services.hub.next_change(job.id)
@@ -199,7 +217,7 @@ async def exec_in_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     job = await lookup(request)
     require_control(request, job, "exec in")
-    body: Any = json.loads(await request.read() or b"null")
+    body: Any = parse_body(await request.read())
     if not isinstance(body, dict) or set(body) - {"command", "timeout"}:
         raise errors.InvalidArgument('body: expected {"command": [...], "timeout": S}',
                                      field="body")

@@ -3,13 +3,13 @@ never come out of the API; jobs receive them as environment variables."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from aiohttp import web
 
 from noduslocal import errors
+from noduslocal.api.body import read as read_body
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
 from noduslocal.models import iso
@@ -41,7 +41,7 @@ async def list_secrets(request: web.Request) -> web.Response:
 async def set_secret(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     name = secret_name(request)
-    body: Any = json.loads(await request.read() or b"null")
+    body: Any = await read_body(request)
     if not isinstance(body, dict) or set(body) != {"value"}:
         raise errors.InvalidArgument('body: expected {"value": "..."}', field="body")
     value = validate_secret_value(body["value"], "value")

@@ -6,15 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import time
 from typing import Any
 
 from aiohttp import web
 
 from noduslocal import errors
+from noduslocal.api.body import parse as parse_body
 from noduslocal.api.identity import Caller
-from noduslocal.api.jobs import IDEMPOTENCY_HEADER, check_project, project_of
+from noduslocal.api.jobs import (
+    IDEMPOTENCY_HEADER,
+    check_project,
+    poll_timeout,
+    project_of,
+)
 from noduslocal.api.services import SERVICES
 from noduslocal.models import SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL
@@ -59,7 +64,7 @@ async def create_sweep(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     caller: Caller = request["caller"]
     raw = await request.read()
-    plan = parse_sweep(json.loads(raw or b"null"), regions=(services.settings.region,))
+    plan = parse_sweep(parse_body(raw), regions=(services.settings.region,))
     check_project(caller, plan.project)
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is not None and not (0 < len(key) <= 200):
@@ -103,12 +108,8 @@ async def sweep_cells(request: web.Request) -> web.Response:
 @routes.get("/v1/sweeps/{name}/wait")
 async def wait_sweep(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    try:
-        timeout = float(request.query.get("timeout", services.settings.max_wait_poll))
-    except ValueError:
-        raise errors.InvalidArgument("timeout: expected seconds", field="timeout") from None
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(0.0, min(timeout, services.settings.max_wait_poll))
+    deadline = loop.time() + poll_timeout(request)
     sweep = await lookup(request)
     while sweep.phase not in SWEEP_TERMINAL and (remaining := deadline - loop.time()) > 0:
         change = services.lifecycle.sweep_changed(sweep.id)
@@ -183,7 +184,7 @@ async def gc_sweep(request: web.Request) -> web.Response:
 async def set_sweep(request: web.Request) -> web.Response:
     sweep = await lookup(request)
     require_control(request, sweep, "change")
-    body: Any = json.loads(await request.read() or b"null")
+    body: Any = parse_body(await request.read())
     if not isinstance(body, dict) or set(body) != {"max_parallel"}:
         raise errors.InvalidArgument('body: expected {"max_parallel": N}', field="body")
     value = body["max_parallel"]

@@ -44,6 +44,8 @@ async def info(request: web.Request) -> web.Response:
                   "active": services.lifecycle.active_count()},
         "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
                    "admin": caller.admin},
+        # Job directories the database did not know at start: for admins to look at.
+        "orphans": [o.to_wire() for o in services.lifecycle.orphans] if caller.admin else [],
     })
 
 

@@ -4,7 +4,6 @@ one with volumes={path: name}; only the volume's owner (or an admin) may."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -15,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from noduslocal import errors
+from noduslocal.api.body import read as read_body
 from noduslocal.api.files import file_response, list_response
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
@@ -42,7 +42,7 @@ async def owned_volume(request: web.Request, action: str) -> dict[str, Any]:
 async def create_volume(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     caller: Caller = request["caller"]
-    body: Any = json.loads(await request.read() or b"null")
+    body: Any = await read_body(request)
     if not isinstance(body, dict) or set(body) != {"name"}:
         raise errors.InvalidArgument('body: expected {"name": ...}', field="body")
     name = validate_name(body["name"], "name")

@@ -126,8 +126,10 @@ def job_env(gpus: list[Gpu], box_has_gpus: bool, in_container: bool,
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     elif box_has_gpus and not in_container:
         env["CUDA_VISIBLE_DEVICES"] = ""  # no GPUs asked for: none visible
-    if in_container and not simulated:
+    if in_container:
         # Over the image's and the job's own: with the NVIDIA runtime as docker's default,
-        # an image's NVIDIA_VISIBLE_DEVICES=all would hand it every GPU on the box.
-        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus) or "void"
+        # an image's NVIDIA_VISIBLE_DEVICES=all would hand it every GPU on the box. A
+        # simulated GPU is no real one: such a container gets none.
+        env["NVIDIA_VISIBLE_DEVICES"] = ("void" if simulated
+                                         else ",".join(g.uuid for g in gpus) or "void")
     return env

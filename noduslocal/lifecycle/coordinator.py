@@ -6,6 +6,7 @@ board of attempts, and is their one face for the daemon and the API.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.controls import OwnerControls
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gpu_health import GpuHealth
+from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.stops import Stopper
@@ -46,6 +48,8 @@ class Lifecycle:
         self.store = store
         self.layout = layout
         self.runtimes = runtimes
+        self._execs: Counter[int] = Counter()  # execs running, by the job owner's uid
+        self._max_execs = settings.user_max_execs
         self.board = Board()
         self.background = Background()
         inventory = inventory or Inventory([], "none", "no GPU inventory")
@@ -62,11 +66,12 @@ class Lifecycle:
         self.reports = SweepReports(store, settings.region, self.accounting,
                                     self.running_cost,
                                     self.running_metrics, self.log_path)
+        self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
+                                    self.stopper, self.accounting,
+                                    lambda job_id, phase: self.sweeps.cell_ending(job_id, phase))
         self.sweeps = SweepController(store, self.dispatch, self.background,
                                       Webhooks(self.background, self.reports),
-                                      self.running_cost)
-        self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
-                                    self.stopper, self.accounting, self.sweeps.cell_ending)
+                                      self.running_cost, self.runner.prepare_ahead)
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
         self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
                                       withdraw=self.sweeps.withdraw,
@@ -161,6 +166,11 @@ class Lifecycle:
         return self.sweeps.next_change(sweep_id)
 
     @property
+    def orphans(self) -> list[Orphan]:
+        """Job directories the database did not know at start (admins see them)."""
+        return self.recovery.orphans
+
+    @property
     def inventory(self) -> Inventory:
         return self.accounting.inventory
 
@@ -216,5 +226,14 @@ class Lifecycle:
             why = runtime.hold() or "the daemon has just restarted"
             raise errors.Conflict(f"job {job.name!r}: it is not adopted yet ({why}); try "
                                   "again shortly")
-        launch = await self.runner.launch_of(attempt)
-        return await runtime.exec(launch, attempt.handles[0], command, timeout)
+        owner = job.owner_uid
+        if self._execs[owner] >= self._max_execs:
+            raise errors.ResourceExhausted(
+                f"exec: {job.owner} has {self._execs[owner]} execs running, the most one "
+                f"user may (user_max_execs = {self._max_execs}); wait for one to end")
+        self._execs[owner] += 1
+        try:
+            launch = await self.runner.launch_of(attempt)
+            return await runtime.exec(launch, attempt.handles[0], command, timeout)
+        finally:
+            self._execs[owner] -= 1

@@ -1,6 +1,7 @@
-"""After a daemon restart: the fair-share ledger and drains are read back, every attempt
-that may still run takes its share back (CPUs, memory, the same GPUs) before any pass, and
-is adopted if its ranks live, or ended as what it became meanwhile.
+"""After a daemon restart: the fair-share ledger and drains are read back, job directories
+the database does not know are stopped and reported, every attempt that may still run
+takes its share back (CPUs, memory, the same GPUs) before any pass, and is adopted if its
+ranks live, or ended as what it became meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.orphans import Orphan, find_orphans
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.models import AttemptRecord, JobRecord
@@ -37,6 +39,7 @@ class Recovery:
         self.accounting = accounting
         self.runner = runner
         self.sweeps = sweeps
+        self.orphans: list[Orphan] = []  # job directories the database does not know
 
     async def recover(self) -> None:
         self.layout.create_root()
@@ -44,6 +47,8 @@ class Recovery:
         if pool is not None:
             pool.drained = await self.store.drained_gpus()
         await self.accounting.replay(self.store)
+        self.orphans = await asyncio.to_thread(find_orphans, self.layout,
+                                               await self.store.max_job_id())
         jobs = await self.store.active_jobs()
         # The sweeps first: an adopted cell's end, committed from here on, then reaches a
         # sweep that knows the cell (it holds back its pending cells; nothing starts yet).

@@ -11,6 +11,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +37,7 @@ from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
 from noduslocal.store import Store, ops
 
 log = logging.getLogger(__name__)
+COLLECT_THREADS = 2  # jobs whose outputs are collected at once
 
 
 class AttemptRunner:
@@ -53,6 +55,14 @@ class AttemptRunner:
         self.stopper = stopper
         self.accounting = accounting
         self._on_end = on_end
+        # Copying and hashing outputs (gigabytes, perhaps) has threads of its own: API reads
+        # and everything else on the default pool never queue behind it.
+        self._collect_pool = ThreadPoolExecutor(COLLECT_THREADS, "collect")
+        self._ahead_pool = ThreadPoolExecutor(1, "prepare-ahead")
+
+    def prepare_ahead(self, job: JobRecord) -> None:
+        """Make a job's first directories on a thread of their own before it starts."""
+        self._ahead_pool.submit(self.layout.prepare_ahead, job)
 
     def runtime_of(self, job: JobRecord) -> Runtime:
         return self.runtimes[job.spec.runtime]
@@ -143,7 +153,8 @@ class AttemptRunner:
         if isinstance(state, Exited):
             # Before the end is committed, so a wait() that returns finds them.
             if job.spec.outputs:
-                collected = await asyncio.to_thread(self._collect, job)
+                collected = await asyncio.get_running_loop().run_in_executor(
+                    self._collect_pool, self._collect, job)
             reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
         ended = self.store.write(lambda c: ops.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported))

@@ -29,8 +29,11 @@ RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING
 
 class SweepController:
     def __init__(self, store: Store, dispatch: Dispatch, background: Background,
-                 webhooks: Webhooks, running_cost: Callable[[int], float]) -> None:
-        """`running_cost(job_id)`: what a running cell has cost so far."""
+                 webhooks: Webhooks, running_cost: Callable[[int], float],
+                 prepare_ahead: Callable[[JobRecord], None] = lambda job: None) -> None:
+        """`running_cost(job_id)`: what a running cell has cost so far; `prepare_ahead`:
+        the next cells, read ahead, may have their directories made meanwhile."""
+        self._prepare_ahead = prepare_ahead
         self.store = store
         self.dispatch = dispatch
         self.background = background
@@ -170,6 +173,7 @@ class SweepController:
             if job.id not in ids:
                 if job.phase == Phase.PENDING and job.id in active.held:
                     active.ready[job.id] = job
+                    self._prepare_ahead(job)
             # Withdrawn meanwhile (a cancel of that cell, or of the sweep, or a suspend of
             # the sweep) is not queued.
             elif (job.phase == Phase.PENDING and active.record.phase in RELEASING

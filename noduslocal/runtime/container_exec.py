@@ -45,12 +45,12 @@ async def exec_in_container(call: Any, client: docker.DockerClient, container_id
                             command: list[str], user: str, workdir: str | None,
                             mask: list[str], timeout: float) -> ExecResult:
     """`call` runs a blocking function in the container runtime's thread pool."""
-    exec_id = await call(_start, client, container_id, command, user, workdir, slow=True)
+    exec_id = await call(_start, client, container_id, command, user, workdir, exec_=True)
     masks = [m.encode() for m in mask if m]
     keep = OUTPUT_LIMIT + max((len(m) for m in masks), default=0)
     try:
         out, err, more = await asyncio.wait_for(
-            call(_collect, client, exec_id, keep, slow=True), timeout)
+            call(_collect, client, exec_id, keep, exec_=True), timeout)
     except TimeoutError:
         info = await call(client.api.exec_inspect, exec_id)
         if info.get("Running") and info.get("Pid"):

@@ -66,8 +66,11 @@ class DockerEngine:
         self._lost_link = False  # the event stream broke since the last connect
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = ThreadPoolExecutor(16, thread_name_prefix="docker")
-        # Pulls and execs may take long; they never hold up launches, kills and ends.
+        # Creates (with their pulls) and execs may take long: each has its own threads, so
+        # neither holds up launches, kills and ends, and execs (up to 24 h each, capped per
+        # user by the lifecycle) never hold up another user's create.
         self.slow_pool = ThreadPoolExecutor(32, thread_name_prefix="docker-slow")
+        self.exec_pool = ThreadPoolExecutor(32, thread_name_prefix="docker-exec")
         self._link = DockerLink(docker_host, job_filter(instance), self._on_event,
                                 self._on_state)
 
@@ -78,7 +81,7 @@ class DockerEngine:
         await self._link.close()
         for watch in self._watches.values():
             watch.closed.set()
-        for pool in (self._pool, self.slow_pool):
+        for pool in (self._pool, self.slow_pool, self.exec_pool):
             pool.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -92,10 +95,12 @@ class DockerEngine:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def call(self, fn: Callable[..., T], *args: Any, slow: bool = False) -> T:
-        """Run a blocking docker-py call in a pool. A dropped connection means dockerd is
-        going away: container work waits (DockerUnavailable) until the link is back."""
-        pool = self.slow_pool if slow else self._pool
+    async def call(self, fn: Callable[..., T], *args: Any, slow: bool = False,
+                   exec_: bool = False) -> T:
+        """Run a blocking docker-py call in a pool (`slow`: creates, `exec_`: execs). A
+        dropped connection means dockerd is going away: container work waits
+        (DockerUnavailable) until the link is back."""
+        pool = self.exec_pool if exec_ else self.slow_pool if slow else self._pool
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except TRANSIENT as exc:

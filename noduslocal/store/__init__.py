@@ -34,6 +34,26 @@ _PRAGMAS = (
 CURRENT = "sweep_id = ? AND superseded_by IS NULL"  # each cell's latest job
 
 
+class DatabaseDamaged(RuntimeError):
+    """The database failed its check: the daemon must not run on it."""
+
+
+def check_intact(conn: sqlite3.Connection, path: Path) -> None:
+    """PRAGMA quick_check, which reads every page: a damaged database is refused at start
+    rather than failing creates later with "malformed"."""
+    try:
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
+    except sqlite3.DatabaseError as exc:
+        problems = [str(exc)]
+    if problems == ["ok"]:
+        return
+    raise DatabaseDamaged(
+        f"{path} is damaged ({'; '.join(problems)}); noduslocald will not run on it. To "
+        f"restore: stop the daemon, move {path} (and its -wal and -shm files) aside, copy "
+        f"your latest `noduslocal admin backup` to {path}, start. Without a backup, "
+        f"`sqlite3 OLD .recover | sqlite3 {path}` saves what can be read.")
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -41,15 +61,17 @@ class Store:
         self._reader: aiosqlite.Connection | None = None
         self._writer: Writer | None = None
 
-    async def open(self, on_commit: OnCommit, batch_max: int = 256) -> None:
-        await asyncio.to_thread(self._migrate)
+    async def open(self, on_commit: OnCommit, batch_max: int = 256,
+                   job_id_floor: int = 0) -> None:
+        """`job_id_floor`: the highest job id found on disk; no new job gets one below."""
+        await asyncio.to_thread(self._migrate, job_id_floor)
         self._writer_conn = await self._connect()
         self._reader = await self._connect()
         await self._reader.execute("PRAGMA query_only = ON")
         self._writer = Writer(self._writer_conn, on_commit, batch_max)
         self._writer.start()
 
-    def _migrate(self) -> None:
+    def _migrate(self, job_id_floor: int) -> None:
         # SQLite gives the -wal and -shm files the database's mode: make it private first.
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         for suffix in ("", "-wal", "-shm"):
@@ -59,9 +81,23 @@ class Store:
         try:
             for pragma in _PRAGMAS:
                 conn.execute(pragma)
+            check_intact(conn, self.path)
             migrate(conn)
+            conn.execute("UPDATE job_id_floor SET floor = MAX(floor, ?)", (job_id_floor,))
         finally:
             conn.close()
+
+    def backup_to(self, target: Path) -> None:
+        """A consistent copy of the database in `target` (0600), taken with SQLite's
+        online backup on a connection of its own while the daemon runs."""
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        source = sqlite3.connect(self.path)
+        copy = sqlite3.connect(target)
+        try:
+            source.backup(copy)
+        finally:
+            copy.close()
+            source.close()
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None)
@@ -122,6 +158,10 @@ class Store:
             f"SELECT {ops.JOB_COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ?",
             (*params, limit))
         return [ops.job_from_row(row) for row in reversed(rows)]
+
+    async def max_job_id(self) -> int:
+        rows = await self._fetchall("SELECT COALESCE(MAX(id), 0) FROM jobs")
+        return int(rows[0][0])
 
     async def active_jobs(self) -> list[JobRecord]:
         return await self.jobs(active_only=True, limit=-1)

@@ -83,6 +83,19 @@ def _event(conn: sqlite3.Connection, job: tuple[int, str, str], at: float, phase
     return Event(cur.lastrowid or 0, job[0], job[1], job[2], at, phase, reason, message, attempt)
 
 
+def next_job_id(conn: sqlite3.Connection) -> int:
+    """The next job id: above every job the database knows and above the floor, the
+    highest job directory on disk when the daemon started (job_id_floor)."""
+    return int(conn.execute(
+        "SELECT MAX(COALESCE((SELECT MAX(id) FROM jobs), 0), "
+        "(SELECT COALESCE(MAX(floor), 0) FROM job_id_floor)) + 1").fetchone()[0])
+
+
+def raise_job_id_floor(conn: sqlite3.Connection, floor: int) -> tuple[None, list[Event]]:
+    conn.execute("UPDATE job_id_floor SET floor = MAX(floor, ?)", (floor,))
+    return None, []
+
+
 def _transition(conn: sqlite3.Connection, job_id: int, target: Phase, at: float,
                 reason: str | None, message: str | None = None, attempt: int | None = None,
                 **columns: Any) -> Event:
@@ -132,14 +145,15 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
                     (project, name)).fetchone():
         raise errors.AlreadyExists(f"name: job {name!r} already exists in project {project!r}",
                                    field="name")
-    cur = conn.execute(
-        "INSERT INTO jobs (project, name, owner_uid, owner_gid, owner, phase, reason, spec, "
-        "labels, idempotency_key, request_hash, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-        (project, name, owner.uid, owner.gid, owner.name, Phase.PENDING.value,
+    job_id = next_job_id(conn)
+    conn.execute(
+        "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
+        "spec, labels, idempotency_key, request_hash, created_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (job_id, project, name, owner.uid, owner.gid, owner.name, Phase.PENDING.value,
          Reason.CREATED.value, json.dumps(req.spec.to_wire()), json.dumps(req.labels),
          idempotency_key, request_hash, now),
     )
-    job_id = cur.lastrowid or 0
     insert_refs(conn, [job_id], resolve_refs(conn, req, owner), req.spec)
     event = _event(conn, (job_id, project, name), now, Phase.PENDING.value,
                    Reason.CREATED.value, None, None)

@@ -14,7 +14,14 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.models import CreateRequest, Event, JobSpec, SweepRecord
 from noduslocal.states import Phase, Reason, SweepPhase, check_sweep_transition
-from noduslocal.store.jobs import Owner, _event, _transition, insert_refs, resolve_refs
+from noduslocal.store.jobs import (
+    Owner,
+    _event,
+    _transition,
+    insert_refs,
+    next_job_id,
+    resolve_refs,
+)
 
 SWEEP_COLUMNS = ("id, project, name, owner_uid, owner_gid, owner, phase, spec, labels, cells, "
                  "max_parallel, created_at, reason, message, ended_at, freed_at")
@@ -66,7 +73,7 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[s
          Reason.CREATED.value, json.dumps(spec), json.dumps(template.labels), cells,
          max_parallel, idempotency_key, request_hash, now))
     sweep_id = cur.lastrowid or 0
-    first = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs").fetchone()[0]
+    first = next_job_id(conn)
     labels_json = json.dumps(labels)
     conn.executemany(
         "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
@@ -214,7 +221,7 @@ def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool
     if not cells:
         raise errors.Conflict(f"sweep {sweep_name!r} has no failed cell to retry"
                               + ("" if include_cancelled else " (--all: cancelled ones too)"))
-    first = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs").fetchone()[0]
+    first = next_job_id(conn)
     ids, events, canary = [], [], None
     for new, (old, cell, _, _, project) in enumerate(cells, first):
         tries = conn.execute("SELECT COUNT(*) FROM jobs WHERE sweep_id = ? AND cell = ?",
@@ -259,7 +266,7 @@ def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool
 def _copy_smoke(conn: sqlite3.Connection, old: int, sweep_name: str,
                 now: float) -> tuple[int, Event]:
     """The failed smoke canary's job again, as `<sweep>-canary-r<try>`."""
-    new = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM jobs").fetchone()[0]
+    new = next_job_id(conn)
     project = conn.execute("SELECT project FROM jobs WHERE id = ?", (old,)).fetchone()[0]
     tries = conn.execute("SELECT COUNT(*) FROM jobs WHERE project = ? AND (name = ? OR name "
                          "LIKE ?)", (project, f"{sweep_name}-canary",
