@@ -84,6 +84,10 @@ class Settings:
     user_max_gpus: int | None = None  # GPUs one user may hold at once (None: no limit)
     user_max_jobs: int | None = None  # jobs one user may run at once (None: no limit)
     user_max_execs: int = 8  # `job exec` commands one user may have running at once
+    user_max_connections: int = 128  # connections to the socket one uid may hold open
+    idle_timeout: float = 30.0  # seconds a connection may wait for a whole request's headers
+    body_timeout: float = 30.0  # seconds a request body may go without a new byte
+    max_open_files: int | None = None  # the daemon's RLIMIT_NOFILE (None: the hard limit)
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
@@ -117,10 +121,21 @@ _TOML_KEYS = {
     "user_max_gpus": ("user_max_gpus", int),
     "user_max_jobs": ("user_max_jobs", int),
     "user_max_execs": ("user_max_execs", int),
+    "user_max_connections": ("user_max_connections",
+                             lambda v: _positive(v, "user_max_connections")),
+    "idle_timeout": ("idle_timeout", lambda v: parse_duration(v, "idle_timeout")),
+    "body_timeout": ("body_timeout", lambda v: parse_duration(v, "body_timeout")),
+    "max_open_files": ("max_open_files", lambda v: _positive(v, "max_open_files")),
     "energy_price_per_kwh": ("energy_price_per_kwh", float),
     "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
     "host_shim": ("host_shim", lambda v: _choice(v, "host_shim", ("auto", "python"))),
 }
+
+
+def _positive(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name}: expected a whole number from 1", field=name)
+    return value
 
 
 def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from noduslocal import errors
+from noduslocal import errors, log_limit
 from noduslocal.config import Settings, load_settings
 
 log = logging.getLogger("noduslocald")
@@ -105,7 +105,7 @@ def lock_data_dir(data_dir: Path, user_mode: bool) -> int:
     return fd
 
 
-def bind_socket(settings: Settings) -> socket.socket:
+def bind_socket(settings: Settings, backlog: int) -> socket.socket:
     """Listen on a temporary name with the final mode, then rename it over the socket path:
     clients never see the path missing or open to the wrong users while we restart."""
     path = settings.socket
@@ -115,7 +115,7 @@ def bind_socket(settings: Settings) -> socket.socket:
     try:
         sock.bind(str(tmp))
         secure_socket(settings, tmp)
-        sock.listen(128)
+        sock.listen(backlog)
         os.rename(tmp, path)
     except BaseException:
         sock.close()
@@ -152,6 +152,13 @@ async def refresh_identities() -> None:
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     # Imported here so `noduslocald --help` and the CLI stay fast.
     from noduslocal.api.app import build_app
+    from noduslocal.api.connections import (
+        ConnectionGuard,
+        GuardedSite,
+        listen_backlog,
+        raise_fd_limit,
+        total_cap,
+    )
     from noduslocal.api.services import Services
     from noduslocal.events import EventHub
     from noduslocal.gpu.service import GpuService
@@ -164,6 +171,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     from noduslocal.store import Store
 
     claim_socket(settings.socket, settings.user_mode)
+    fd_limit = raise_fd_limit(settings.max_open_files)
     lock_fd = lock_data_dir(settings.data_dir, settings.user_mode)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -192,10 +200,15 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     try:
         await lifecycle.start()
         app = build_app(Services(settings, store, lifecycle, layout, hub, time.time()))
-        runner = web.AppRunner(app, access_log=None)
+        # A connection that never finishes its request's headers is closed like an idle one.
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=settings.idle_timeout,
+                               shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
-        site = web.SockSite(runner, bind_socket(settings), shutdown_timeout=SHUTDOWN_TIMEOUT)
-        await site.start()
+        assert runner.server is not None
+        guard = ConnectionGuard(runner.server, settings.user_max_connections,
+                                total_cap(fd_limit))
+        backlog = listen_backlog(fd_limit)
+        await GuardedSite(runner, bind_socket(settings, backlog), guard, backlog).start()
         log.info("noduslocald %d serving on %s (data %s, %g CPUs, %d MiB)", os.getpid(),
                  settings.socket, settings.data_dir, settings.cpus_m / 1000,
                  settings.memory // 2**20)
@@ -258,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        log_limit.install(handler)
     overrides = {key: value for key, value in (
         ("cpus", args.cpus), ("memory", args.memory), ("simulate_gpus", args.simulate_gpus),
         ("nvml_library", args.nvml_library)) if value is not None}

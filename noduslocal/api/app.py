@@ -4,6 +4,7 @@ identity middleware, and the route table of /v1.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -68,6 +69,37 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(errors.Internal("internal error; see the daemon's log"))
 
 
+def _watch_body(request: web.Request, timeout: float) -> None:
+    """Close the connection of a request whose body stopped arriving: a client that sends
+    headers and then a trickle would otherwise hold a handler and a descriptor for ever."""
+    content = request.content
+    loop = asyncio.get_running_loop()
+    seen = content.total_bytes
+
+    def check() -> None:
+        nonlocal seen
+        if content.is_eof() or request.transport is None:
+            return
+        if content.total_bytes == seen:
+            log.info("closing a %s %s whose body sent nothing for %gs", request.method,
+                     request.path, timeout)
+            request.transport.close()
+            return
+        seen = content.total_bytes
+        loop.call_later(timeout, check)
+
+    loop.call_later(timeout, check)
+
+
+@web.middleware
+async def body_deadline_middleware(request: web.Request,
+                                   handler: Handler) -> web.StreamResponse:
+    # Most bodies arrive with their headers: no timer for those.
+    if request.body_exists and not request.content.is_eof():
+        _watch_body(request, request.app[SERVICES].settings.body_timeout)
+    return await handler(request)
+
+
 @web.middleware
 async def identity_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     services = request.app[SERVICES]
@@ -83,7 +115,8 @@ def route_tables() -> list[web.RouteTableDef]:
 
 def build_app(services: Services) -> web.Application:
     app = web.Application(client_max_size=services.settings.max_body,
-                          middlewares=[error_middleware, identity_middleware])
+                          middlewares=[error_middleware, body_deadline_middleware,
+                                       identity_middleware])
     app[SERVICES] = services
     for table in route_tables():
         app.add_routes(table)

@@ -34,7 +34,7 @@ class _UnixConnection(http.client.HTTPConnection):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(self._path)
+            _connect_through_a_full_queue(sock, self._path, self.timeout)
             _, uid, _ = struct.unpack("3i", sock.getsockopt(
                 socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         except BaseException:
@@ -47,6 +47,28 @@ class _UnixConnection(http.client.HTTPConnection):
             raise errors.PermissionDenied(
                 f"{self._path} is served by uid {uid}, neither root nor you; refusing it")
         self.sock = sock
+
+
+OVERLOAD_WAIT = 10.0  # longest we wait for room in the daemon's queue of new connections
+
+
+def _connect_through_a_full_queue(sock: socket.socket, path: str,
+                                  timeout: float | None) -> None:
+    """connect(), waiting a while when the daemon's listen queue is full: a Unix socket
+    answers that with EAGAIN at once instead of waiting as TCP does."""
+    deadline = time.monotonic() + min(timeout or OVERLOAD_WAIT, OVERLOAD_WAIT)
+    delay = 0.01
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + delay > deadline:
+                raise errors.DaemonUnavailable(
+                    f"the daemon at {path} is overloaded: its queue of new connections "
+                    "stayed full; try again in a moment") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
 def _url(path: str, query: Mapping[str, Any] | None) -> str:
