@@ -1,10 +1,12 @@
 """Collecting a job's declared outputs from its workspace after an attempt: a file is
-copied as it is, a directory as a tar, into a blob store named by sha256. Paths are walked
-from the workspace's descriptor without following any link, as workspace.py does.
+copied as it is, a directory as a tar, into a blob store named by sha256, within a size cap,
+and sparse (a hole stays a hole). Paths are walked from the workspace's descriptor without
+following any link, as workspace.py does.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -14,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from noduslocal import errors
-from noduslocal.workspace import DIR_FLAGS, components, iter_chunks, open_parent
+from noduslocal.workspace import DIR_FLAGS, components, open_parent
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_ZEROS = bytes(1 << 20)
 
 
 @dataclass(frozen=True)
@@ -26,26 +29,100 @@ class Collected:
     kind: str  # "file" or "dir" (a tar)
     size: int
     sha256: str
+    skipped: str | None = None  # why it was left out of the store
+
+
+class OverLimit(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class OutputLimits:
+    per_output: int  # bytes
+    per_job: int  # bytes of all of one attempt's outputs
+
+    def for_next(self, used: int) -> tuple[int, str]:
+        """The limit of the next output when the others took `used`, and its name."""
+        left = self.per_job - used
+        if self.per_output <= left:
+            return self.per_output, f"max_output_size ({self.per_output} bytes)"
+        return left, (f"max_job_outputs ({self.per_job} bytes, {used} of them taken by "
+                      "the job's other outputs)")
 
 
 class HashingWriter(io.RawIOBase):
-    """A file that hashes what is written to it: the blob is hashed once, as it is made."""
+    """A file that hashes what is written to it (the blob is hashed once, as it is made),
+    refuses to grow past `limit`, and leaves zeros as holes: a sparse output or a tar of
+    one costs the disk what the job's copy did, not its apparent size."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, limit: int | None = None) -> None:
         self.fd = fd
         self.digest = hashlib.sha256()
         self.size = 0
+        self.limit = limit
+        self._hole_at_end = False
 
     def writable(self) -> bool:
         return True
 
+    def _grow(self, n: int) -> None:
+        if self.limit is not None and self.size + n > self.limit:
+            raise OverLimit(self.size + n)
+        self.size += n
+
     def write(self, data: bytes) -> int:  # type: ignore[override]
+        n = len(data)
+        if n >= 4096 and data.count(0) == n:
+            self.zeros(n)
+            return n
+        self._grow(n)
         view = memoryview(data)
         while view:
             view = view[os.write(self.fd, view):]
         self.digest.update(data)
-        self.size += len(data)
-        return len(data)
+        self._hole_at_end = False
+        return n
+
+    def zeros(self, n: int) -> None:
+        """`n` zero bytes: hashed, skipped over in the file."""
+        self._grow(n)
+        os.lseek(self.fd, n, os.SEEK_CUR)
+        self._hole_at_end = n > 0 or self._hole_at_end
+        while n:
+            step = min(n, len(_ZEROS))
+            self.digest.update(memoryview(_ZEROS)[:step])
+            n -= step
+
+    def finish(self) -> None:
+        if self._hole_at_end:  # a seek past the end makes no file size by itself
+            os.ftruncate(self.fd, self.size)
+
+
+def copy_sparse(fd: int, writer: HashingWriter, size: int) -> None:
+    """The first `size` bytes of the file at `fd`, reading only its data, not its holes."""
+    pos = 0
+    while pos < size:
+        try:
+            data_at = min(os.lseek(fd, pos, os.SEEK_DATA), size)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # no SEEK_DATA here: read it all
+                data_at = pos
+                hole_at = size
+            else:  # only a hole from here to the end
+                data_at = hole_at = size
+        else:
+            hole_at = min(os.lseek(fd, data_at, os.SEEK_HOLE), size)
+        if data_at > pos:
+            writer.zeros(data_at - pos)
+        os.lseek(fd, data_at, os.SEEK_SET)
+        left = hole_at - data_at
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:  # shrank under us: what is there is what we keep
+                return
+            writer.write(chunk)
+            left -= len(chunk)
+        pos = hole_at
 
 
 class BlobStore:
@@ -64,6 +141,7 @@ class BlobStore:
 
     def keep(self, tmp: Path, writer: HashingWriter) -> tuple[int, str]:
         """Sync the temporary file and move it to its name; (size, sha256)."""
+        writer.finish()
         os.fsync(writer.fd)
         digest = writer.digest.hexdigest()
         final = self.path(digest)
@@ -72,9 +150,11 @@ class BlobStore:
         os.close(writer.fd)
         return writer.size, digest
 
-    def collect(self, workspace: Path, name: str, rel: str, owner_uid: int) -> Collected | None:
+    def collect(self, workspace: Path, name: str, rel: str, owner_uid: int,
+                limit: int | None = None, cap: str = "") -> Collected | None:
         """Copy one output into the store; None when the job did not leave it there (or
-        left a link, a device or a file another user owns, which are never read)."""
+        left a link, a device or a file another user owns, which are never read). One of
+        more than `limit` bytes is left out, saying so with `cap` (what the limit is)."""
         parts = components(rel)
         try:
             parent = open_parent(workspace, parts)
@@ -96,18 +176,25 @@ class BlobStore:
         finally:
             os.close(parent)
         out, tmp = self.new()
-        writer = HashingWriter(out)
+        writer = HashingWriter(out, limit)
         kept = False
         try:
             if kind == "file":
                 opened = os.fstat(fd)
                 if not stat.S_ISREG(opened.st_mode) or not _owned(opened, owner_uid):
                     return None
-                for chunk in iter_chunks(fd):
-                    writer.write(chunk)
+                if limit is not None and opened.st_size > limit:
+                    return Collected(name, rel, kind, opened.st_size, "",
+                                     f"{opened.st_size} bytes, over {cap}")
+                copy_sparse(fd, writer, opened.st_size)
             else:
-                with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                    _add_tree(tar, fd, owner_uid)
+                try:
+                    with tarfile.open(fileobj=writer, mode="w|",
+                                      format=tarfile.PAX_FORMAT) as tar:
+                        _add_tree(tar, fd, owner_uid)
+                except OverLimit as over:
+                    return Collected(name, rel, kind, over.args[0], "",
+                                     f"more than {limit} bytes as a tar, over {cap}")
             size, digest = self.keep(tmp, writer)
             kept = True
             return Collected(name, rel, kind, size, digest)

@@ -25,6 +25,11 @@ async def list_outputs(request: web.Request) -> web.Response:
     listed = []
     for name, path in job.spec.outputs.items():
         row = collected.get(name)
+        if row is not None and row["skipped"]:
+            listed.append({"name": name, "path": path, "collected": False,
+                           "skipped": row["skipped"], "size": row["size"],
+                           "attempt": row["attempt"]})
+            continue
         listed.append({"name": name, "path": path, "collected": row is not None,
                        **({k: row[k] for k in ("kind", "size", "sha256", "attempt")}
                           | {"collected_at": iso(row["collected_at"])} if row else {})})
@@ -43,6 +48,9 @@ async def download_output(request: web.Request) -> web.StreamResponse:
     if row is None:
         raise errors.NotFound(f"output {name!r} of job {job.name!r} was not collected "
                               f"(nothing at {job.spec.outputs[name]} when an attempt ended)")
+    if row["skipped"]:
+        raise errors.NotFound(f"output {name!r} of job {job.name!r} was not collected: "
+                              f"{row['skipped']}")
     try:
         fd = os.open(services.layout.blobs.path(row["sha256"]), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -31,6 +31,7 @@ from noduslocal.lifecycle.sweep_reports import SweepReports
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import CreateRequest, Event, JobRecord, SweepRecord
+from noduslocal.outputs import OutputLimits
 from noduslocal.runtime.base import Runtime
 from noduslocal.runtime.execute import ExecResult
 from noduslocal.scheduler.fairshare import Ledger
@@ -68,6 +69,8 @@ class Lifecycle:
                                     self.running_metrics, self.log_path)
         self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
                                     self.stopper, self.accounting,
+                                    OutputLimits(settings.max_output_size,
+                                                 settings.max_job_outputs),
                                     lambda job_id, phase: self.sweeps.cell_ending(job_id, phase))
         self.sweeps = SweepController(store, self.dispatch, self.background,
                                       Webhooks(self.background, self.reports),

@@ -23,7 +23,7 @@ from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.outcomes import outcome_of, retry_pause
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.models import JobRecord
-from noduslocal.outputs import Collected
+from noduslocal.outputs import Collected, OutputLimits
 from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.runtime.base import (
     Launch,
@@ -43,7 +43,7 @@ COLLECT_THREADS = 2  # jobs whose outputs are collected at once
 class AttemptRunner:
     def __init__(self, store: Store, layout: JobLayout, runtimes: Mapping[str, Runtime],
                  board: Board, dispatch: Dispatch, stopper: Stopper,
-                 accounting: GpuAccounting,
+                 accounting: GpuAccounting, output_limits: OutputLimits,
                  on_end: Callable[[int, str], None] = lambda job_id, phase: None) -> None:
         """`on_end(job_id, phase)`: an attempt's end, before its commit (a sweep hands the
         room on)."""
@@ -54,6 +54,7 @@ class AttemptRunner:
         self.dispatch = dispatch
         self.stopper = stopper
         self.accounting = accounting
+        self.output_limits = output_limits
         self._on_end = on_end
         # Copying and hashing outputs (gigabytes, perhaps) has threads of its own: API reads
         # and everything else on the default pool never queue behind it.
@@ -210,13 +211,20 @@ class AttemptRunner:
 
     def _collect(self, job: JobRecord) -> list[Collected]:
         workspace = self.layout.workspace(job.id)
-        collected = []
+        collected: list[Collected] = []
+        used = 0
         for name, path in job.spec.outputs.items():
+            limit, cap = self.output_limits.for_next(used)
             try:
-                out = self.layout.blobs.collect(workspace, name, path, job.owner_uid)
+                out = self.layout.blobs.collect(workspace, name, path, job.owner_uid,
+                                                limit, cap)
             except Exception:  # one bad output never fails the job or the others
                 log.exception("collecting output %s of job %s failed", name, job.name)
                 continue
             if out is not None:
                 collected.append(out)
+                if out.skipped:
+                    log.info("output %s of job %s left out: %s", name, job.name, out.skipped)
+                else:
+                    used += out.size
         return collected

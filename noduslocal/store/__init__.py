@@ -321,10 +321,11 @@ class Store:
 
     async def outputs(self, job_id: int) -> dict[str, dict[str, Any]]:
         rows = await self._fetchall(
-            "SELECT name, attempt, path, kind, size, sha256, collected_at FROM outputs "
-            "WHERE job_id = ?", (job_id,))
+            "SELECT name, attempt, path, kind, size, sha256, collected_at, skipped "
+            "FROM outputs WHERE job_id = ?", (job_id,))
         return {row[0]: {"name": row[0], "attempt": row[1], "path": row[2], "kind": row[3],
-                         "size": row[4], "sha256": row[5], "collected_at": row[6]}
+                         "size": row[4], "sha256": row[5], "collected_at": row[6],
+                         "skipped": row[7]}
                 for row in rows}
 
     async def volumes(self, name: str | None = None) -> list[dict[str, Any]]:

@@ -288,8 +288,9 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
     for out in outputs:
         conn.execute(
             "INSERT OR REPLACE INTO outputs (job_id, name, attempt, path, kind, size, sha256, "
-            "collected_at) VALUES (?,?,?,?,?,?,?,?)",
-            (job_id, out.name, number, out.path, out.kind, out.size, out.sha256, now))
+            "collected_at, skipped) VALUES (?,?,?,?,?,?,?,?,?)",
+            (job_id, out.name, number, out.path, out.kind, out.size, out.sha256, now,
+             out.skipped))
     _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
                 exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
                 message=outcome.message, cost=outcome.cost or None)
