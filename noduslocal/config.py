@@ -90,6 +90,8 @@ class Settings:
     max_open_files: int | None = None  # the daemon's RLIMIT_NOFILE (None: the hard limit)
     max_output_size: int = 16 * 2**30  # bytes of one collected output (a tar for a dir)
     max_job_outputs: int = 64 * 2**30  # bytes of all the outputs of one attempt
+    disk_reserve: int = 2 * 2**30  # free bytes below which the data dir refuses new work
+    disk_poll: float = 2.0  # seconds between readings of the data dir's free space
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
@@ -130,6 +132,8 @@ _TOML_KEYS = {
     "max_open_files": ("max_open_files", lambda v: _positive(v, "max_open_files")),
     "max_output_size": ("max_output_size", lambda v: parse_size(v, "max_output_size")),
     "max_job_outputs": ("max_job_outputs", lambda v: parse_size(v, "max_job_outputs")),
+    "disk_reserve": ("disk_reserve", lambda v: parse_size(v, "disk_reserve")),
+    "disk_poll": ("disk_poll", lambda v: parse_duration(v, "disk_poll")),
     "energy_price_per_kwh": ("energy_price_per_kwh", float),
     "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
     "host_shim": ("host_shim", lambda v: _choice(v, "host_shim", ("auto", "python"))),

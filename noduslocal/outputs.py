@@ -41,13 +41,16 @@ class OutputLimits:
     per_output: int  # bytes
     per_job: int  # bytes of all of one attempt's outputs
 
-    def for_next(self, used: int) -> tuple[int, str]:
-        """The limit of the next output when the others took `used`, and its name."""
+    def for_next(self, used: int, room: int) -> tuple[int, str]:
+        """The limit of the next output when the others took `used` and the disk has `room`
+        above its reserve, and the limit's name."""
         left = self.per_job - used
-        if self.per_output <= left:
-            return self.per_output, f"max_output_size ({self.per_output} bytes)"
-        return left, (f"max_job_outputs ({self.per_job} bytes, {used} of them taken by "
-                      "the job's other outputs)")
+        limits = [(self.per_output, f"max_output_size ({self.per_output} bytes)"),
+                  (left, f"max_job_outputs ({self.per_job} bytes, {used} of them taken by "
+                         "the job's other outputs)"),
+                  (room, f"the room on the daemon's disk above its reserve ({room} bytes, "
+                         "disk_reserve)")]
+        return min(limits, key=lambda limit: limit[0])
 
 
 class HashingWriter(io.RawIOBase):

@@ -117,6 +117,7 @@ class Reason(StrEnum):
     CANARY_PASSED = "CanaryPassed"
     RETRYING = "Retrying"  # a map task exited non-zero and has retries left
     RETRIED = "Retried"  # `sweep retry`: failed cells run again as new jobs
+    DISK_FULL = "DiskFull"  # stopped: it grew most on a disk the database needs
 
 
 class IllegalTransition(RuntimeError):

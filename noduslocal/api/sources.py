@@ -48,6 +48,7 @@ async def put_source(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     sha = source_sha(request)
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
+    services.lifecycle.disk.require_room("uploads")
     blobs = services.layout.blobs
     fd, tmp = blobs.new()
     writer = HashingWriter(fd)

@@ -17,7 +17,12 @@ routes = web.RouteTableDef()
 
 @routes.get("/v1/health")
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    """200 while the daemon serves; `ok` false and `status` degraded, with each problem in
+    words, while it cannot take new work or record what happens."""
+    problems = request.app[SERVICES].lifecycle.disk.problems()
+    return web.json_response({"ok": not problems,
+                              "status": "degraded" if problems else "ok",
+                              "problems": problems})
 
 
 @routes.get("/v1/info")

@@ -19,6 +19,7 @@ from noduslocal.lifecycle.admission import Admission
 from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.controls import OwnerControls
+from noduslocal.lifecycle.disk import DiskWatch
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gpu_health import GpuHealth
 from noduslocal.lifecycle.orphans import Orphan
@@ -67,10 +68,13 @@ class Lifecycle:
         self.reports = SweepReports(store, settings.region, self.accounting,
                                     self.running_cost,
                                     self.running_metrics, self.log_path)
+        self.disk = DiskWatch(settings.data_dir, settings.disk_reserve, settings.disk_poll,
+                              layout, self.board, self.stopper, store.commits_stalled)
         self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
                                     self.stopper, self.accounting,
                                     OutputLimits(settings.max_output_size,
                                                  settings.max_job_outputs),
+                                    self.disk.room,
                                     lambda job_id, phase: self.sweeps.cell_ending(job_id, phase))
         self.sweeps = SweepController(store, self.dispatch, self.background,
                                       Webhooks(self.background, self.reports),
@@ -94,6 +98,7 @@ class Lifecycle:
         self.runtime_changed()
         await self.recovery.recover()
         self.background.spawn(self.health.watch_costs())
+        self.background.spawn(self.disk.watch())
 
     async def stop(self) -> None:
         """Stop supervising; jobs keep running and are adopted by the next daemon."""
@@ -132,6 +137,7 @@ class Lifecycle:
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
+        self.disk.require_room("new jobs")
         return await self.admission.create(req, owner, idempotency_key, request_hash)
 
     async def cancel(self, job: JobRecord) -> None:
@@ -145,6 +151,7 @@ class Lifecycle:
 
     async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
                            request_hash: str | None) -> tuple[SweepRecord, bool]:
+        self.disk.require_room("new sweeps")
         return await self.sweep_admission.create(plan, owner, idempotency_key, request_hash)
 
     async def cancel_sweep(self, sweep: SweepRecord, remaining_only: bool = False) -> None:
@@ -159,6 +166,7 @@ class Lifecycle:
         await self.sweep_controls.resume(sweep)
 
     async def retry_sweep(self, sweep: SweepRecord, include_cancelled: bool = False) -> None:
+        self.disk.require_room("new jobs")
         await self.sweep_controls.retry(sweep, include_cancelled)
 
     async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:

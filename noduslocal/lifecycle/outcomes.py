@@ -54,6 +54,10 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
             return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.MAX_COST_EXCEEDED,
                            f"stopped: it cost more than its max_cost of {job.spec.max_cost:g}",
                            code, sig)
+        if stop == Reason.DISK_FULL:
+            return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.DISK_FULL,
+                           "stopped: the daemon's disk fell below half its reserve, and this "
+                           "job grew most there", code, sig)
         if stop == Reason.TIMEOUT:
             return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.TIMEOUT,
                                f"stopped after its timeout of {job.spec.timeout:g}s", code, sig)

@@ -44,6 +44,7 @@ class AttemptRunner:
     def __init__(self, store: Store, layout: JobLayout, runtimes: Mapping[str, Runtime],
                  board: Board, dispatch: Dispatch, stopper: Stopper,
                  accounting: GpuAccounting, output_limits: OutputLimits,
+                 disk_room: Callable[[], int],
                  on_end: Callable[[int, str], None] = lambda job_id, phase: None) -> None:
         """`on_end(job_id, phase)`: an attempt's end, before its commit (a sweep hands the
         room on)."""
@@ -55,6 +56,7 @@ class AttemptRunner:
         self.stopper = stopper
         self.accounting = accounting
         self.output_limits = output_limits
+        self.disk_room = disk_room
         self._on_end = on_end
         # Copying and hashing outputs (gigabytes, perhaps) has threads of its own: API reads
         # and everything else on the default pool never queue behind it.
@@ -214,7 +216,7 @@ class AttemptRunner:
         collected: list[Collected] = []
         used = 0
         for name, path in job.spec.outputs.items():
-            limit, cap = self.output_limits.for_next(used)
+            limit, cap = self.output_limits.for_next(used, self.disk_room())
             try:
                 out = self.layout.blobs.collect(workspace, name, path, job.owner_uid,
                                                 limit, cap)

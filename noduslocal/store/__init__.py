@@ -113,6 +113,10 @@ class Store:
                 await conn.close()
         self._writer = self._writer_conn = self._reader = None
 
+    def commits_stalled(self) -> float | None:
+        """Since when (monotonic) commits wait for disk space; None while they go through."""
+        return self._writer.stalled_since if self._writer is not None else None
+
     def write(self, op: Operation) -> asyncio.Future[Any]:
         """Queue an operation for the next group commit; the future resolves after COMMIT."""
         assert self._writer is not None, "store is not open"

@@ -1,6 +1,7 @@
 """The single writer: operations queue up while a commit is in flight and the next commit
 takes all of them at once (group commit), so synchronous=FULL costs one fsync per batch,
-not one per transition.
+not one per transition. A batch the disk has no room for is kept and tried again until it
+commits: a job's end is never dropped because the disk filled.
 
 A batch runs as one call on aiosqlite's worker thread: per-statement calls cost about
 100 us each here (docs/benchmarks.md), more than the whole operation.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ import aiosqlite
 from noduslocal.models import Event
 
 log = logging.getLogger(__name__)
+FULL_RETRY_MAX = 5.0  # seconds between tries of a batch while the disk is full
 
 # An operation: runs on the raw connection inside the open transaction and returns
 # (result, events). It must not touch anything but the database.
@@ -35,6 +38,7 @@ class Writer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self.stalled_since: float | None = None  # monotonic; while the disk is full
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="store-writer")
@@ -58,26 +62,60 @@ class Writer:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            delay = 0.1
             while self._queue:
                 batch = self._queue[: self._batch_max]
                 del self._queue[: self._batch_max]
-                await self._commit(batch)
+                kept_out = await self._commit(batch)
+                if not kept_out:
+                    self._recovered()
+                    delay = 0.1
+                    continue
+                self._queue[:0] = kept_out  # first again, in order, once there is room
+                self._stalled()
+                if self._closing and delay >= FULL_RETRY_MAX:
+                    log.error("closing with %d operations the full disk kept out of the "
+                              "database", len(self._queue))
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, FULL_RETRY_MAX)
             if self._closing:
                 return
 
-    async def _commit(self, batch: list[tuple[Operation, asyncio.Future[Any]]]) -> None:
+    def _stalled(self) -> None:
+        if self.stalled_since is None:
+            self.stalled_since = time.monotonic()
+        log.warning("the database's disk is full: %d operations wait to be committed",
+                    len(self._queue))
+
+    def _recovered(self) -> None:
+        if self.stalled_since is not None:
+            log.info("the database commits again after %.0fs of a full disk",
+                     time.monotonic() - self.stalled_since)
+            self.stalled_since = None
+
+    async def _commit(self, batch: list[tuple[Operation, asyncio.Future[Any]]],
+                      ) -> list[tuple[Operation, asyncio.Future[Any]]]:
+        """Commit the batch; what the disk had no room for comes back, unanswered."""
         ops = [op for op, _ in batch]
         try:
             # aiosqlite's private call-on-thread: the one place we rely on it (see module doc).
             outcomes = await self._conn._execute(_apply, self._conn._conn, ops)
         except Exception as exc:  # the connection itself failed: nobody's work is committed
+            if disk_full(exc):
+                return batch
             log.exception("commit failed")
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
-            return
+            return []
         events: list[Event] = []
-        for (_, future), (ok, value, evs) in zip(batch, outcomes, strict=True):
+        kept_out = []
+        for item, (ok, value, evs) in zip(batch, outcomes, strict=True):
+            future = item[1]
+            if not ok and disk_full(value):
+                kept_out.append(item)
+                continue
             if ok:
                 events.extend(evs)
             if future.done():
@@ -88,6 +126,12 @@ class Writer:
                 future.set_exception(value)
         if events:
             self._on_commit(events)
+        return kept_out
+
+
+def disk_full(exc: BaseException) -> bool:
+    return (isinstance(exc, sqlite3.OperationalError)
+            and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL)
 
 
 def _apply(conn: sqlite3.Connection,
@@ -105,8 +149,8 @@ def _apply(conn: sqlite3.Connection,
     except Exception as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        if len(ops) == 1:
-            return [(False, exc, [])]
+        if len(ops) == 1 or disk_full(exc):  # no room: the whole batch waits as it is
+            return [(False, exc, [])] * len(ops)
     return [_apply_one(conn, op) for op in ops]
 
 

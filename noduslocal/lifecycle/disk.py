@@ -1,0 +1,178 @@
+"""The data dir's free space, read every few seconds. Below `disk_reserve` new work is
+refused, naming the disk and what fills it; below half of it the running job that grew most
+on that disk is stopped (DiskFull), so SQLite keeps room to record every end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from noduslocal import errors
+from noduslocal.layout import JobLayout
+from noduslocal.lifecycle.attempt import Attempt, Board
+from noduslocal.lifecycle.stops import Stopper
+from noduslocal.states import Reason
+from noduslocal.units import fmt_bytes
+
+log = logging.getLogger(__name__)
+
+SCAN_ENTRIES = 200_000  # files looked at per scan of the running jobs' workspaces
+SCAN_AGE = 10.0  # seconds a scan of what fills the disk is reused while it stays low
+
+
+@dataclass
+class DiskReading:
+    path: Path
+    free: int
+    total: int
+    low: bool = False
+    critical: bool = False
+    # Running jobs' workspaces on that disk, biggest first: (job name, owner, bytes).
+    consumers: list[tuple[str, str, int]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        top = ", ".join(f"job {name!r} of {owner} ({fmt_bytes(size)})"
+                        for name, owner, size in self.consumers[:3])
+        return (f"the disk of {self.path} has {fmt_bytes(self.free)} free of "
+                f"{fmt_bytes(self.total)}, below its reserve"
+                + (f"; the biggest running jobs there: {top}" if top else ""))
+
+
+def allocated(top: Path, budget: int) -> tuple[int, int]:
+    """Bytes the tree at `top` takes on disk (not its apparent size), walked without
+    following links; at most `budget` entries. Returns (bytes, entries looked at)."""
+    total, seen, stack = 0, 0, [str(top)]
+    while stack and seen < budget:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total, seen
+
+
+class DiskWatch:
+    def __init__(self, data_dir: Path, reserve: int, poll: float, layout: JobLayout,
+                 board: Board, stopper: Stopper,
+                 commits_stalled: Callable[[], float | None]) -> None:
+        self.data_dir = data_dir
+        self.reserve = reserve
+        self.poll = poll
+        self.layout = layout
+        self.board = board
+        self.stopper = stopper
+        self._commits_stalled = commits_stalled
+        # Workspaces on a disk of their own: filling it cannot starve the database, so
+        # nothing is stopped for it; new work is still refused while it is low.
+        self.paths = [data_dir]
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(layout.jobs_dir).st_dev != os.stat(data_dir).st_dev:
+                self.paths.append(layout.jobs_dir)
+        self.reading = self._read()
+        self._scanned_at = 0.0
+        self._last_sizes: dict[int, int] = {}
+        self._growth: dict[int, int] = {}
+
+    def _read(self) -> DiskReading:
+        """The fullest of the disks watched; critical only for the database's own."""
+        readings = []
+        for path in self.paths:
+            st = os.statvfs(path)
+            free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+            readings.append(DiskReading(path, free, total, free < self.reserve,
+                                        free < self.reserve // 2 and len(self.paths) == 1))
+        return min(readings, key=lambda r: r.free)
+
+    def room(self) -> int:
+        """Bytes that may still be written before the fullest disk reaches its reserve,
+        read now (an output's copy asks, on a thread of its own)."""
+        return max(0, self._read().free - self.reserve)
+
+    def require_room(self, what: str) -> None:
+        """Refuse new work (`what`: "new jobs") while the disk is below its reserve."""
+        if self.reading.low:
+            raise errors.ResourceExhausted(f"{what} are refused for now: "
+                                           f"{self.reading.describe()} (disk_reserve)")
+
+    def problems(self) -> list[str]:
+        """What makes the daemon degraded, for /v1/health."""
+        found = []
+        if self.reading.low:
+            found.append(self.reading.describe())
+        stalled = self._commits_stalled()
+        if stalled is not None:
+            found.append(f"the database cannot commit (its disk is full) for "
+                         f"{time.monotonic() - stalled:.0f}s; ends are kept and retried")
+        return found
+
+    async def watch(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except Exception:
+                log.exception("reading the disk's free space failed")
+            await asyncio.sleep(self.poll)
+
+    async def check(self) -> None:
+        reading = await asyncio.to_thread(self._read)
+        was_low = self.reading.low
+        if reading.low:
+            if not was_low or time.monotonic() - self._scanned_at > SCAN_AGE or \
+                    reading.critical:
+                await asyncio.to_thread(self._scan, reading)
+            else:
+                reading.consumers = self.reading.consumers
+        self.reading = reading
+        if reading.low and not was_low:
+            log.warning("%s: new work is refused until it has room", reading.describe())
+        elif was_low and not reading.low:
+            log.info("the disk of %s has room again (%s free)", self.data_dir,
+                     fmt_bytes(reading.free))
+        if reading.critical:
+            self._stop_the_biggest_writer(reading)
+
+    def _running(self) -> list[Attempt]:
+        return [a for a in self.board.active.values() if a.running and a.stop_reason is None]
+
+    def _scan(self, reading: DiskReading) -> None:
+        sizes: dict[int, int] = {}
+        budget = SCAN_ENTRIES
+        for attempt in self._running():
+            size, seen = allocated(self.layout.workspace(attempt.job.id), budget)
+            budget -= seen
+            sizes[attempt.job.id] = size
+        jobs = {a.job.id: a.job for a in self._running()}
+        reading.consumers = sorted(
+            ((jobs[i].name, jobs[i].owner, size) for i, size in sizes.items() if i in jobs),
+            key=lambda item: -item[2])
+        self._growth = {i: size - self._last_sizes.get(i, 0) for i, size in sizes.items()}
+        self._last_sizes = sizes
+        self._scanned_at = time.monotonic()
+
+    def _stop_the_biggest_writer(self, reading: DiskReading) -> None:
+        running = {a.job.id: a for a in self._running()}
+        growth = {i: g for i, g in self._growth.items() if i in running}
+        if not growth:
+            return
+        job_id = max(growth, key=lambda i: (growth[i], self._last_sizes.get(i, 0)))
+        attempt = running[job_id]
+        log.warning("stopping job %s (%s): %s free on the disk of %s, below half its "
+                    "reserve, and it grew most there", attempt.job.name, attempt.job.owner,
+                    fmt_bytes(reading.free), self.data_dir)
+        self.stopper.stop_soon(attempt, Reason.DISK_FULL)
