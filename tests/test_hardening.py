@@ -239,3 +239,47 @@ def test_api_reads_never_wait_behind_output_collection(daemon: testing.Daemon) -
     assert answered >= 20, answered
     for name in big:
         assert client.wait_job(name, timeout=120)["phase"] == "Succeeded"
+
+
+def test_container_starts_never_wait_behind_execs(tmp_path: Path) -> None:
+    """One user's 32 `sleep 120` execs in their own container made another user's
+    container job take 116 s to start: execs and launches shared one 32-thread pool."""
+    import threading
+    import uuid
+
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail("docker is not running: scripts/test.sh starts it")
+        pytest.skip("docker is not running")
+    from tests.conftest import BUSYBOX
+
+    d = testing.Daemon(cpus=2, memory="4GiB", config="user_max_execs = 32\n")
+    try:
+        d.start()
+        client = d.client()
+        client.create_job({"name": "box", "image": BUSYBOX, "cpu": "100m",
+                           "command": ["sleep", "300"]})
+        testing.wait_until(lambda: client.get_job("box")["phase"] == "Running", "box runs",
+                           timeout=60)
+        mark = uuid.uuid4().hex
+        holding = [threading.Thread(target=client.exec_job, args=("box", None, [
+            "sh", "-c", f"touch /workspace/held-{mark}-$$; "
+                        f"while [ ! -e /workspace/gate-{mark} ]; do sleep 0.2; done"]))
+            for _ in range(32)]
+        for thread in holding:
+            thread.start()
+        workspace = next((d.data_dir / "jobs").glob("*/workspace"))
+        try:
+            testing.wait_until(lambda: len(list(workspace.glob(f"held-{mark}-*"))) == 32,
+                               "32 execs running", timeout=120)
+            client.create_job({"name": "next", "image": BUSYBOX, "cpu": "100m",
+                               "command": ["echo", "started"]})
+            assert client.wait_job("next", timeout=60)["phase"] == "Succeeded"
+            assert all(thread.is_alive() for thread in holding)  # held all along
+        finally:
+            (workspace / f"gate-{mark}").touch()
+            for thread in holding:
+                thread.join(60)
+        client.cancel_job("box")
+    finally:
+        d.close()
