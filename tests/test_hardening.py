@@ -283,3 +283,33 @@ def test_container_starts_never_wait_behind_execs(tmp_path: Path) -> None:
         client.cancel_job("box")
     finally:
         d.close()
+
+
+def test_doctor_runs_the_full_integrity_check(tmp_path: Path) -> None:
+    """A corrupt page left the daemon saying healthy; quick_check at start catches pages,
+    `noduslocal doctor` runs integrity_check too (an index that disagrees with its table)."""
+    from tests.conftest import run_cli
+
+    d = testing.Daemon(cpus=2, memory="4GiB")
+    try:
+        d.start()
+        d.client().create_job({"name": "a", "command": ["true"], "cpu": "100m"})
+        fine = run_cli(d, "doctor")
+        assert fine.returncode == 0, fine.stdout + fine.stderr
+        assert "OK   database: integrity_check: ok" in fine.stdout
+        assert json.loads(run_cli(d, "doctor", "--json").stdout)[0]["name"] == "daemon"
+        # An index whose definition no longer matches its rows: every page reads fine
+        # (quick_check passes), only integrity_check compares index and table.
+        db = sqlite3.connect(d.data_dir / "noduslocal.db")
+        index = db.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                           "AND tbl_name = 'jobs' AND sql IS NOT NULL").fetchone()[0]
+        db.execute("PRAGMA writable_schema = ON")
+        db.execute("UPDATE sqlite_master SET sql = ? WHERE name = ?",
+                   (f"CREATE INDEX {index} ON jobs (created_at DESC, name)", index))
+        db.commit()
+        db.close()
+        broken = run_cli(d, "doctor")
+        assert broken.returncode == 1
+        assert "FAIL database:" in broken.stdout and "missing from index" in broken.stdout
+    finally:
+        d.close()

@@ -1,5 +1,6 @@
 """What only admins may ask of the daemon: a consistent copy of its database, taken with
-SQLite's online backup while the daemon runs, for `noduslocal admin backup`."""
+SQLite's online backup while the daemon runs (`noduslocal admin backup`), and a full
+integrity check of it (`noduslocal doctor`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from noduslocal import errors
 from noduslocal.api.files import send_fd
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
+from noduslocal.store import integrity_problems
 from noduslocal.workspace import iter_chunks
 
 routes = web.RouteTableDef()
@@ -27,12 +29,23 @@ def _hashed(fd: int) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-@routes.get("/v1/admin/backup")
-async def backup(request: web.Request) -> web.StreamResponse:
+def _require_admin(request: web.Request, what: str) -> None:
     caller: Caller = request["caller"]
     if not caller.admin:
-        raise errors.PermissionDenied("backup: you may not copy the daemon's database; only "
-                                      "admins may")
+        raise errors.PermissionDenied(f"{what}; only admins may")
+
+
+@routes.get("/v1/admin/integrity")
+async def integrity(request: web.Request) -> web.Response:
+    _require_admin(request, "integrity: you may not check the daemon's database")
+    store = request.app[SERVICES].store
+    problems = await asyncio.to_thread(integrity_problems, store.path)
+    return web.json_response({"ok": not problems, "problems": problems})
+
+
+@routes.get("/v1/admin/backup")
+async def backup(request: web.Request) -> web.StreamResponse:
+    _require_admin(request, "backup: you may not copy the daemon's database")
     services = request.app[SERVICES]
     target = services.settings.data_dir / f".backup-{os.getpid()}-{os.urandom(6).hex()}.db"
     try:

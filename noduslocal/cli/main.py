@@ -14,6 +14,7 @@ from noduslocal import errors
 COMMANDS = {
     "admin": "noduslocal.cli.admin:admin",
     "daemon": "noduslocal.cli.daemon:daemon",
+    "doctor": "noduslocal.cli.doctor:doctor",
     "job": "noduslocal.cli.jobs:job",
     "ls": "noduslocal.cli.files:ls",
     "download": "noduslocal.cli.files:download",

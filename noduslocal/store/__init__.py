@@ -54,6 +54,19 @@ def check_intact(conn: sqlite3.Connection, path: Path) -> None:
         f"`sqlite3 OLD .recover | sqlite3 {path}` saves what can be read.")
 
 
+def integrity_problems(path: Path, most: int = 20) -> list[str]:
+    """PRAGMA integrity_check on a connection of its own (it reads every page and index, so
+    it may take a while, and never holds up the daemon's reads); [] when intact."""
+    conn = sqlite3.connect(path)
+    try:
+        problems = [row[0] for row in conn.execute(f"PRAGMA integrity_check({most:d})")]
+    except sqlite3.DatabaseError as exc:
+        problems = [str(exc)]
+    finally:
+        conn.close()
+    return [] if problems == ["ok"] else problems
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
