@@ -79,8 +79,8 @@ def _response(exc: errors.NodusError) -> bytes:
 
 
 class ConnectionGuard:
-    """The protocol factory of the daemon's socket: counts open connections per uid and in
-    all, and hands the ones within the caps to aiohttp's server."""
+    """Counts the socket's open connections per uid and in all, decides which are let in,
+    and makes aiohttp's request handler for those."""
 
     def __init__(self, server: web.Server, per_user: int, total: int) -> None:
         self._server = server
