@@ -21,6 +21,7 @@ LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 MAX_RETRIES = 100
 MAX_ARG_STRLEN = 131072  # bytes of one argument or variable, NUL included (Linux)
 MAX_EXEC_BYTES = 1 << 20  # arguments and environment together; the kernel takes 2 MiB
+SQL_INT_MAX = 2**63 - 1  # SQLite's integers are 64-bit: a query given a larger one fails
 
 # The keyword arguments of the reference `Job.create`, plus `retries` (the CLI's
 # `--retries`, which the reference has on `super job run` only).

@@ -80,6 +80,23 @@ def check_project(caller: Caller, project: str | None) -> None:
         f"project: {project!r} belongs to the user of that name; use your own or another")
 
 
+def idempotency_key(request: web.Request) -> str | None:
+    """The create's Idempotency-Key: 1 to 200 characters of UTF-8 text. aiohttp decodes
+    other header bytes to lone surrogates, which the store could never hold."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: not valid UTF-8",
+                                     field=IDEMPOTENCY_HEADER) from None
+    if not 0 < len(key) <= 200:
+        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
+                                     field=IDEMPOTENCY_HEADER)
+    return key
+
+
 @routes.post("/v1/jobs")
 async def create_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
@@ -88,10 +105,7 @@ async def create_job(request: web.Request) -> web.Response:
     body_value: Any = parse_body(raw)
     req = parse_create(body_value, regions=(services.settings.region,))
     check_project(caller, req.project)
-    key = request.headers.get(IDEMPOTENCY_HEADER)
-    if key is not None and not (0 < len(key) <= 200):
-        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
-                                     field=IDEMPOTENCY_HEADER)
+    key = idempotency_key(request)
     digest = hashlib.sha256(raw).hexdigest() if key is not None else None
     job, created = await services.lifecycle.create(req, caller.owner, key, digest)
     return job_response(request, job, 201 if created else 200)

@@ -14,6 +14,7 @@ from noduslocal import errors
 from noduslocal.api.jobs import lookup, project_of, require_control
 from noduslocal.api.services import SERVICES, Services
 from noduslocal.states import TERMINAL
+from noduslocal.validation import SQL_INT_MAX
 
 routes = web.RouteTableDef()
 CHUNK = 64 * 1024
@@ -43,6 +44,8 @@ def _int_param(request: web.Request, name: str) -> int | None:
         raise errors.InvalidArgument(f"{name}: expected an integer", field=name) from None
     if number < 0:
         raise errors.InvalidArgument(f"{name}: must not be negative", field=name)
+    if number > SQL_INT_MAX:
+        raise errors.InvalidArgument(f"{name}: at most {SQL_INT_MAX}", field=name)
     return number
 
 

@@ -15,8 +15,8 @@ from noduslocal import errors
 from noduslocal.api.body import parse as parse_body
 from noduslocal.api.identity import Caller
 from noduslocal.api.jobs import (
-    IDEMPOTENCY_HEADER,
     check_project,
+    idempotency_key,
     poll_timeout,
     project_of,
 )
@@ -25,6 +25,7 @@ from noduslocal.models import SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL
 from noduslocal.store import sweeps as sweep_ops
 from noduslocal.sweeps.plan import MAX_PARALLEL, parse_sweep
+from noduslocal.validation import SQL_INT_MAX
 
 routes = web.RouteTableDef()
 CELLS_PAGE = 10_000  # cells in one answer at most; ?offset= pages on
@@ -66,10 +67,7 @@ async def create_sweep(request: web.Request) -> web.Response:
     raw = await request.read()
     plan = parse_sweep(parse_body(raw), regions=(services.settings.region,))
     check_project(caller, plan.project)
-    key = request.headers.get(IDEMPOTENCY_HEADER)
-    if key is not None and not (0 < len(key) <= 200):
-        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
-                                     field=IDEMPOTENCY_HEADER)
+    key = idempotency_key(request)
     digest = hashlib.sha256(raw).hexdigest() if key is not None else None
     sweep, created = await services.lifecycle.create_sweep(plan, caller.owner, key, digest)
     return web.json_response(await status_doc(request, await fresh(request, sweep)),
@@ -101,6 +99,8 @@ async def sweep_cells(request: web.Request) -> web.Response:
     except ValueError:
         raise errors.InvalidArgument("offset, limit: expected integers", field="offset") \
             from None
+    if offset > SQL_INT_MAX:
+        raise errors.InvalidArgument(f"offset: at most {SQL_INT_MAX}", field="offset")
     return web.json_response({"cells": await services.lifecycle.reports.cells(
         sweep, max(0, offset), max(1, limit), redact(request, sweep))})
 
