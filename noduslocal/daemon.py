@@ -201,12 +201,12 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         await lifecycle.start()
         app = build_app(Services(settings, store, lifecycle, layout, hub, time.time()))
         # A connection that never finishes its request's headers is closed like an idle one.
-        runner = web.AppRunner(app, access_log=None, keepalive_timeout=settings.idle_timeout,
-                               shutdown_timeout=SHUTDOWN_TIMEOUT)
+        handler_options = {"access_log": None, "keepalive_timeout": settings.idle_timeout}
+        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT, **handler_options)
         await runner.setup()
         assert runner.server is not None
         guard = ConnectionGuard(runner.server, settings.user_max_connections,
-                                total_cap(fd_limit))
+                                total_cap(fd_limit), handler_options)
         backlog = listen_backlog(fd_limit)
         await GuardedSite(runner, bind_socket(settings, backlog), guard, backlog).start()
         log.info("noduslocald %d serving on %s (data %s, %g CPUs, %d MiB)", os.getpid(),

@@ -234,7 +234,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         network=_network(body.get("network"), container),
         gpu=parse_gpu(body.get("gpu")),
         priority=_priority(body.get("priority", 0)),
-        max_cost=_max_cost(body.get("max_cost")),
+        max_cost=parse_max_cost(body.get("max_cost")),
         interruptible=_flag(body.get("interruptible"), "interruptible"),
         ephemeral=_flag(body.get("ephemeral"), "ephemeral"),
         expected_duration=None if body.get("expected_duration") is None else parse_duration(
@@ -268,7 +268,7 @@ def _flag(value: Any, field_name: str) -> bool:
     return value
 
 
-def _max_cost(value: Any) -> float | None:
+def parse_max_cost(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e12:

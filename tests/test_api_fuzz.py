@@ -746,13 +746,7 @@ def test_the_daemon_is_healthy_after_the_fuzz(fuzzed: testing.Daemon) -> None:
     for record in re.split(r"\n(?=\d{4}-\d\d-\d\d )", fuzzed.log()):
         if any(sign in record for sign in ("unhandled error in", "Error handling request",
                                            "Task exception was never retrieved")):
-            assert KNOWN_SETTLE_RACE in record, record[:5000]
-
-
-# A sweep whose smoke canary fails is failed twice, by the canary's end and by the settle
-# that end starts; the second raises in a background task. Left to the lifecycle's owner
-# (test_a_failed_smoke_canary_fails_its_sweep_once); remove this once it passes.
-KNOWN_SETTLE_RACE = "IllegalTransition('sweep phase Failed -> Failed"
+            raise AssertionError(record[:5000])
 
 
 # --- what the fuzz found ---------------------------------------------------------------------
@@ -769,9 +763,6 @@ def plain() -> Iterator[testing.Daemon]:
         d.close()
 
 
-@pytest.mark.xfail(strict=True, reason="aiohttp's HTTP parser answers these itself, as "
-                   "text/plain, before the error middleware; the fix is in "
-                   "noduslocal/daemon.py or api/app.py, which another change owns")
 @pytest.mark.parametrize("req", [
     Request("GET", "/v1/jobs/" + "a" * 9000),
     Request("GET", "/v1/health", (("X-Long", "a" * 9000),)),
@@ -782,9 +773,6 @@ def test_what_the_http_parser_refuses_has_the_error_shape(plain: testing.Daemon,
     check(req, send(plain, req))
 
 
-@pytest.mark.xfail(strict=True, reason="json.loads raises ValueError, not JSONDecodeError, "
-                   "for an integer of more than 4300 digits (Python's int_max_str_digits); "
-                   "the fix is in noduslocal/api/body.py, which another change owns")
 def test_an_integer_too_long_for_python_is_a_400_naming_the_body(plain: testing.Daemon
                                                                  ) -> None:
     req = Request("POST", "/v1/volumes", body=b'{"name": ' + b"1" * 4301 + b"}")
@@ -839,8 +827,6 @@ def test_the_largest_64_bit_integer_is_still_taken(with_history: testing.Daemon)
     assert send(with_history, Request("GET", f"/v1/events?since={top}")).body == b""
 
 
-@pytest.mark.xfail(strict=True, reason="urlsplit raises ValueError (Invalid IPv6 URL) in "
-                   "noduslocal/sweeps/plan.py _webhook, outside what this change may edit")
 def test_a_webhook_that_is_not_a_url_is_a_400(plain: testing.Daemon) -> None:
     body = {"template": {"command": ["true"]}, "webhook": "http://[::1"}
     req = Request("POST", "/v1/sweeps", body=json.dumps(body).encode())
@@ -849,9 +835,6 @@ def test_a_webhook_that_is_not_a_url_is_a_400(plain: testing.Daemon) -> None:
     assert json.loads(answer.body)["error"]["field"] == "webhook"
 
 
-@pytest.mark.xfail(strict=True, reason="noduslocal/sweeps/plan.py _max_cost takes any number "
-                   "above 0, Infinity too, where a job's max_cost must be finite "
-                   "(validation._max_cost); plan.py is outside what this change may edit")
 def test_a_sweeps_max_cost_must_be_finite_as_a_jobs_is(plain: testing.Daemon) -> None:
     req = Request("POST", "/v1/sweeps",
                   body=b'{"template": {"command": ["true"]}, "max_cost": Infinity}')
@@ -860,10 +843,6 @@ def test_a_sweeps_max_cost_must_be_finite_as_a_jobs_is(plain: testing.Daemon) ->
     assert answer.status == 400
 
 
-@pytest.mark.xfail(strict=True, reason="SweepController._settle (noduslocal/lifecycle/"
-                   "sweeps.py) fails a sweep the canary's end already failed; about half "
-                   "the time its transition raises IllegalTransition Failed -> Failed in a "
-                   "background task. lifecycle/ is outside what this change may edit")
 def test_a_failed_smoke_canary_fails_its_sweep_once(plain: testing.Daemon) -> None:
     # Twenty sweeps: each hits the race about half the time, so before a fix this fails
     # but once in a million runs.

@@ -64,6 +64,8 @@ def parse(raw: bytes) -> Any:
     except json.JSONDecodeError as exc:
         raise errors.InvalidArgument(f"body: not valid JSON ({exc.msg} at character "
                                      f"{exc.pos})", field="body") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
+        raise errors.InvalidArgument(f"body: {exc}", field="body") from None
     check(value)
     return value
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from noduslocal import errors
 
@@ -78,12 +80,32 @@ def _response(exc: errors.NodusError) -> bytes:
     return head.encode() + body
 
 
+class JsonErrorHandler(RequestHandler):
+    """aiohttp's request handler, but what its HTTP parser refuses (a request line or header
+    over 8,190 bytes, a control character in a header) gets our one error shape too, and a
+    client's malformed request is not logged as the daemon's error."""
+
+    def handle_error(self, request: BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        log.debug("refused a request the HTTP parser could not read: %s", message)
+        detail = (message or "malformed").replace("\n", " ")[:200]
+        error = errors.InvalidArgument(f"the request could not be read as HTTP: {detail}")
+        response = web.json_response(error.to_wire(), status=error.http_status)
+        response.force_close()
+        return response
+
+
 class ConnectionGuard:
     """Counts the socket's open connections per uid and in all, decides which are let in,
     and makes aiohttp's request handler for those."""
 
-    def __init__(self, server: web.Server, per_user: int, total: int) -> None:
+    def __init__(self, server: web.Server, per_user: int, total: int,
+                 handler_options: dict[str, Any]) -> None:
         self._server = server
+        self._handler_options = handler_options
         self.per_user = per_user
         self.total = total
         # Refusals being answered hold a descriptor for up to REFUSAL_GRACE too.
@@ -114,7 +136,8 @@ class ConnectionGuard:
         return None
 
     def handler(self) -> asyncio.Protocol:
-        return self._server()
+        return JsonErrorHandler(self._server, loop=asyncio.get_running_loop(),
+                                **self._handler_options)
 
 
 class _GuardedConnection(asyncio.Protocol):

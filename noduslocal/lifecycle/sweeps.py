@@ -374,6 +374,8 @@ class SweepController:
         transaction, so a crash leaves both or neither. False: another came first."""
         sweep = active.record
         was = SweepPhase(sweep.phase)
+        if was in SWEEP_TERMINAL:  # ended meanwhile (a smoke canary's failure): settled
+            return False
         applied = await self.store.write(lambda c: sweep_ops.move_sweep(
             c, sweep.id, phase, time.time(), reason, message, was, cancel, resume))
         if not applied:  # another transition came first (a cancel during the last end)

@@ -16,7 +16,7 @@ from noduslocal.gpu.request import GpuRequest, parse_gpu
 from noduslocal.models import CreateRequest, JobSpec
 from noduslocal.sweeps import expand
 from noduslocal.sweeps.grid import Grid, parse_grid
-from noduslocal.validation import parse_create, validate_name
+from noduslocal.validation import parse_create, parse_max_cost, validate_name
 
 SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
                           "map", "max_parallel", "canary", "canary_smoke", "webhook",
@@ -143,25 +143,21 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
         canary = "smoke"
     plan = Plan(name, project, template.labels, template, grid, tasks, max_parallel, canary,
                 gpus, _webhook(body.get("webhook")),
-                None if smoke is None else ["sh", "-c", smoke], _max_cost(body.get("max_cost")))
+                None if smoke is None else ["sh", "-c", smoke],
+                parse_max_cost(body.get("max_cost")))
     if name is not None and len(f"{name}-{len(plan) - 1}") > 63:
         raise InvalidArgument(f"name: {name!r} is too long for cell names like "
                               f"{name}-{len(plan) - 1} (63 characters at most)", field="name")
     return plan
 
 
-def _max_cost(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidArgument("max_cost: expected a positive number", field="max_cost")
-    return float(value)
-
-
 def _webhook(value: Any) -> str | None:
     if value is None:
         return None
-    parsed = urlsplit(value) if isinstance(value, str) else None
+    try:
+        parsed = urlsplit(value) if isinstance(value, str) else None
+    except ValueError:  # "Invalid IPv6 URL" and the like
+        parsed = None
     if (parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname
             or len(value) > MAX_URL):
         raise InvalidArgument("webhook: expected an http:// or https:// URL", field="webhook")
