@@ -70,6 +70,20 @@ def exec_size(text: str, field_name: str) -> int:
     return size
 
 
+def check_exec(command: list[str], args: list[str], env: Mapping[str, str],
+               field_name: str | None = None) -> None:
+    """Refuse what no process could be started with: a string over MAX_ARG_STRLEN, or all of
+    them over MAX_EXEC_BYTES. `field_name` names the field to blame (a sweep's map or
+    grid), else args and env."""
+    total = sum(exec_size(item, field_name or "args") for item in [*command, *args]) + sum(
+        exec_size(f"{k}={v}", field_name or "env") for k, v in env.items())
+    if total > MAX_EXEC_BYTES:
+        field_name = field_name or "args"
+        raise InvalidArgument(f"{field_name}: command, args and env take {total} bytes "
+                              f"together; a job's may take at most {MAX_EXEC_BYTES} (put data "
+                              "in a file)", field=field_name)
+
+
 def _string_list(value: Any, field_name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise InvalidArgument(f"{field_name}: expected a list of strings", field=field_name)
@@ -208,12 +222,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         raise InvalidArgument(f"retries: expected an integer from 0 to {MAX_RETRIES}",
                               field="retries")
     env = _env(body.get("env") or {})
-    total = sum(exec_size(item, "args") for item in [*command, *args]) + sum(
-        exec_size(f"{k}={v}", "env") for k, v in env.items())
-    if total > MAX_EXEC_BYTES:
-        raise InvalidArgument(f"args: command, args and env take {total} bytes together; a "
-                              f"job's may take at most {MAX_EXEC_BYTES} (put data in a file)",
-                              field="args")
+    check_exec(command, args, env)
     secrets = _secret_refs(body.get("secrets") or [], env)
     spec = JobSpec(
         command=command,

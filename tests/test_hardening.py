@@ -313,3 +313,21 @@ def test_doctor_runs_the_full_integrity_check(tmp_path: Path) -> None:
         assert "FAIL database:" in broken.stdout and "missing from index" in broken.stdout
     finally:
         d.close()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"map": {"args": ["echo", "{}", ":::", "a", "b\0c"]}}, "map"),
+    ({"map": {"args": ["echo", "{}", ":::", "a", BIG]}}, "map"),
+    ({"map": {"args": ["echo", "{1}" * 9, ":::", "a", "y" * 100_000]}}, "map"),
+    ({"map": {"command": ["echo", "{x}"], "rows": {"names": ["x"],
+                                                   "values": [["a"], [BIG]]}}}, "map"),
+    ({"grid": {"LR": ["1", BIG]}}, "grid"),
+    ({"grid": {"LR": ["1", "a\0"], "BATCH": [1, 2]}}, "grid"),
+])
+def test_a_sweep_whose_cells_no_process_could_take_is_refused(
+        daemon: testing.Daemon, body: dict[str, object], field: str) -> None:
+    """Found by the fuzz: the sweep was accepted and each such cell ended Lost."""
+    status, answer = raw(daemon, "POST", "/v1/sweeps", json.dumps(
+        {"template": {"command": ["echo"]}, **body}).encode())
+    assert status == 400 and answer["error"]["field"] == field, answer
+    assert daemon.client().transport.request("GET", "/v1/sweeps")["sweeps"] == []

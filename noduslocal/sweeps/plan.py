@@ -15,8 +15,8 @@ from noduslocal.errors import InvalidArgument, Unsupported
 from noduslocal.gpu.request import GpuRequest, parse_gpu
 from noduslocal.models import CreateRequest, JobSpec
 from noduslocal.sweeps import expand
-from noduslocal.sweeps.grid import Grid, parse_grid
-from noduslocal.validation import parse_create, parse_max_cost, validate_name
+from noduslocal.sweeps.grid import RESOURCE_KEYS, Grid, parse_grid
+from noduslocal.validation import check_exec, parse_create, parse_max_cost, validate_name
 
 SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
                           "map", "max_parallel", "canary", "canary_smoke", "webhook",
@@ -145,10 +145,48 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
                 gpus, _webhook(body.get("webhook")),
                 None if smoke is None else ["sh", "-c", smoke],
                 parse_max_cost(body.get("max_cost")))
+    _check_cells(plan)
     if name is not None and len(f"{name}-{len(plan) - 1}") > 63:
         raise InvalidArgument(f"name: {name!r} is too long for cell names like "
                               f"{name}-{len(plan) - 1} (63 characters at most)", field="name")
     return plan
+
+
+def _check_cells(plan: Plan) -> None:
+    """Refuse at create what no cell's process could be started with (each would end Lost):
+    a NUL in any value, or the cell with the longest values over what a process takes."""
+    if plan.tasks is not None:
+        field_name = "map"
+        columns = [g.values for g in plan.tasks.groups] if plan.tasks.rows is None else \
+            [tuple(col) for col in zip(*plan.tasks.rows, strict=True)]
+    elif plan.grid is not None:
+        field_name = "grid"
+        columns = [tuple(str(v) for v in a.values) for a in plan.grid.axes
+                   if a.key not in RESOURCE_KEYS]
+    else:
+        return
+    if any("\0" in value for column in columns for value in column):
+        raise InvalidArgument(f"{field_name}: a value contains a NUL byte, which no "
+                              "argument or variable can hold", field=field_name)
+    spec = plan.cell_spec(_longest_cell(plan), "x" * 63)
+    check_exec(spec.command, spec.args, spec.env, field_name)
+
+
+def _longest_cell(plan: Plan) -> int:
+    """The cell whose values are the longest: a cell's command and environment only grow
+    with its values, so if it fits every cell does (for rows, the longest row)."""
+    def size(value: Any) -> int:
+        return len(str(value).encode(errors="surrogatepass"))
+
+    if plan.tasks is not None and plan.tasks.rows is not None:
+        rows = plan.tasks.rows
+        return max(range(len(rows)), key=lambda i: sum(map(size, rows[i])), default=0)
+    columns = [g.values for g in plan.tasks.groups] if plan.tasks is not None else \
+        [a.values for a in plan.grid.axes] if plan.grid is not None else []
+    index = 0
+    for column in columns:
+        index = index * len(column) + max(range(len(column)), key=lambda i: size(column[i]))
+    return index * (plan.grid.repetitions if plan.tasks is None and plan.grid else 1)
 
 
 def _webhook(value: Any) -> str | None:
