@@ -95,6 +95,9 @@ class Settings:
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
+    # Named presets of Job.create arguments ([profiles.NAME] tables): a job naming one gets
+    # its values in every argument it left unset.
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def user_mode(self) -> bool:
@@ -137,6 +140,7 @@ _TOML_KEYS = {
     "energy_price_per_kwh": ("energy_price_per_kwh", float),
     "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
     "host_shim": ("host_shim", lambda v: _choice(v, "host_shim", ("auto", "python"))),
+    "profiles": ("profiles", lambda v: _profiles(v)),
 }
 
 
@@ -144,6 +148,38 @@ def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{name}: expected a whole number from 1", field=name)
     return value
+
+
+def _profiles(value: Any) -> dict[str, dict[str, Any]]:
+    """Each profile checked as a job's arguments are (a bad one stops the daemon at start,
+    naming it), and only with the arguments a profile may fill."""
+    from noduslocal.validation import PROFILE_FIELDS, parse_create, validate_name
+
+    if not isinstance(value, dict):
+        raise InvalidArgument("profiles: expected [profiles.NAME] tables", field="profiles")
+    profiles: dict[str, dict[str, Any]] = {}
+    for name, preset in value.items():
+        where = f"profiles.{name}"
+        try:
+            validate_name(name, where)
+            if not isinstance(preset, dict):
+                raise InvalidArgument(f"{where}: expected a table of Job.create arguments",
+                                      field=where)
+            if unknown := sorted(set(preset) - PROFILE_FIELDS):
+                raise InvalidArgument(f"{unknown[0]}: not for a profile; a profile may set "
+                                      f"{', '.join(sorted(PROFILE_FIELDS))}", field=unknown[0])
+            # Whether it parses as a job's; its region is checked against the daemon's own
+            # when a job uses it.
+            parse_create({"command": ["true"], **{k: v for k, v in preset.items()
+                                                  if k != "region"}}, regions=("",))
+        except InvalidArgument as exc:
+            field_name = exc.field if (exc.field or "").startswith("profiles.") else \
+                f"{where}.{exc.field}"
+            message = exc.message.removeprefix(f"{exc.field}: ")
+            raise InvalidArgument(f"config: {field_name}: {message}",
+                                  field=field_name) from None
+        profiles[name] = dict(preset)
+    return profiles
 
 
 def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
@@ -196,6 +232,11 @@ def load_settings(
         settings = replace(settings, cpus_m=(os.cpu_count() or 1) * 1000)
     if not settings.memory:
         settings = replace(settings, memory=_host_memory())
+    for name, preset in settings.profiles.items():
+        if preset.get("region", settings.region) != settings.region:
+            raise InvalidArgument(f"config: profiles.{name}.region: {preset['region']!r} is "
+                                  f"not this host's region ({settings.region!r})",
+                                  field=f"profiles.{name}.region")
     return settings
 
 

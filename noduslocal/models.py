@@ -42,6 +42,7 @@ class JobSpec:
     # A `map` task's: a non-zero exit spends a retry too (not 126/127, not an OOM kill).
     retry_errors: bool = False
     ephemeral: bool = False  # the workspace is discarded when the job ends (project.job)
+    profile: str | None = None  # the daemon's preset that filled what the caller left unset
 
     @property
     def argv(self) -> list[str]:
@@ -76,6 +77,7 @@ class JobSpec:
             "interruptible": self.interruptible,
             "retry_errors": self.retry_errors,
             "ephemeral": self.ephemeral,
+            "profile": self.profile,
         }
 
     @classmethod
@@ -103,6 +105,7 @@ class JobSpec:
             interruptible=bool(data.get("interruptible")),
             retry_errors=bool(data.get("retry_errors")),
             ephemeral=bool(data.get("ephemeral")),
+            profile=data.get("profile"),
         )
 
 

@@ -29,14 +29,18 @@ SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
      "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
-     "interruptible", "ephemeral"}
+     "interruptible", "ephemeral", "profile"}
 )
+# What a profile (a named preset in the daemon's config) may fill: the job's resources and
+# how it runs, never what it runs or who it is.
+PROFILE_FIELDS = frozenset(
+    {"image", "cpu", "memory", "gpu", "timeout", "env", "region", "expected_duration",
+     "max_cost", "interruptible", "retries", "network", "labels", "workdir", "priority"})
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "disk": (None,),
-    "profile": (None,),
     "completions": (None, 1),
     "parallelism": (None, 1),
     "distributed": (None,),
@@ -169,10 +173,30 @@ def _secret_refs(value: Any, env: Mapping[str, str]) -> list[SecretRef]:
     return refs
 
 
-def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
-    """Validate a create body completely before anything is written."""
+def with_profile(body: Mapping[str, Any],
+                 profiles: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any], str | None]:
+    """The body with its profile's values in every field it left unset (or null), and the
+    profile's name; a profile the daemon does not have is refused naming those it has."""
+    name = body.get("profile")
+    rest = {key: value for key, value in body.items() if key != "profile"}
+    if name is None:
+        return rest, None
+    if not isinstance(name, str) or name not in profiles:
+        there = (f"there are: {', '.join(sorted(profiles))}" if profiles else
+                 "this daemon has none (a [profiles.NAME] table in its config makes one)")
+        raise InvalidArgument(f"profile: {name!r} is not a profile here; {there}",
+                              field="profile")
+    filled = {**profiles[name], **{k: v for k, v in rest.items() if v is not None}}
+    return filled, name
+
+
+def parse_create(body: Any, *, regions: tuple[str, ...],
+                 profiles: Mapping[str, Mapping[str, Any]] | None = None) -> CreateRequest:
+    """Validate a create body completely before anything is written; `profiles` are the
+    daemon's presets, by name."""
     if not isinstance(body, Mapping):
         raise InvalidArgument("body: expected a JSON object", field="body")
+    body, profile = with_profile(body, profiles or {})
     unknown = sorted(set(body) - JOB_CREATE_FIELDS)
     if unknown:
         raise InvalidArgument(
@@ -248,6 +272,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...]) -> CreateRequest:
         ephemeral=_flag(body.get("ephemeral"), "ephemeral"),
         expected_duration=None if body.get("expected_duration") is None else parse_duration(
             body["expected_duration"], "expected_duration"),
+        profile=profile,
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)

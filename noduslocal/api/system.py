@@ -1,4 +1,5 @@
-"""Daemon-level resources: health and what this daemon is (version, capacity, who you are)."""
+"""Daemon-level resources: health, what this daemon is (version, capacity, who you are) and
+the profiles it offers."""
 
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ async def info(request: web.Request) -> web.Response:
         # Job directories the database did not know at start: for admins to look at.
         "orphans": [o.to_wire() for o in services.lifecycle.orphans] if caller.admin else [],
     })
+
+
+@routes.get("/v1/profiles")
+async def profiles(request: web.Request) -> web.Response:
+    """The daemon's presets of Job.create arguments, by name (anyone may read them)."""
+    return web.json_response({"profiles": request.app[SERVICES].settings.profiles})
 
 
 @routes.get("/v1/openapi.json")

@@ -64,6 +64,9 @@ def job() -> None:
 @click.option("--expected-duration", metavar="DURATION",
               help="How long it should run (e.g. 20m): lets it start in gaps ahead of "
                    "bigger jobs.")
+@click.option("--profile", metavar="NAME",
+              help="The daemon's preset NAME fills every option left unset "
+                   "(`noduslocal profiles`).")
 @click.option("--cpu", help="CPUs to reserve (default 1), e.g. 2 or 500m.")
 @click.option("--memory", help="Memory to reserve, e.g. 512M or 4GiB.")
 @click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
@@ -86,7 +89,7 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         network: str | None, checkpoint: str | None, envs: tuple[str, ...],
         gpus: str | None, sku: str | None, max_cost: float | None, priority: int | None,
         expected_duration: str | None,
-        secrets: tuple[str, ...], cpu: str | None,
+        secrets: tuple[str, ...], profile: str | None, cpu: str | None,
         memory: str | None, retries: int, timeout: str | None, workdir: str | None,
         labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
         volumes: tuple[str, ...],
@@ -110,7 +113,7 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
                        ("memory", memory), ("timeout", timeout), ("workdir", workdir),
                        ("image", image), ("network", network), ("checkpoint", checkpoint),
                        ("gpu", gpus or sku), ("priority", priority), ("max_cost", max_cost),
-                       ("expected_duration", expected_duration)):
+                       ("expected_duration", expected_duration), ("profile", profile)):
         if value is not None:
             body[key] = value
     if envs:
@@ -217,6 +220,7 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("gpus", (f"{spec['gpu']['count']} x {spec['gpu']['type'] or 'GPU'}"
                   if spec.get("gpu") else None)),
         ("image", spec.get("image")),
+        ("profile", spec.get("profile")),
         ("command", " ".join(spec["command"]) or ("(the image's)" if spec.get("image")
                                                   else None)),
         ("args", " ".join(spec["args"]) if spec.get("image") else None),

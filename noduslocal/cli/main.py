@@ -21,6 +21,7 @@ COMMANDS = {
     "secret": "noduslocal.cli.secrets:secret",
     "volume": "noduslocal.cli.volumes:volume",
     "gpus": "noduslocal.cli.gpus:gpus",
+    "profiles": "noduslocal.cli.profiles:profiles",
     "queue": "noduslocal.cli.queue:queue",
     "map": "noduslocal.cli.map:map_",
     "sweeps": "noduslocal.cli.sweeps:sweeps",

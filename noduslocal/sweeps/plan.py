@@ -91,7 +91,8 @@ class Plan:
                     else [list(row) for row in self.tasks.rows]}}
 
 
-def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
+def parse_sweep(body: Any, *, regions: tuple[str, ...],
+                profiles: Mapping[str, Mapping[str, Any]] | None = None) -> Plan:
     if not isinstance(body, Mapping):
         raise InvalidArgument("body: expected a JSON object", field="body")
     for key in NOT_YET:
@@ -117,7 +118,8 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...]) -> Plan:
     with_command = dict(template_body)
     if tasks is not None:
         with_command["command"] = list(tasks.command)  # checked like any command
-    template = parse_create({**with_command, "labels": body.get("labels")}, regions=regions)
+    template = parse_create({**with_command, "labels": body.get("labels")}, regions=regions,
+                            profiles=profiles)
     if tasks is not None:
         template = replace(template, spec=replace(template.spec, args=[]))
     grid = parse_grid(body.get("grid"), body.get("repetitions")) if tasks is None else None
