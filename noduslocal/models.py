@@ -24,6 +24,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     cpu_m: int = 1000
     memory: int | None = None
+    disk: int | None = None  # bytes its job directory may take, reserved at its start
     workdir: str | None = None
     timeout: float | None = None
     retries: int = 0
@@ -60,6 +61,7 @@ class JobSpec:
             "env": self.env,
             "cpu": self.cpu_m / 1000,
             "memory": self.memory,
+            "disk": self.disk,
             "workdir": self.workdir,
             "timeout": self.timeout,
             "retries": self.retries,
@@ -88,6 +90,7 @@ class JobSpec:
             env=dict(data.get("env") or {}),
             cpu_m=round(float(data.get("cpu", 1)) * 1000),
             memory=data.get("memory"),
+            disk=data.get("disk"),
             workdir=data.get("workdir"),
             timeout=data.get("timeout"),
             retries=int(data.get("retries", 0)),

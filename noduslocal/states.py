@@ -118,6 +118,7 @@ class Reason(StrEnum):
     RETRYING = "Retrying"  # a map task exited non-zero and has retries left
     RETRIED = "Retried"  # `sweep retry`: failed cells run again as new jobs
     DISK_FULL = "DiskFull"  # stopped: it grew most on a disk the database needs
+    DISK_EXCEEDED = "DiskExceeded"  # stopped: its directory grew past its `disk`
 
 
 class IllegalTransition(RuntimeError):

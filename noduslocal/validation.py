@@ -29,18 +29,18 @@ SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
      "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
-     "interruptible", "ephemeral", "profile"}
+     "interruptible", "ephemeral", "profile", "disk"}
 )
 # What a profile (a named preset in the daemon's config) may fill: the job's resources and
 # how it runs, never what it runs or who it is.
 PROFILE_FIELDS = frozenset(
     {"image", "cpu", "memory", "gpu", "timeout", "env", "region", "expected_duration",
-     "max_cost", "interruptible", "retries", "network", "labels", "workdir", "priority"})
+     "max_cost", "interruptible", "retries", "network", "labels", "workdir", "priority",
+     "disk"})
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
-    "disk": (None,),
     "completions": (None, 1),
     "parallelism": (None, 1),
     "distributed": (None,),
@@ -254,6 +254,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         env=env,
         cpu_m=1000 if body.get("cpu") is None else parse_cpu(body["cpu"]),
         memory=None if body.get("memory") is None else parse_size(body["memory"], "memory"),
+        disk=None if body.get("disk") is None else _disk(body["disk"]),
         workdir=workdir,
         timeout=None if body.get("timeout") is None else parse_duration(body["timeout"],
                                                                            "timeout"),
@@ -300,6 +301,14 @@ def _flag(value: Any, field_name: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{field_name}: expected true or false", field=field_name)
     return value
+
+
+def _disk(value: Any) -> int:
+    size = parse_size(value, "disk")
+    if size < 2**20:
+        raise InvalidArgument("disk: at least 1MiB (a bare number is bytes; write 50G)",
+                              field="disk")
+    return size
 
 
 def parse_max_cost(value: Any) -> float | None:

@@ -104,7 +104,6 @@ def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
-    ({"disk": "100GiB"}, "disk"),
     ({"distributed": nodus.Distributed(nodes=2)}, "distributed"),
 ])
 def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dict[str, object],

@@ -69,6 +69,9 @@ def job() -> None:
                    "(`noduslocal profiles`).")
 @click.option("--cpu", help="CPUs to reserve (default 1), e.g. 2 or 500m.")
 @click.option("--memory", help="Memory to reserve, e.g. 512M or 4GiB.")
+@click.option("--disk", help="Disk its directory may take, reserved at its start, e.g. 50G.")
+@click.option("--min-disk-gb", type=click.IntRange(min=1),
+              help="As --disk, in GiB (super job run's flag).")
 @click.option("--retries", type=click.IntRange(0, 100), default=0, show_default=True,
               help="Re-runs after a lost attempt (a non-zero exit is final).")
 @click.option("--timeout", help="Stop the job after this long: 90, 90s, 15m, 2h.")
@@ -90,7 +93,8 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         gpus: str | None, sku: str | None, max_cost: float | None, priority: int | None,
         expected_duration: str | None,
         secrets: tuple[str, ...], profile: str | None, cpu: str | None,
-        memory: str | None, retries: int, timeout: str | None, workdir: str | None,
+        memory: str | None, disk: str | None, min_disk_gb: int | None, retries: int,
+        timeout: str | None, workdir: str | None,
         labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
         volumes: tuple[str, ...],
         outputs: tuple[str, ...],
@@ -108,9 +112,14 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         raise click.UsageError("give --gpus or --sku, not both")
     if (as_args or network) and image is None:
         raise click.UsageError(f"{'--as-args' if as_args else '--network'} needs --image")
+    if disk and min_disk_gb:
+        raise click.UsageError("give --disk or --min-disk-gb, not both")
+    if min_disk_gb:
+        disk = f"{min_disk_gb}GiB"
     body: dict[str, Any] = {"args" if as_args else "command": list(command)}
     for key, value in (("name", name), ("project", project), ("cpu", cpu),
-                       ("memory", memory), ("timeout", timeout), ("workdir", workdir),
+                       ("memory", memory), ("disk", disk), ("timeout", timeout),
+                       ("workdir", workdir),
                        ("image", image), ("network", network), ("checkpoint", checkpoint),
                        ("gpu", gpus or sku), ("priority", priority), ("max_cost", max_cost),
                        ("expected_duration", expected_duration), ("profile", profile)):
@@ -227,6 +236,7 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("network", spec.get("network")),
         ("cpu", spec["cpu"]),
         ("memory", fmt_bytes(spec["memory"]) if spec.get("memory") else None),
+        ("disk", fmt_bytes(spec["disk"]) if spec.get("disk") else None),
         ("timeout", spec.get("timeout")),
         ("checkpoint", spec.get("checkpoint")),
         ("volumes", ", ".join(f"{name}:{path}" for path, name in

@@ -61,7 +61,7 @@ class Admission:
         if limit is not None and request.gpu_count > limit:
             raise errors.InvalidArgument(f"gpu: {request.gpu_count} GPUs requested; a user may "
                                          f"hold at most {limit} at once here", field="gpu")
-        if (why := self.capacity.refusal(request)) is not None:
+        if (why := self.capacity.refusal(request) or self.capacity.disk_refusal(request)):
             raise errors.InvalidArgument(why, field=why.split(":")[0])
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,

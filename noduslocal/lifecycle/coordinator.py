@@ -69,7 +69,8 @@ class Lifecycle:
                                     self.running_cost,
                                     self.running_metrics, self.log_path)
         self.disk = DiskWatch(settings.data_dir, settings.disk_reserve, settings.disk_poll,
-                              layout, self.board, self.stopper, store.commits_stalled)
+                              layout, self.board, self.stopper, capacity,
+                              store.commits_stalled, self.dispatch.kick)
         self.runner = AttemptRunner(store, layout, runtimes, self.board, self.dispatch,
                                     self.stopper, self.accounting,
                                     OutputLimits(settings.max_output_size,

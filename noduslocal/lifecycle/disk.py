@@ -1,6 +1,8 @@
 """The data dir's free space, read every few seconds. Below `disk_reserve` new work is
 refused, naming the disk and what fills it; below half of it the running job that grew most
-on that disk is stopped (DiskFull), so SQLite keeps room to record every end.
+on that disk is stopped (DiskFull), so SQLite keeps room to record every end. What is free
+above the reserve is what jobs' `disk` may reserve, and a job whose directory grows past
+its `disk` is stopped (DiskExceeded); trees are walked on a thread, never on the loop.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from noduslocal import errors
 from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.stops import Stopper
+from noduslocal.scheduler.capacity import Capacity
 from noduslocal.states import Reason
 from noduslocal.units import fmt_bytes
 
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SCAN_ENTRIES = 200_000  # files looked at per scan of the running jobs' workspaces
 SCAN_AGE = 10.0  # seconds a scan of what fills the disk is reused while it stays low
+QUOTA_EVERY = 5  # readings between walks of the directories of jobs that have a `disk`
 
 
 @dataclass
@@ -69,15 +73,21 @@ def allocated(top: Path, budget: int) -> tuple[int, int]:
 
 class DiskWatch:
     def __init__(self, data_dir: Path, reserve: int, poll: float, layout: JobLayout,
-                 board: Board, stopper: Stopper,
-                 commits_stalled: Callable[[], float | None]) -> None:
+                 board: Board, stopper: Stopper, capacity: Capacity,
+                 commits_stalled: Callable[[], float | None],
+                 on_room: Callable[[], None] = lambda: None) -> None:
+        """`capacity.disk_free` follows the jobs' disk; `on_room()` when it grew (jobs
+        waiting for disk may start)."""
         self.data_dir = data_dir
         self.reserve = reserve
         self.poll = poll
         self.layout = layout
         self.board = board
         self.stopper = stopper
+        self.capacity = capacity
         self._commits_stalled = commits_stalled
+        self._on_room = on_room
+        self._readings = 0
         # Workspaces on a disk of their own: filling it cannot starve the database, so
         # nothing is stopped for it; new work is still refused while it is low.
         self.paths = [data_dir]
@@ -85,18 +95,21 @@ class DiskWatch:
             if os.stat(layout.jobs_dir).st_dev != os.stat(data_dir).st_dev:
                 self.paths.append(layout.jobs_dir)
         self.reading = self._read()
+        self.capacity.disk_free = self._jobs_free
         self._scanned_at = 0.0
         self._last_sizes: dict[int, int] = {}
         self._growth: dict[int, int] = {}
 
     def _read(self) -> DiskReading:
-        """The fullest of the disks watched; critical only for the database's own."""
+        """The fullest of the disks watched; critical only for the database's own. Sets
+        what the jobs' own disk has above the reserve."""
         readings = []
         for path in self.paths:
             st = os.statvfs(path)
             free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
             readings.append(DiskReading(path, free, total, free < self.reserve,
                                         free < self.reserve // 2 and len(self.paths) == 1))
+        self._jobs_free = readings[-1].free - self.reserve
         return min(readings, key=lambda r: r.free)
 
     def room(self) -> int:
@@ -131,11 +144,23 @@ class DiskWatch:
 
     async def check(self) -> None:
         reading = await asyncio.to_thread(self._read)
+        grew = self.capacity.disk_free is not None and self._jobs_free > self.capacity.disk_free
+        self.capacity.disk_free = self._jobs_free
+        if grew:
+            self._on_room()
+        self._readings += 1
+        if self._readings % QUOTA_EVERY == 0:
+            with_disk = [a for a in self._running() if a.job.spec.disk]
+            for attempt, size in await asyncio.to_thread(self._over_quota, with_disk):
+                log.warning("stopping job %s (%s): its directory takes %s, past its disk "
+                            "of %s", attempt.job.name, attempt.job.owner, fmt_bytes(size),
+                            fmt_bytes(attempt.job.spec.disk or 0))
+                self.stopper.stop_soon(attempt, Reason.DISK_EXCEEDED)
         was_low = self.reading.low
         if reading.low:
             if not was_low or time.monotonic() - self._scanned_at > SCAN_AGE or \
                     reading.critical:
-                await asyncio.to_thread(self._scan, reading)
+                await asyncio.to_thread(self._scan, reading, self._running())
             else:
                 reading.consumers = self.reading.consumers
         self.reading = reading
@@ -147,17 +172,31 @@ class DiskWatch:
         if reading.critical:
             self._stop_the_biggest_writer(reading)
 
+    def _over_quota(self, attempts: list[Attempt]) -> list[tuple[Attempt, int]]:
+        """Those of the attempts whose job directory takes more than its `disk`, with the
+        size (on a thread: each walk is bounded, but a tree may be large)."""
+        over, budget = [], SCAN_ENTRIES
+        for attempt in attempts:
+            if budget <= 0:
+                break
+            size, seen = allocated(self.layout.job_dir(attempt.job.id), budget)
+            budget -= seen
+            if size > (attempt.job.spec.disk or 0):
+                over.append((attempt, size))
+        return over
+
     def _running(self) -> list[Attempt]:
         return [a for a in self.board.active.values() if a.running and a.stop_reason is None]
 
-    def _scan(self, reading: DiskReading) -> None:
+    def _scan(self, reading: DiskReading, running: list[Attempt]) -> None:
+        """What the running jobs' workspaces take (on a thread, from a list the loop made)."""
         sizes: dict[int, int] = {}
         budget = SCAN_ENTRIES
-        for attempt in self._running():
+        for attempt in running:
             size, seen = allocated(self.layout.workspace(attempt.job.id), budget)
             budget -= seen
             sizes[attempt.job.id] = size
-        jobs = {a.job.id: a.job for a in self._running()}
+        jobs = {a.job.id: a.job for a in running}
         reading.consumers = sorted(
             ((jobs[i].name, jobs[i].owner, size) for i, size in sizes.items() if i in jobs),
             key=lambda item: -item[2])

@@ -11,6 +11,7 @@ from noduslocal.lifecycle.attempt import Attempt
 from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.states import AttemptPhase, Phase, Reason
 from noduslocal.store.jobs import Outcome
+from noduslocal.units import fmt_bytes
 
 # Stops that put the job aside rather than end it: its phase next, and why.
 PAUSES: dict[str, tuple[Phase, str]] = {
@@ -54,6 +55,10 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
             return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.MAX_COST_EXCEEDED,
                            f"stopped: it cost more than its max_cost of {job.spec.max_cost:g}",
                            code, sig)
+        if stop == Reason.DISK_EXCEEDED:
+            return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.DISK_EXCEEDED,
+                           f"stopped: its directory grew past its disk of "
+                           f"{fmt_bytes(job.spec.disk or 0)}", code, sig)
         if stop == Reason.DISK_FULL:
             return Outcome(AttemptPhase.EXITED, Phase.FAILED, Reason.DISK_FULL,
                            "stopped: the daemon's disk fell below half its reserve, and this "

@@ -24,13 +24,15 @@ class Request:
     priority: int = 0  # higher first
     expected: float | None = None  # seconds it expects to run (expected_duration)
     interruptible: bool = False  # may be stopped and queued again for a job that waits
+    disk: int = 0  # bytes of the data dir's disk it reserves while it runs
 
     @classmethod
     def of(cls, job_id: int, spec: Any, owner_uid: int) -> Request:
         """What a job (its JobSpec) asks of the host."""
         return cls(job_id, spec.cpu_m, spec.memory or 0,
                    spec.runtime, spec.gpu, owner_uid,
-                   spec.priority, spec.expected_duration, spec.interruptible)
+                   spec.priority, spec.expected_duration, spec.interruptible,
+                   spec.disk or 0)
 
     @property
     def gpu_count(self) -> int:
@@ -43,6 +45,11 @@ class Capacity:
     memory: int
     used_cpu_m: int = 0
     used_memory: int = 0
+    # The data dir's free bytes above its reserve at the last reading (None: not read yet),
+    # and what running jobs reserved of it with `disk`: a job's own files count as used
+    # space and as its reservation until it ends, so this errs on the safe side.
+    disk_free: int | None = None
+    used_disk: int = 0
 
     gpus: GpuPool | None = None
     # job id -> (request, expected end or None); per uid: [running jobs, GPUs held]
@@ -50,9 +57,14 @@ class Capacity:
     started: dict[int, float] = field(default_factory=dict)  # job id -> when it took its share
     by_user: dict[int, list[int]] = field(default_factory=dict)
 
+    def disk_left(self) -> int | None:
+        return None if self.disk_free is None else self.disk_free - self.used_disk
+
     def fits(self, req: Request) -> bool:
+        left = self.disk_left()
         return (self.used_cpu_m + req.cpu_m <= self.cpu_m
                 and self.used_memory + req.memory <= self.memory
+                and (not req.disk or left is None or req.disk <= left)
                 and (req.gpu is None or (self.gpus is not None
                                          and self.gpus.pick(req.gpu) is not None)))
 
@@ -62,6 +74,7 @@ class Capacity:
         restart) or the best free set."""
         self.used_cpu_m += req.cpu_m
         self.used_memory += req.memory
+        self.used_disk += req.disk
         end = (started_at + req.expected
                if started_at is not None and req.expected is not None else None)
         self.running[req.job_id] = (req, end)
@@ -80,6 +93,7 @@ class Capacity:
     def give(self, req: Request) -> None:
         self.used_cpu_m -= req.cpu_m
         self.used_memory -= req.memory
+        self.used_disk -= req.disk
         self.started.pop(req.job_id, None)
         if self.running.pop(req.job_id, None) is not None:
             held = self.by_user[req.owner_uid]
@@ -103,6 +117,13 @@ class Capacity:
                     f"{fmt_bytes(self.memory)}")
         return None
 
+    def disk_refusal(self, req: Request) -> str | None:
+        """Why a new job's `disk` cannot be had: more than the disk has free above its
+        reserve now (a job that ends keeps its files, so waiting would not help)."""
+        if req.disk and self.disk_free is not None and req.disk > self.disk_free:
+            return (f"disk: {fmt_bytes(req.disk)} requested; the daemon's disk has "
+                    f"{fmt_bytes(max(self.disk_free, 0))} free above its reserve")
+        return None
 
 
 def fmt_cpu(millis: int) -> str:

@@ -171,8 +171,14 @@ class Queue:
                 req.gpu.model is None or head.gpu.model is None
                 or req.gpu.model == head.gpu.model):
             return False  # it could take a GPU the head waits for
+        left = cap.disk_left()
         return (cap.cpu_m - cap.used_cpu_m - req.cpu_m >= head.cpu_m
-                and cap.memory - cap.used_memory - req.memory >= head.memory)
+                and cap.memory - cap.used_memory - req.memory >= head.memory
+                # One that reserves no disk leaves the head's reservation alone (it may
+                # write, as every job does, but holding back all such jobs behind a head
+                # that waits for disk would stall the box).
+                and (not head.disk or not req.disk or left is None
+                     or left - req.disk >= head.disk))
 
     def _over_limit(self, req: Request) -> str | None:
         jobs, gpus = self.capacity.by_user.get(req.owner_uid, (0, 0))
@@ -238,21 +244,27 @@ class Queue:
         pool, gpu = cap.gpus, req.gpu
         free_gpus = len(pool.free(gpu)) if pool is not None and gpu is not None else 0
         need_gpus = gpu.count if gpu is not None else 0
+        left = cap.disk_left()
+        free_disk = left if left is not None and req.disk else req.disk
+
+        def enough() -> bool:
+            return (free_cpu >= req.cpu_m and free_mem >= req.memory
+                    and free_gpus >= need_gpus and free_disk >= req.disk)
+
         ends = sorted(cap.running.values(), key=lambda item: (item[1] is None, item[1] or 0))
         self._freed_by = None
         for running, end in ends:
-            if free_cpu >= req.cpu_m and free_mem >= req.memory and free_gpus >= need_gpus:
+            if enough():
                 break
             if end is None:
                 return None
             free_cpu += running.cpu_m
             free_mem += running.memory
             free_gpus += self._usable_held(running.job_id, gpu)
+            free_disk += running.disk
             now = max(now, end)
             self._freed_by = running.job_id
-        if free_cpu >= req.cpu_m and free_mem >= req.memory and free_gpus >= need_gpus:
-            return now
-        return None
+        return now if enough() else None
 
     def _head_hold(self, req: Request, reserved: float | None, now: float) -> str:
         cap = self.capacity
@@ -261,9 +273,13 @@ class Queue:
         else:
             free_cpu = cap.cpu_m - cap.used_cpu_m
             free_mem = cap.memory - cap.used_memory
+            left = cap.disk_left()
             if req.cpu_m > free_cpu:
                 unit = "CPU" if req.cpu_m == 1000 else "CPUs"
                 why = f"needs {fmt_cpu(req.cpu_m)} {unit}, {fmt_cpu(max(free_cpu, 0))} free"
+            elif req.disk and left is not None and req.disk > left:
+                why = (f"needs {fmt_bytes(req.disk)} disk, {fmt_bytes(max(left, 0))} free "
+                       "above the reserve less what running jobs reserved")
             else:
                 why = (f"needs {fmt_bytes(req.memory)} memory, "
                        f"{fmt_bytes(max(free_mem, 0))} free")
