@@ -63,6 +63,11 @@ def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
     return entry.pw_dir, entry.pw_shell, groups
 
 
+class WorkspaceFailed(RuntimeError):
+    """The job's own input could not be laid out (a source that is not a tar, a path its
+    owner may not make): the job's failure, not the daemon's."""
+
+
 class JobLayout:
     def __init__(self, data_dir: Path) -> None:
         self.jobs_dir = data_dir / "jobs"
@@ -207,8 +212,8 @@ class JobLayout:
                                   env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
                                   timeout=POPULATE_TIMEOUT, **kwargs)
         if done.returncode != 0:
-            raise RuntimeError(f"preparing the workspace failed: "
-                               f"{failure_cause(done.stderr, done.returncode)}")
+            raise WorkspaceFailed(f"preparing the workspace failed: "
+                                  f"{failure_cause(done.stderr, done.returncode)}")
 
     @staticmethod
     def _own(path: Path, job: JobRecord) -> None:

@@ -111,3 +111,19 @@ def test_large_sources_need_allow_large(tmp_path: Path, monkeypatch: pytest.Monk
     packed = pack([tmp_path], contents_of_single_dir=True, allow_large=True)
     assert packed.size > 20_000
     packed.path.unlink()
+
+
+def test_a_source_that_is_not_a_tar_fails_its_job_saying_why(daemon: testing.Daemon,
+                                                              tmp_path: Path) -> None:
+    """Found by the API fuzz: the job failed, and the daemon logged a traceback of its own
+    for what was the job's input."""
+    data = tmp_path / "src"
+    data.write_bytes(b"not a tar at all")
+    sha = hashlib.sha256(data.read_bytes()).hexdigest()
+    client = daemon.client()
+    client.transport.upload(f"/v1/sources/{sha}", data, data.stat().st_size)
+    client.create_job({"name": "bad-src", "command": ["true"], "source": {"sha256": sha}})
+    ended = client.wait_job("bad-src", timeout=30)
+    assert (ended["phase"], ended["reason"]) == ("Failed", "StartFailed")
+    assert "preparing the workspace failed" in ended["message"]
+    assert "Traceback" not in daemon.log()

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from noduslocal.layout import JobLayout
+from noduslocal.layout import JobLayout, WorkspaceFailed
 from noduslocal.lifecycle import metrics_watch
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board
@@ -93,10 +93,15 @@ class AttemptRunner:
             if attempt.lost is not None:  # its GPU broke before it was launched
                 await self.finish(attempt, NeverStarted(attempt.lost))
                 return
-            if job.spec.source and attempt.number == 1:  # unpacking may take a while
-                attempt.directory = await asyncio.to_thread(self.layout.prepare, job, 1)
-            else:
-                attempt.directory = self.layout.prepare(job, attempt.number)
+            try:
+                if job.spec.source and attempt.number == 1:  # unpacking may take a while
+                    attempt.directory = await asyncio.to_thread(self.layout.prepare, job, 1)
+                else:
+                    attempt.directory = self.layout.prepare(job, attempt.number)
+            except WorkspaceFailed as exc:  # its input's fault: said to its owner, no trace
+                log.info("job %s: %s", job.name, exc)
+                await self.give_up(attempt, str(exc))
+                return
             launch = await self.launch_of(attempt)
             try:
                 ranks = await self.runtime_of(job).launch(launch)
