@@ -5,6 +5,7 @@ dockerd restarted under one, dockerd unreachable."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -17,6 +18,7 @@ import pytest
 
 import noduslocal as nodus
 from noduslocal import errors, testing
+from noduslocal.runtime.container_exec import exec_in_container
 from noduslocal.runtime.container_spec import instance_id, job_filter
 from noduslocal.states import Phase, Reason
 from tests.conftest import BUSYBOX, PYTHON_IMAGE, run_cli
@@ -251,6 +253,31 @@ def test_secret_is_masked_and_exec_runs_in_the_container(daemon: testing.Daemon,
         assert out.returncode == 0 and value not in out.stdout, args
     events = b"".join(daemon.client().events(job=job.name, follow=False)).decode()
     assert job.name in events and value not in events
+
+
+def test_an_exec_whose_container_ends_before_it_starts_is_a_conflict(
+        docker_client: Any) -> None:
+    """Found by tests/test_chaos.py: dockerd refuses to start an exec created in a container
+    that ended since (a 500 "is not running", or a 404 once it dropped the exec), which
+    was the daemon's Internal error."""
+    container = docker_client.containers.run(BUSYBOX, ["sleep", "60"], detach=True)
+    calls = 0
+
+    async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        result = await asyncio.to_thread(fn, *args)
+        if calls == 1:  # the exec is created: now the job's container ends under it
+            container.kill()
+            container.wait()
+        return result
+
+    try:
+        with pytest.raises(errors.Conflict, match=r"has just ended|is not running"):
+            asyncio.run(exec_in_container(call, docker_client, container.id, ["true"],
+                                          f"{os.getuid()}:{os.getgid()}", None, [], 30))
+    finally:
+        container.remove(force=True)
 
 
 def test_cli_runs_an_image_attached_with_its_exit_code(daemon: testing.Daemon,

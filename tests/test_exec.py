@@ -1,10 +1,16 @@
 """`job.exec` / `noduslocal job exec` beside a running host-process job: its environment,
-workdir and owner, the exit status, masked secrets, and refusals."""
+workdir and owner, the exit status, masked secrets, refusals, and an exec cut off by a
+kill -9 of the daemon."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +68,45 @@ def test_exec_needs_a_running_job(daemon: testing.Daemon) -> None:
         done.exec("ls")
     with pytest.raises(errors.Unsupported, match="pty"):
         done.exec("sh", pty=True)
+
+
+def test_an_exec_the_daemon_died_under_is_killed_by_the_next_one(
+        running: nodus.Job, daemon: testing.Daemon, tmp_path: Path) -> None:
+    """Found by tests/test_chaos.py: the exec's timeout and its caller die with the daemon,
+    so it used to run on unwatched, past its timeout and past the job."""
+    pids = tmp_path / "pids"
+    failures: list[BaseException] = []
+
+    def cut_off() -> None:
+        try:
+            daemon.client().exec_job("target", None, ["sh", "-c", f"sleep 300 & echo $$ $! > "
+                                                      f"{pids}; wait"], timeout=2)
+        except errors.DaemonUnavailable:  # the daemon went away under the call
+            return
+        except BaseException as exc:
+            failures.append(exc)
+        else:
+            failures.append(AssertionError("the exec was answered"))
+
+    caller = threading.Thread(target=cut_off)
+    caller.start()
+    shell, child = map(int, testing.wait_until(
+        lambda: pids.exists() and pids.read_text().split(), "the exec to run"))
+    try:
+        daemon.kill()
+        caller.join(30)
+        assert not failures, failures
+        assert not testing.process_gone(shell), "the exec died with the daemon by itself"
+        daemon.start()
+        for pid in (shell, child):
+            testing.wait_until(lambda p=pid: testing.process_gone(p),
+                               f"exec process {pid} to go")
+    finally:  # nothing of it outlives a failed test
+        if not testing.process_gone(shell):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell, signal.SIGKILL)
+    # The exec's end is not the job's: it is adopted and runs on.
+    status = running.status()
+    assert (status.phase, status["attempts"]) == ("Running", 1)
+    assert list((daemon.data_dir / "execs").iterdir()) == []
+    running.cancel()

@@ -720,3 +720,36 @@ def test_a_retried_attempt_sees_the_checkpoint_the_lost_one_wrote(
     job = c.wait_job("ckpt", timeout=DEADLINE)
     assert (job["phase"], job["attempts"]) == ("Succeeded", 2), job
     assert b"".join(c.logs("ckpt")).decode() == "resumed at 41\n"
+
+
+def test_a_workspace_the_daemon_died_making_is_made_again(
+        fresh: Callable[..., testing.Daemon], tmp_path: Path) -> None:
+    """Found by tests/test_chaos.py: a kill -9 while the first attempt's workspace was
+    being filled (source unpacked, volume links made) left it half made, and the next
+    attempt took it for one kept from an earlier run: the job ran without its code."""
+    d = fresh(cpus=2)
+    c = d.client()
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "main.sh").write_text("echo code-ran\n")
+    source = c.upload_source([code], contents_of_single_dir=True)
+    c.create_volume("vol")
+    # The unpack reads the source's blob: a FIFO in its place holds the daemon inside
+    # the workspace's making until we kill it, with no race.
+    blob = d.data_dir / "blobs" / source["sha256"][:2] / source["sha256"]
+    real = blob.read_bytes()
+    blob.unlink()
+    os.mkfifo(blob)
+    c.create_job({"name": "torn", "source": source, "volumes": {"v": "vol"}, "command": [
+        "sh", "-c", "sh main.sh; test -L v && echo volume-linked"]})
+    job_dir = wait_until(lambda: next(d.data_dir.glob("jobs/*/workspace"), None),
+                         "the workspace to be made").parent
+    d.kill()
+    assert not list(job_dir.glob("attempt-*")), "the attempt's directory was made"
+    blob.unlink()
+    blob.write_bytes(real)
+    d.start()
+    job = c.wait_job("torn", timeout=DEADLINE)
+    assert (job["phase"], job["retries_used"]) == ("Succeeded", 0), job
+    assert [a["phase"] for a in c.attempts("torn")] == ["NotStarted", "Exited"]
+    assert b"".join(c.logs("torn")).decode() == "code-ran\nvolume-linked\n"

@@ -1,13 +1,16 @@
 """After a daemon restart: the fair-share ledger and drains are read back, job directories
 the database does not know are stopped and reported, every attempt that may still run
 takes its share back (CPUs, memory, the same GPUs) before any pass, and is adopted if its
-ranks live, or ended as what it became meanwhile.
+ranks live, or ended as what it became meanwhile (a workspace it left half made, dropped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import time
 from collections.abc import Mapping
 
 from noduslocal.gpu.cost import Meter
@@ -19,6 +22,7 @@ from noduslocal.lifecycle.orphans import Orphan, find_orphans
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.models import AttemptRecord, JobRecord
+from noduslocal.runtime.attempts import NeverStarted
 from noduslocal.runtime.base import Rank, Runtime
 from noduslocal.scheduler.queue import Request
 from noduslocal.states import AttemptPhase, Phase
@@ -93,6 +97,10 @@ class Recovery:
                 launch, attempt.handles, recorded_running=attempt.running,
                 stopping=attempt.stop_reason is not None)
             if not isinstance(found, list):
+                if isinstance(found, NeverStarted) and await asyncio.to_thread(
+                        drop_torn_workspace, self.layout, job.id):
+                    log.warning("job %s: the last daemon died while making its workspace; "
+                                "it is made again for the next attempt", job.name)
                 await self.runner.finish(attempt, found)
                 return
             await self._watch_adopted(attempt, last, found)
@@ -114,3 +122,18 @@ class Recovery:
             await self.store.write(lambda c, at=started: ops.attempt_running(
                 c, job.id, attempt.number, at, attempt.handles))
         await self.runner.watch(attempt, started)
+
+
+def drop_torn_workspace(layout: JobLayout, job_id: int) -> bool:
+    """Remove the workspace of a job that no attempt has a directory for: prepare() makes
+    the attempt's directory last, so the daemon died while filling the workspace (its
+    source half unpacked, its volume links missing), and the next attempt would take it
+    for one kept from an earlier run. Renamed aside first: an unpack the dead daemon
+    started may still write into it. False when there is nothing to drop."""
+    workspace = layout.workspace(job_id)
+    if not workspace.is_dir() or any(layout.job_dir(job_id).glob("attempt-*")):
+        return False
+    aside = layout.job_dir(job_id) / f".torn-workspace-{time.time_ns()}"
+    os.rename(workspace, aside)
+    shutil.rmtree(aside, ignore_errors=True)  # links in it are removed, never followed
+    return True

@@ -31,8 +31,16 @@ def _start(client: docker.DockerClient, container_id: str, command: list[str], u
 
 
 def _collect(client: docker.DockerClient, exec_id: str, keep: int) -> tuple[bytes, bytes, bool]:
+    # The container may end between the exec's create and its start: dockerd then says
+    # "is not running", or has dropped the exec. As at the create: the job's end.
+    try:
+        stream = client.api.exec_start(exec_id, stream=True, demux=True)
+    except docker.errors.NotFound:
+        raise errors.Conflict("the job's container has just ended") from None
+    except docker.errors.APIError as exc:
+        raise errors.Conflict(f"docker exec failed: {exc.explanation or exc}") from None
     out, err, more = bytearray(), bytearray(), False
-    for stdout, stderr in client.api.exec_start(exec_id, stream=True, demux=True):
+    for stdout, stderr in stream:
         for buffer, chunk in ((out, stdout), (err, stderr)):
             if chunk:
                 room = keep - len(buffer)

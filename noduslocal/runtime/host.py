@@ -26,11 +26,12 @@ from noduslocal.runtime.base import (
     Rank,
     rank_dir,
 )
-from noduslocal.runtime.execute import ExecResult, run_in_job
+from noduslocal.runtime.execute import ExecResult, kill_orphaned_execs, run_in_job
 from noduslocal.runtime.host_launch import launch_request
 from noduslocal.runtime.spawner import Spawner, SpawnError
 
 log = logging.getLogger(__name__)
+EXEC_RECORDS = "execs"  # in the data directory: the host execs that run
 
 
 class HostRuntime:
@@ -39,8 +40,14 @@ class HostRuntime:
     def __init__(self, layout: JobLayout, spawner: Spawner | None = None) -> None:
         self.layout = layout
         self.spawner = spawner or Spawner()
+        self.exec_records = layout.jobs_dir.parent / EXEC_RECORDS
 
     async def start(self) -> None:
+        # Execs a daemon killed meanwhile left running: their callers and their timeouts
+        # died with it, whether their jobs still run or not.
+        self.exec_records.mkdir(mode=0o700, exist_ok=True)
+        if killed := kill_orphaned_execs(self.exec_records):
+            log.warning("killed %d processes of execs the last daemon left running", killed)
         await self.spawner.start()
 
     async def close(self) -> None:
@@ -99,7 +106,7 @@ class HostRuntime:
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
         del handle  # beside the job, not inside its process group
-        return await run_in_job(self._request(launch), command, timeout)
+        return await run_in_job(self._request(launch), command, timeout, self.exec_records)
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         return rank_dir(directory, rank) / LOG_FILES[stream]
