@@ -94,8 +94,11 @@ class AttemptRunner:
                 await self.finish(attempt, NeverStarted(attempt.lost))
                 return
             try:
-                if job.spec.source and attempt.number == 1:  # unpacking may take a while
-                    attempt.directory = await asyncio.to_thread(self.layout.prepare, job, 1)
+                # Unpacking may take a while: also for a retry whose workspace was never
+                # made (the daemon died making it).
+                if job.spec.source and not self.layout.workspace(job.id).exists():
+                    attempt.directory = await asyncio.to_thread(self.layout.prepare, job,
+                                                                attempt.number)
                 else:
                     attempt.directory = self.layout.prepare(job, attempt.number)
             except WorkspaceFailed as exc:  # its input's fault: said to its owner, no trace
