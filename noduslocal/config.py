@@ -153,7 +153,8 @@ def _positive(value: Any, name: str) -> int:
 def _profiles(value: Any) -> dict[str, dict[str, Any]]:
     """Each profile checked as a job's arguments are (a bad one stops the daemon at start,
     naming it), and only with the arguments a profile may fill."""
-    from noduslocal.validation import PROFILE_FIELDS, parse_create, validate_name
+    from noduslocal.profiles import PROFILE_FIELDS
+    from noduslocal.validation import parse_create, validate_name
 
     if not isinstance(value, dict):
         raise InvalidArgument("profiles: expected [profiles.NAME] tables", field="profiles")

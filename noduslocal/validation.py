@@ -13,6 +13,7 @@ from noduslocal import job_paths
 from noduslocal.errors import InvalidArgument, Unsupported
 from noduslocal.gpu.request import parse_gpu
 from noduslocal.models import CreateRequest, JobSpec, SecretRef
+from noduslocal.profiles import with_profile
 from noduslocal.units import parse_cpu, parse_duration, parse_size
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -31,12 +32,6 @@ SUPPORTED_FIELDS = frozenset(
      "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
      "interruptible", "ephemeral", "profile", "disk"}
 )
-# What a profile (a named preset in the daemon's config) may fill: the job's resources and
-# how it runs, never what it runs or who it is.
-PROFILE_FIELDS = frozenset(
-    {"image", "cpu", "memory", "gpu", "timeout", "env", "region", "expected_duration",
-     "max_cost", "interruptible", "retries", "network", "labels", "workdir", "priority",
-     "disk"})
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
 # "not used".
@@ -171,23 +166,6 @@ def _secret_refs(value: Any, env: Mapping[str, str]) -> list[SecretRef]:
         refs.append(SecretRef(target, item.get("name"), None if "value" not in item
                               else validate_secret_value(item["value"], "secrets")))
     return refs
-
-
-def with_profile(body: Mapping[str, Any],
-                 profiles: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any], str | None]:
-    """The body with its profile's values in every field it left unset (or null), and the
-    profile's name; a profile the daemon does not have is refused naming those it has."""
-    name = body.get("profile")
-    rest = {key: value for key, value in body.items() if key != "profile"}
-    if name is None:
-        return rest, None
-    if not isinstance(name, str) or name not in profiles:
-        there = (f"there are: {', '.join(sorted(profiles))}" if profiles else
-                 "this daemon has none (a [profiles.NAME] table in its config makes one)")
-        raise InvalidArgument(f"profile: {name!r} is not a profile here; {there}",
-                              field="profile")
-    filled = {**profiles[name], **{k: v for k, v in rest.items() if v is not None}}
-    return filled, name
 
 
 def parse_create(body: Any, *, regions: tuple[str, ...],

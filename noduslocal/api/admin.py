@@ -14,7 +14,7 @@ from noduslocal import errors
 from noduslocal.api.files import send_fd
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
-from noduslocal.store import integrity_problems
+from noduslocal.store.integrity import integrity_problems
 from noduslocal.workspace import iter_chunks
 
 routes = web.RouteTableDef()

@@ -99,7 +99,8 @@ class Lifecycle:
         self.runtime_changed()
         await self.recovery.recover()
         self.background.spawn(self.health.watch_costs())
-        self.background.spawn(self.disk.watch())
+        await self.disk.first_reading()
+        self.background.spawn(self.disk.follow())
 
     async def stop(self) -> None:
         """Stop supervising; jobs keep running and are adopted by the next daemon."""

@@ -88,34 +88,38 @@ class DiskWatch:
         self._commits_stalled = commits_stalled
         self._on_room = on_room
         self._readings = 0
-        # Workspaces on a disk of their own: filling it cannot starve the database, so
-        # nothing is stopped for it; new work is still refused while it is low.
-        self.paths = [data_dir]
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(layout.jobs_dir).st_dev != os.stat(data_dir).st_dev:
-                self.paths.append(layout.jobs_dir)
-        self.reading = self._read()
-        self.capacity.disk_free = self._jobs_free
+        # Nothing known until the first check (when the lifecycle starts): not low.
+        self.reading = DiskReading(data_dir, 0, 0)
         self._scanned_at = 0.0
         self._last_sizes: dict[int, int] = {}
         self._growth: dict[int, int] = {}
 
-    def _read(self) -> DiskReading:
-        """The fullest of the disks watched; critical only for the database's own. Sets
-        what the jobs' own disk has above the reserve."""
+    def _paths(self) -> list[Path]:
+        """The data dir, and the jobs' directory when it is a disk of its own: filling
+        that cannot starve the database, so nothing is stopped for it, but new work is
+        still refused while it is low."""
+        paths = [self.data_dir]
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.layout.jobs_dir).st_dev != os.stat(self.data_dir).st_dev:
+                paths.append(self.layout.jobs_dir)
+        return paths
+
+    def _read(self) -> tuple[DiskReading, int]:
+        """The fullest of the disks watched (critical only for the database's own), and
+        what the jobs' own disk has free above the reserve."""
+        paths = self._paths()
         readings = []
-        for path in self.paths:
+        for path in paths:
             st = os.statvfs(path)
             free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
             readings.append(DiskReading(path, free, total, free < self.reserve,
-                                        free < self.reserve // 2 and len(self.paths) == 1))
-        self._jobs_free = readings[-1].free - self.reserve
-        return min(readings, key=lambda r: r.free)
+                                        free < self.reserve // 2 and len(paths) == 1))
+        return min(readings, key=lambda r: r.free), readings[-1].free - self.reserve
 
     def room(self) -> int:
         """Bytes that may still be written before the fullest disk reaches its reserve,
         read now (an output's copy asks, on a thread of its own)."""
-        return max(0, self._read().free - self.reserve)
+        return max(0, self._read()[0].free - self.reserve)
 
     def require_room(self, what: str) -> None:
         """Refuse new work (`what`: "new jobs") while the disk is below its reserve."""
@@ -134,18 +138,26 @@ class DiskWatch:
                          f"{time.monotonic() - stalled:.0f}s; ends are kept and retried")
         return found
 
-    async def watch(self) -> None:
+    async def first_reading(self) -> None:
+        """Read the disk now, before the API serves, so the first create is judged on a
+        reading; follow() reads it every `poll` seconds after."""
+        try:
+            await self.check()
+        except OSError as exc:  # no data dir yet (a lifecycle without a daemon): next time
+            log.info("the disk could not be read yet: %s", exc)
+
+    async def follow(self) -> None:
         while True:
+            await asyncio.sleep(self.poll)
             try:
                 await self.check()
             except Exception:
                 log.exception("reading the disk's free space failed")
-            await asyncio.sleep(self.poll)
 
     async def check(self) -> None:
-        reading = await asyncio.to_thread(self._read)
-        grew = self.capacity.disk_free is not None and self._jobs_free > self.capacity.disk_free
-        self.capacity.disk_free = self._jobs_free
+        reading, jobs_free = await asyncio.to_thread(self._read)
+        grew = self.capacity.disk_free is not None and jobs_free > self.capacity.disk_free
+        self.capacity.disk_free = jobs_free
         if grew:
             self._on_room()
         self._readings += 1
