@@ -39,7 +39,7 @@ class DiskReading:
     total: int
     low: bool = False
     critical: bool = False
-    # Running jobs' workspaces on that disk, biggest first: (job name, owner, bytes).
+    # Running jobs' directories on that disk, biggest first: (job name, owner, bytes).
     consumers: list[tuple[str, str, int]] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -184,34 +184,34 @@ class DiskWatch:
         if reading.critical:
             self._stop_the_biggest_writer(reading)
 
-    def _over_quota(self, attempts: list[Attempt]) -> list[tuple[Attempt, int]]:
-        """Those of the attempts whose job directory takes more than its `disk`, with the
-        size (on a thread: each walk is bounded, but a tree may be large)."""
-        over, budget = [], SCAN_ENTRIES
+    def _sizes(self, attempts: list[Attempt]) -> dict[int, int]:
+        """What each attempt's job directory takes, by job id, within one budget of entries
+        for all (on a thread: each walk is bounded, but a tree may be large)."""
+        sizes, budget = {}, SCAN_ENTRIES
         for attempt in attempts:
             if budget <= 0:
                 break
-            size, seen = allocated(self.layout.job_dir(attempt.job.id), budget)
+            sizes[attempt.job.id], seen = allocated(self.layout.job_dir(attempt.job.id),
+                                                    budget)
             budget -= seen
-            if size > (attempt.job.spec.disk or 0):
-                over.append((attempt, size))
-        return over
+        return sizes
+
+    def _over_quota(self, attempts: list[Attempt]) -> list[tuple[Attempt, int]]:
+        """Those of the attempts whose job directory takes more than its `disk`."""
+        sizes = self._sizes(attempts)
+        return [(a, sizes[a.job.id]) for a in attempts
+                if sizes.get(a.job.id, 0) > (a.job.spec.disk or 0)]
 
     def _running(self) -> list[Attempt]:
         return [a for a in self.board.active.values() if a.running and a.stop_reason is None]
 
     def _scan(self, reading: DiskReading, running: list[Attempt]) -> None:
-        """What the running jobs' workspaces take (on a thread, from a list the loop made)."""
-        sizes: dict[int, int] = {}
-        budget = SCAN_ENTRIES
-        for attempt in running:
-            size, seen = allocated(self.layout.workspace(attempt.job.id), budget)
-            budget -= seen
-            sizes[attempt.job.id] = size
-        jobs = {a.job.id: a.job for a in running}
-        reading.consumers = sorted(
-            ((jobs[i].name, jobs[i].owner, size) for i, size in sizes.items() if i in jobs),
-            key=lambda item: -item[2])
+        """What the running jobs' directories take (on a thread, from a list the loop
+        made), biggest first."""
+        sizes = self._sizes(running)
+        reading.consumers = sorted(((a.job.name, a.job.owner, sizes[a.job.id])
+                                    for a in running if a.job.id in sizes),
+                                   key=lambda item: -item[2])
         self._growth = {i: size - self._last_sizes.get(i, 0) for i, size in sizes.items()}
         self._last_sizes = sizes
         self._scanned_at = time.monotonic()
