@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from noduslocal.gang import Gang
 from noduslocal.gpu.request import GpuRequest
 
 
@@ -44,6 +45,7 @@ class JobSpec:
     retry_errors: bool = False
     ephemeral: bool = False  # the workspace is discarded when the job ends (project.job)
     profile: str | None = None  # the daemon's preset that filled what the caller left unset
+    gang: Gang | None = None  # `distributed`: cpu and memory are each rank's, gpu all ranks'
 
     @property
     def argv(self) -> list[str]:
@@ -80,6 +82,7 @@ class JobSpec:
             "retry_errors": self.retry_errors,
             "ephemeral": self.ephemeral,
             "profile": self.profile,
+            "distributed": None if self.gang is None else self.gang.to_wire(),
         }
 
     @classmethod
@@ -109,6 +112,7 @@ class JobSpec:
             retry_errors=bool(data.get("retry_errors")),
             ephemeral=bool(data.get("ephemeral")),
             profile=data.get("profile"),
+            gang=Gang.from_stored(data.get("distributed")),
         )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from noduslocal import job_paths
 from noduslocal.errors import InvalidArgument, Unsupported
+from noduslocal.gang import parse_gang
 from noduslocal.gpu.request import parse_gpu
 from noduslocal.models import CreateRequest, JobSpec, SecretRef
 from noduslocal.profiles import with_profile
@@ -30,7 +31,7 @@ SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
      "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
-     "interruptible", "ephemeral", "profile", "disk"}
+     "interruptible", "ephemeral", "profile", "disk", "distributed"}
 )
 # Accepted only at their default meaning until the issue that builds them lands; any other
 # value raises Unsupported naming the field. The value is the set of values that mean
@@ -38,7 +39,6 @@ SUPPORTED_FIELDS = frozenset(
 NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
     "completions": (None, 1),
     "parallelism": (None, 1),
-    "distributed": (None,),
 }
 JOB_CREATE_FIELDS = SUPPORTED_FIELDS | frozenset(NOT_YET_FIELDS)
 
@@ -226,6 +226,10 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
     env = _env(body.get("env") or {})
     check_exec(command, args, env)
     secrets = _secret_refs(body.get("secrets") or [], env)
+    gpu = parse_gpu(body.get("gpu"))
+    gang = None
+    if (parsed := parse_gang(body.get("distributed"), gpu, bool(command))) is not None:
+        gang, gpu = parsed
     spec = JobSpec(
         command=command,
         args=args,
@@ -244,7 +248,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         source=_source(body.get("source"), body.get("allow_large_source", False)),
         image=image,
         network=_network(body.get("network"), container),
-        gpu=parse_gpu(body.get("gpu")),
+        gpu=gpu,
         priority=_priority(body.get("priority", 0)),
         max_cost=parse_max_cost(body.get("max_cost")),
         interruptible=_flag(body.get("interruptible"), "interruptible"),
@@ -252,6 +256,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         expected_duration=None if body.get("expected_duration") is None else parse_duration(
             body["expected_duration"], "expected_duration"),
         profile=profile,
+        gang=gang,
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)

@@ -27,7 +27,9 @@ async def list_gpus(request: web.Request) -> web.Response:
         job_id = pool.holder.get(gpu.uuid) if pool else None
         holder = lifecycle.running_job(job_id) if job_id is not None else None
         wire["job"] = None if holder is None else {
-            "name": holder.name, "project": holder.project, "owner": holder.owner}
+            "name": holder.name, "project": holder.project, "owner": holder.owner,
+            "rank": None if holder.spec.gang is None or not holder.spec.gang.gpus_per_node
+            else pool.by_job[holder.id].index(gpu.uuid) // holder.spec.gang.gpus_per_node}
         wire["busy"] = pool.busy(gpu) if pool and job_id is None else None
         wire["drained"] = bool(pool and gpu.uuid in pool.drained)
     return web.json_response({"kind": "GpuList", **doc})

@@ -29,9 +29,12 @@ EXEC_TIMEOUT_MAX = 24 * 3600.0
 def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
     caller: Caller = request["caller"]
     lifecycle = request.app[SERVICES].lifecycle
-    return job.to_wire(lifecycle.hold(job.id), redact=not caller.may_control(job.owner_uid),
-                       running_cost=lifecycle.running_cost(job.id),
-                       live_metrics=lifecycle.running_metrics(job.id))
+    doc = job.to_wire(lifecycle.hold(job.id), redact=not caller.may_control(job.owner_uid),
+                      running_cost=lifecycle.running_cost(job.id),
+                      live_metrics=lifecycle.running_metrics(job.id))
+    if (ranks := lifecycle.rank_view(job)) is not None:
+        doc["ranks"] = ranks
+    return doc
 
 
 def job_response(request: web.Request, job: JobRecord, status: int = 200) -> web.Response:
@@ -233,9 +236,14 @@ async def exec_in_job(request: web.Request) -> web.Response:
     job = await lookup(request)
     require_control(request, job, "exec in")
     body: Any = parse_body(await request.read())
-    if not isinstance(body, dict) or set(body) - {"command", "timeout"}:
-        raise errors.InvalidArgument('body: expected {"command": [...], "timeout": S}',
-                                     field="body")
+    if not isinstance(body, dict) or set(body) - {"command", "timeout", "rank"}:
+        raise errors.InvalidArgument('body: expected {"command": [...], "timeout": S, '
+                                     '"rank": N}', field="body")
+    rank = body.get("rank", 0)
+    ranks = job.spec.gang.nodes if job.spec.gang is not None else 1
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
+        raise errors.InvalidArgument(f"rank: job {job.name!r} has ranks 0 to {ranks - 1}",
+                                     field="rank")
     command = body.get("command")
     if (not isinstance(command, list) or not command or not command[0]
             or not all(isinstance(c, str) and "\0" not in c for c in command)):
@@ -245,5 +253,5 @@ async def exec_in_job(request: web.Request) -> web.Response:
     if timeout > EXEC_TIMEOUT_MAX:
         raise errors.InvalidArgument("timeout: an exec may run 24h at most; start a job for "
                                      "longer work", field="timeout")
-    result = await services.lifecycle.exec(job, command, timeout)
+    result = await services.lifecycle.exec(job, command, timeout, rank)
     return web.json_response(result.to_wire())

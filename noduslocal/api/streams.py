@@ -13,6 +13,7 @@ from aiohttp import web
 from noduslocal import errors
 from noduslocal.api.jobs import lookup, project_of, require_control
 from noduslocal.api.services import SERVICES, Services
+from noduslocal.models import JobRecord
 from noduslocal.states import TERMINAL
 from noduslocal.validation import SQL_INT_MAX
 
@@ -47,6 +48,25 @@ def _int_param(request: web.Request, name: str) -> int | None:
     if number > SQL_INT_MAX:
         raise errors.InvalidArgument(f"{name}: at most {SQL_INT_MAX}", field=name)
     return number
+
+
+def _rank_param(request: web.Request, job: JobRecord) -> int | None:
+    """One rank's log (0 unless asked), or None: every rank's merged (`rank=all`)."""
+    value = request.query.get("rank")
+    ranks = job.spec.gang.nodes if job.spec.gang is not None else 1
+    if value is None:
+        return 0
+    if value == "all":
+        if job.spec.gang is None:
+            raise errors.InvalidArgument(f"rank: job {job.name!r} is no gang; its log is "
+                                         "rank 0's", field="rank")
+        return None
+    rank = _int_param(request, "rank")
+    assert rank is not None
+    if rank >= ranks:
+        raise errors.InvalidArgument(f"rank: job {job.name!r} has ranks 0 to {ranks - 1} "
+                                     "(or all)", field="rank")
+    return rank
 
 
 def tail_offset(path: Path, lines: int) -> int:
@@ -95,6 +115,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     stream = request.query.get("stream", "all")
     if stream not in ("all", "stderr"):
         raise errors.InvalidArgument("stream: use all or stderr", field="stream")
+    rank = _rank_param(request, job)
     number = _int_param(request, "attempt") or job.attempts
     if number > job.attempts:
         raise errors.NotFound(f"job {job.name!r} has no attempt {number}")
@@ -103,7 +124,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     resp.enable_chunked_encoding()
     await resp.prepare(request)
     lifecycle = services.lifecycle
-    path = lifecycle.log_path(job, number, stream) if number else None
+    path = lifecycle.log_path(job, number, stream, rank) if number else None
     offset = tail_offset(path, tail) if path and tail is not None else 0
     while True:
         if path is not None:
@@ -119,7 +140,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
             offset = await _send_from(resp, path, offset)
         if fresh.attempts > number:  # started, retried or requeued: follow the next attempt
             number, offset = number + 1, 0
-            path = lifecycle.log_path(job, number, stream)
+            path = lifecycle.log_path(job, number, stream, rank)
             continue
         if fresh.phase in TERMINAL:
             break

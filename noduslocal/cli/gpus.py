@@ -28,7 +28,9 @@ def _rows(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
             f"{fmt_bytes(g['memory_total'])}",
             "-" if g.get("utilization") is None else f"{g['utilization']}%",
             "-" if g.get("power_w") is None else f"{g['power_w']:.0f} W", state,
-            f"{holder['project']}/{holder['name']} ({holder['owner']})" if holder else "",
+            f"{holder['project']}/{holder['name']}"
+            + (f" rank {holder['rank']}" if holder.get("rank") is not None else "")
+            + f" ({holder['owner']})" if holder else "",
             foreign or (g.get("problem") or "")))
     return rows
 

@@ -11,6 +11,7 @@ import click
 from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.client.api import Client
+from noduslocal.gang import LAUNCHERS, TRANSPORTS
 from noduslocal.states import Phase
 from noduslocal.units import fmt_bytes, parse_duration
 
@@ -85,6 +86,11 @@ def job() -> None:
               help="Mount volume NAME at MOUNT (default /workspace/NAME).")
 @click.option("--output", "outputs", multiple=True, metavar="NAME=PATH",
               help="Collect PATH (in the workspace) as output NAME after each attempt.")
+@click.option("--nodes", type=click.IntRange(1), help="Run a gang of N ranks.")
+@click.option("--gpus-per-node", type=click.IntRange(0), help="A gang rank's GPUs.")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), help="How a gang's ranks start.")
+@click.option("--transport", type=click.Choice(list(TRANSPORTS)), help="How ranks talk.")
+@click.option("--startup-timeout", metavar="DURATION", help="Every rank starts within it.")
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
 @json_option
 @click.argument("command", nargs=-1)
@@ -97,7 +103,8 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         timeout: str | None, workdir: str | None,
         labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
         volumes: tuple[str, ...],
-        outputs: tuple[str, ...],
+        outputs: tuple[str, ...], nodes: int | None, gpus_per_node: int | None,
+        launcher: str | None, transport: str | None, startup_timeout: str | None,
         detach: bool, as_json: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
@@ -140,6 +147,13 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
                            (item.partition(":") for item in volumes)}
     if retries:
         body["retries"] = retries
+    gang = {key: value for key, value in (
+        ("nodes", nodes), ("gpus_per_node", gpus_per_node), ("launcher", launcher),
+        ("transport", transport), ("startup_timeout", startup_timeout)) if value is not None}
+    if gang and nodes is None:
+        raise click.UsageError(f"--{next(iter(gang)).replace('_', '-')} needs --nodes")
+    if gang:
+        body["distributed"] = gang
     client = Client()
     if uploads:
         body["source"] = client.upload_source(list(uploads), contents_of_single_dir=False,
@@ -157,7 +171,8 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
     out = sys.stderr.buffer if as_json else sys.stdout.buffer
     try:
         try:
-            for chunk in client.logs(created["name"], created["project"], follow=True):
+            for chunk in client.logs(created["name"], created["project"], follow=True,
+                                     rank="all" if gang else None):
                 out.write(chunk)
                 out.flush()
         except errors.DaemonUnavailable:
@@ -243,10 +258,22 @@ def status(name: str, project: str | None, as_json: bool) -> None:
                               (spec.get("volumes") or {}).items())),
         ("labels", ", ".join(f"{k}={v}" for k, v in doc["labels"].items())),
         ("secrets", ", ".join(spec.get("secrets") or [])),
+        ("gang", _gang_line(spec.get("distributed"))),
     ]
     for key, value in lines:
         if value not in (None, ""):
             click.echo(f"{key + ':':<11} {value}")
+    for rank in doc.get("ranks") or []:
+        code = "" if rank["exit_code"] is None else f" (exit {rank['exit_code']})"
+        gpus = ",".join(map(str, rank["gpus"])) or "-"
+        click.echo(f"  rank {rank['rank']:<3} {rank['state']}{code}  GPUs {gpus}")
+
+
+def _gang_line(gang: dict[str, Any] | None) -> str | None:
+    if not gang:
+        return None
+    return (f"{gang['nodes']} ranks x {gang['gpus_per_node']} GPUs, {gang['launcher']}, "
+            f"transport {gang['transport']}")
 
 
 @job.command("logs")
@@ -256,11 +283,14 @@ def status(name: str, project: str | None, as_json: bool) -> None:
 @click.option("--tail", type=click.IntRange(0), help="Only the last N lines.")
 @click.option("--attempt", type=click.IntRange(1), help="An earlier attempt's log.")
 @click.option("--stderr", "stderr_only", is_flag=True, help="Only what went to stderr.")
+@click.option("--rank", metavar="N|all", help="A gang's rank N (default 0), or all merged.")
 def logs(name: str, project: str | None, follow: bool, tail: int | None, attempt: int | None,
-         stderr_only: bool) -> None:
+         stderr_only: bool, rank: str | None) -> None:
     """Print a job's output (stdout and stderr, in order)."""
+    if rank is not None and rank != "all" and not rank.isdigit():
+        raise click.BadParameter("a rank number or all", param_hint="--rank")
     stream = Client().logs(name, project, follow=follow, tail=tail, attempt=attempt,
-                           stream="stderr" if stderr_only else None)
+                           stream="stderr" if stderr_only else None, rank=rank)
     try:
         for chunk in stream:
             sys.stdout.buffer.write(chunk)

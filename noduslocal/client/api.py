@@ -186,11 +186,11 @@ class Client:
 
     def logs(self, name: str, project: str | None = None, *, follow: bool = False,
              tail: int | None = None, attempt: int | None = None,
-             stream: str | None = None) -> Iterator[bytes]:
+             stream: str | None = None, rank: int | str | None = None) -> Iterator[bytes]:
         return self.transport.stream(
             f"/v1/jobs/{_quote(name)}/logs",
             query={"project": project, "follow": "1" if follow else None, "tail": tail,
-                   "attempt": attempt, "stream": stream},
+                   "attempt": attempt, "stream": stream, "rank": rank},
             timeout=None if follow else 120.0)
 
     def set_secret(self, name: str, value: str) -> bool:
@@ -270,10 +270,13 @@ class Client:
             query={"project": project, "path": path})
 
     def exec_job(self, name: str, project: str | None, command: list[str],
-                 timeout: float = 300.0) -> dict[str, Any]:
+                 timeout: float = 300.0, rank: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"command": command, "timeout": timeout}
+        if rank is not None:
+            body["rank"] = rank
         return self.transport.request(
             "POST", f"/v1/jobs/{_quote(name)}/exec", query={"project": project},
-            body={"command": command, "timeout": timeout}, timeout=timeout + 30)
+            body=body, timeout=timeout + 30)
 
     def list_outputs(self, name: str, project: str | None = None) -> list[dict[str, Any]]:
         return self.transport.request("GET", f"/v1/jobs/{_quote(name)}/outputs",

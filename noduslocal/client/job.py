@@ -18,7 +18,7 @@ from noduslocal.config import SOCKET_ENV
 from noduslocal.states import Phase
 
 _clients: dict[str | None, Client] = {}
-LOG_PARAMS = frozenset({"tail", "attempt", "stream"})
+LOG_PARAMS = frozenset({"tail", "attempt", "stream", "rank"})
 
 
 def default_client() -> Client:
@@ -31,8 +31,9 @@ def default_client() -> Client:
 
 
 class Distributed:
-    """A gang: `nodes` or `total_gpus`, with a launcher. Accepted by `Job.create` only to
-    name it in `errors.Unsupported` until gangs land."""
+    """A gang on this host: `nodes` ranks (or `total_gpus` split `gpus_per_node` to a
+    rank), each a container or host process group with its GPUs, started all or none;
+    `launcher` Plain, Torchrun, Ray or Verl; `transport` auto, nvlink, pcie, shm or tcp."""
 
     def __init__(self, nodes: int | None = None, total_gpus: int | None = None,
                  gpus_per_node: int | None = None, launcher: str | None = None,
@@ -150,10 +151,11 @@ class Job:
 
     async def logs(self, follow: bool = False, rank: int | str | None = None,
                    **params: Any) -> AsyncIterator[str]:
-        """The log as lines (without their newline)."""
-        if rank is not None:
-            raise errors.Unsupported("rank", "gangs (Distributed) are not supported yet")
+        """The log as lines (without their newline); of a gang, rank 0's unless `rank` names
+        another, or "all" (every rank's, prefixed [r<n>])."""
         _check_log_params(params)
+        if rank is not None:
+            params["rank"] = rank
         import aiohttp  # only async users pay for it
 
         socket_path = str(self._client.transport.socket_path)
@@ -196,13 +198,12 @@ class Job:
         workdir; returns a Process with stdout, stderr and returncode."""
         if pty:
             raise errors.Unsupported("pty", "exec runs to completion without a terminal")
-        if rank is not None:
-            raise errors.Unsupported("rank", "gangs (Distributed) are not supported yet")
         if index is not None:
             raise errors.Unsupported("index", "indexed jobs are not supported yet")
         if not command:
             raise errors.InvalidArgument("command: give the command to run", field="command")
-        return View(self._client.exec_job(self.name, self.project, list(command)))
+        return View(self._client.exec_job(self.name, self.project, list(command),
+                                          rank=rank))
 
     def suspend(self) -> None:
         """Stop the job like a cancel (SIGTERM, grace, SIGKILL) and keep it Suspended, with

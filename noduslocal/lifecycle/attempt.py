@@ -5,13 +5,14 @@ and the board of attempts that hold resources, which every part of the lifecycle
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from noduslocal.gpu.cost import Meter
 from noduslocal.models import JobRecord
 from noduslocal.runtime.attempts import AttemptState
-from noduslocal.runtime.base import AttemptRef, Handle
+from noduslocal.runtime.base import AttemptRef, Handle, failed
 from noduslocal.scheduler.queue import Request
 
 
@@ -69,3 +70,22 @@ class Board:
     def running_job(self, job_id: int) -> JobRecord | None:
         attempt = self.active.get(job_id)
         return attempt.job if attempt is not None else None
+
+
+async def verdict(attempt: Attempt, stop_the_rest: Callable[[], Awaitable[None]]) -> AttemptState:
+    """Wait for every rank's end. The first that ends the gang (a rank that failed; for
+    Ray-like launchers, rank 0 in any way) stops the rest and is the attempt's end; ends
+    that follow from that stop do not count. With none such, rank 0's exit is."""
+    gang = attempt.job.spec.gang
+    rank_of = {end: rank for rank, end in enumerate(attempt.ends)}
+    pending, decider = set(rank_of), None
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for end in sorted(done, key=rank_of.__getitem__):
+            state = end.result()
+            head = rank_of[end] == 0 and gang is not None and gang.ranks_wait_for_head
+            if decider is None and (failed(state) or head):
+                decider = state
+                if pending:
+                    await stop_the_rest()
+    return decider if decider is not None else attempt.ends[0].result()

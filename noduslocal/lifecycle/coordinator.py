@@ -9,11 +9,13 @@ import asyncio
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from noduslocal import errors
 from noduslocal.config import Settings
 from noduslocal.gpu.model import Inventory
 from noduslocal.layout import JobLayout
+from noduslocal.lifecycle import gang_view
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.admission import Admission
 from noduslocal.lifecycle.attempt import Attempt, Board
@@ -21,6 +23,7 @@ from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.controls import OwnerControls
 from noduslocal.lifecycle.disk import DiskWatch
 from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.gang_logs import merged_path
 from noduslocal.lifecycle.gpu_health import GpuHealth
 from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
@@ -215,22 +218,35 @@ class Lifecycle:
         attempt = self.board.active.get(job_id)
         return None if attempt is None else attempt.metrics
 
+    def rank_view(self, job: JobRecord) -> list[dict[str, Any]] | None:
+        """A gang's ranks: state, exit code and GPUs; None for a job that is no gang."""
+        if job.spec.gang is None:
+            return None
+        directory = self.layout.attempt_dir(job.id, job.attempts) if job.attempts else None
+        return gang_view.rank_view(job, self.board.active.get(job.id), directory,
+                                   self.accounting.inventory)
+
     def running_cost(self, job_id: int) -> float:
         attempt = self.board.active.get(job_id)
         return 0.0 if attempt is None else self.accounting.attempt_cost(attempt)
 
-    def log_path(self, job: JobRecord, number: int, stream: str) -> Path:
-        """Where attempt `number`'s log is (stream "all" or "stderr")."""
-        return self.runtimes[job.spec.runtime].log_path(
-            self.layout.attempt_dir(job.id, number), stream)
+    def log_path(self, job: JobRecord, number: int, stream: str, rank: int | None = 0
+                 ) -> Path:
+        """Where attempt `number`'s log is (stream "all" or "stderr"), of one rank or
+        (None) of every rank of a gang merged."""
+        directory = self.layout.attempt_dir(job.id, number)
+        if rank is None:
+            return merged_path(directory, stream)
+        return self.runtimes[job.spec.runtime].log_path(directory, stream, rank)
 
     def writing_logs(self, job_id: int, number: int) -> bool:
         """Whether attempt `number` of the job may still add to its log."""
         attempt = self.board.active.get(job_id)
         return attempt is not None and number > 0 and attempt.number == number
 
-    async def exec(self, job: JobRecord, command: list[str], timeout: float) -> ExecResult:
-        """Run a command beside the job's running rank 0, as its owner."""
+    async def exec(self, job: JobRecord, command: list[str], timeout: float,
+                   rank: int = 0) -> ExecResult:
+        """Run a command beside one of the job's running ranks, as its owner."""
         attempt = self.board.active.get(job.id)
         if job.phase != Phase.RUNNING or attempt is None or not attempt.running:
             raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
@@ -247,6 +263,6 @@ class Lifecycle:
         self._execs[owner] += 1
         try:
             launch = await self.runner.launch_of(attempt)
-            return await runtime.exec(launch, attempt.handles[0], command, timeout)
+            return await runtime.exec(launch, attempt.handles[rank], command, timeout)
         finally:
             self._execs[owner] -= 1

@@ -16,10 +16,11 @@ from dataclasses import replace
 from typing import Any
 
 from noduslocal.layout import JobLayout, WorkspaceFailed
-from noduslocal.lifecycle import metrics_watch
+from noduslocal.lifecycle import gang_logs, metrics_watch
 from noduslocal.lifecycle.accounting import GpuAccounting
-from noduslocal.lifecycle.attempt import Attempt, Board
+from noduslocal.lifecycle.attempt import Attempt, Board, verdict
 from noduslocal.lifecycle.dispatch import Dispatch
+from noduslocal.lifecycle.gang_logs import LogMerger
 from noduslocal.lifecycle.outcomes import outcome_of, retry_pause
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.models import JobRecord
@@ -31,8 +32,8 @@ from noduslocal.runtime.base import (
     NotLaunched,
     Rank,
     Runtime,
-    attempt_state,
 )
+from noduslocal.runtime.gang_launch import master_port
 from noduslocal.states import TERMINAL, AttemptPhase, Phase, Reason
 from noduslocal.store import Store, ops
 
@@ -74,7 +75,8 @@ class AttemptRunner:
         """What the runtime needs for this attempt: its place, secrets and GPUs."""
         job = attempt.job
         secrets = await self.store.job_secret_values(job.id) if job.spec.secrets else {}
-        return Launch(attempt.ref, secrets, self.accounting.grant(attempt.gpus))
+        port = 0 if job.spec.gang is None else master_port(attempt.ref.directory)
+        return Launch(attempt.ref, secrets, self.accounting.grant(attempt.gpus), port)
 
     @staticmethod
     def take(attempt: Attempt, ranks: list[Rank]) -> None:
@@ -144,11 +146,21 @@ class AttemptRunner:
         # the end reads the file once more itself.
         self.stopper.background.spawn(metrics_watch.follow(
             attempt, self.layout.workspace(attempt.job.id), stop))
+        merging = None
+        if attempt.job.spec.gang is not None:  # its merged log is whole before the end
+            merger = LogMerger(attempt.ref.directory, attempt.job.spec.gang.nodes,
+                               self.runtime_of(attempt.job).log_path)
+            merging = asyncio.ensure_future(gang_logs.follow(merger, stop))
         try:
-            states = [await end for end in attempt.ends]
+            state = await verdict(attempt, lambda: self.stopper.stop_ranks(attempt))
         finally:
             stop.set()
-        await self.finish(attempt, attempt_state(states), running)
+        if merging is not None:
+            try:
+                await merging
+            except Exception:  # a merged log that failed never keeps the end from its job
+                log.exception("merging the logs of job %s failed", attempt.job.name)
+        await self.finish(attempt, state, running)
 
     async def finish(self, attempt: Attempt, state: AttemptState,
                      running: asyncio.Future[Any] | None = None) -> None:

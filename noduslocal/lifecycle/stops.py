@@ -40,6 +40,13 @@ class Stopper:
             delivered = await runtime.signal(attempt.ref, handle, sig) or delivered
         return delivered
 
+    async def stop_ranks(self, attempt: Attempt) -> None:
+        """One rank ended its gang: SIGTERM to the others, SIGKILL after the grace. No stop
+        is recorded: the end that came first is the attempt's."""
+        if await self.signal(attempt, signal.SIGTERM) and self.board.holds(attempt):
+            attempt.timers.append(asyncio.get_running_loop().call_later(
+                self.settings.kill_grace, lambda: self.kill(attempt)))
+
     def kill(self, attempt: Attempt) -> None:
         """SIGKILL now, on its own task (from code that may not wait)."""
         self.background.spawn(self.signal(attempt, signal.SIGKILL))

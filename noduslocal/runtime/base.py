@@ -6,14 +6,15 @@ exec beside a rank, and where its logs are. The lifecycle sees only this.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from noduslocal.gpu.model import Gpu, job_env
 from noduslocal.models import Handle, JobRecord
-from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.runtime.attempts import AttemptState, Exited
 from noduslocal.runtime.execute import ExecResult
+from noduslocal.runtime.launchers import RankPlan
 from noduslocal.runtime.shim import OUTPUT_LOG, STDERR_LOG
 
 LOG_FILES = {"all": OUTPUT_LOG, "stderr": STDERR_LOG}
@@ -46,6 +47,12 @@ class GpuGrant:
         """The real GPUs a container is given (simulated ones exist only in its env)."""
         return None if self.simulated else list(self.uuids)
 
+    def part(self, rank: int, per_rank: int) -> GpuGrant:
+        """A gang rank's share: `per_rank` GPUs in a row (the scheduler ordered them so
+        each share is a connected set)."""
+        uuids = self.uuids[rank * per_rank:(rank + 1) * per_rank]
+        return replace(self, uuids=uuids, gpus=[g for g in self.gpus if g.uuid in uuids])
+
 
 @dataclass(frozen=True)
 class AttemptRef:
@@ -63,10 +70,28 @@ class Launch:
     ref: AttemptRef
     secrets: dict[str, str]
     gpus: GpuGrant
+    master_port: int = 0  # a gang's rendezvous port, chosen by the daemon
 
     @property
     def mask(self) -> list[str]:
         return sorted(set(self.secrets.values()))
+
+    @property
+    def ranks(self) -> int:
+        gang = self.ref.job.spec.gang
+        return 1 if gang is None else gang.nodes
+
+    def rank_gpus(self, rank: int) -> GpuGrant:
+        gang = self.ref.job.spec.gang
+        return self.gpus if gang is None else self.gpus.part(rank, gang.gpus_per_node)
+
+    def plan(self, rank: int, master_addr: str, rank_addr: str) -> RankPlan | None:
+        """A gang rank's rendezvous and command line; None for a job that is no gang."""
+        gang, ref = self.ref.job.spec.gang, self.ref
+        if gang is None:
+            return None
+        return RankPlan(gang, rank, master_addr, self.master_port, rank_addr, ref.job.id,
+                        ref.number)
 
 
 class LaunchFailed(RuntimeError):
@@ -119,13 +144,7 @@ def rank_dir(directory: Path, rank: int) -> Path:
     return directory if rank == 0 else directory / f"rank-{rank}"
 
 
-def attempt_state(states: list[AttemptState]) -> AttemptState:
-    """One verdict for the attempt from each rank's end: a rank lost or never started
-    decides it, else the first rank that failed, else rank 0's exit."""
-    for state in states:
-        if isinstance(state, Vanished | NeverStarted):
-            return state
-    for state in states:
-        if isinstance(state, Exited) and (state.exit_code != 0 or state.oom_killed is not False):
-            return state
-    return states[0]
+def failed(state: AttemptState) -> bool:
+    """A rank's end that ends its gang: lost, never started, or any exit but a clean 0."""
+    return not isinstance(state, Exited) or state.exit_code != 0 or (
+        state.oom_killed is not False)

@@ -15,6 +15,7 @@ from noduslocal import metrics
 from noduslocal.config import Settings
 from noduslocal.layout import JobLayout, account
 from noduslocal.models import JobRecord
+from noduslocal.runtime.launchers import RankPlan
 from noduslocal.workspace import CONTAINER_ROOT
 
 LABEL = "io.noduslocal"
@@ -47,9 +48,16 @@ def job_filter(instance: str, job_id: int | None = None) -> dict[str, Any]:
     return {"label": wanted}
 
 
-def container_name(instance: str, job: JobRecord, number: int) -> str:
-    """Unique by job id (project and name may both contain '-'); labels say the rest."""
-    return f"nodus-{job.id}-{number}-{instance[:8]}"
+def container_name(instance: str, job: JobRecord, number: int, rank: int = 0) -> str:
+    """Unique by job id (project and name may both contain '-'); labels say the rest. On a
+    gang's network, other ranks reach a rank by this name."""
+    suffix = f"-r{rank}" if rank else ""
+    return f"nodus-{job.id}-{number}{suffix}-{instance[:8]}"
+
+
+def network_name(instance: str, job: JobRecord, number: int) -> str:
+    """A gang attempt's own network: its ranks reach each other there and nobody else."""
+    return f"nodus-gang-{job.id}-{number}-{instance[:8]}"
 
 
 def shm_size(settings: Settings, memory: int | None) -> int:
@@ -97,15 +105,22 @@ def mounts(layout: JobLayout, job: JobRecord) -> list[Mount]:
 
 def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: JobRecord,
                   number: int, secrets: dict[str, str], gpu_env: dict[str, str] | None = None,
-                  device_ids: list[str] | None = None) -> dict[str, Any]:
+                  device_ids: list[str] | None = None,
+                  plan: RankPlan | None = None) -> dict[str, Any]:
     """Keyword arguments of `containers.create`, everything but the image. `device_ids`:
-    the real GPUs (UUIDs) docker gives the container; simulated ones are env only."""
+    the real GPUs (UUIDs) docker gives the container; simulated ones are env only. `plan`:
+    a gang's rank, on the gang's network, sharing rank 0's IPC namespace (NCCL's shared
+    memory transport needs it)."""
     spec = job.spec
+    rank = plan.rank if plan is not None else 0
     _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)
+    env = environment(job, number, secrets, gpu_env or {})
+    if plan is not None:
+        env = {**env, **plan.env(), **secrets}
     kwargs: dict[str, Any] = {
-        "name": container_name(instance, job, number),
-        "labels": labels(instance, job, number),
-        "environment": environment(job, number, secrets, gpu_env or {}),
+        "name": container_name(instance, job, number, rank),
+        "labels": labels(instance, job, number, rank),
+        "environment": env,
         "working_dir": spec.workdir or CONTAINER_ROOT,
         "user": f"{job.owner_uid}:{job.owner_gid}",
         "group_add": [str(g) for g in groups if g != job.owner_gid],
@@ -123,7 +138,10 @@ def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: Job
         "stdin_open": False,
         "tty": False,
     }
-    if spec.command:  # Kubernetes meaning: command replaces the entrypoint, args the CMD
+    if plan is not None and spec.command and plan.gang.launcher != "Plain":
+        kwargs["entrypoint"] = plan.argv(spec.argv)  # the launcher runs the job's command
+        kwargs["command"] = []
+    elif spec.command:  # Kubernetes meaning: command replaces the entrypoint, args the CMD
         kwargs["entrypoint"] = spec.command
         kwargs["command"] = spec.args
     elif spec.args:
@@ -131,7 +149,11 @@ def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: Job
     if spec.memory:
         kwargs["mem_limit"] = spec.memory
         kwargs["memswap_limit"] = spec.memory  # no swap: the limit is the limit
-    if spec.network == "none":
+    if plan is not None:
+        kwargs["network"] = network_name(instance, job, number)
+        kwargs["ipc_mode"] = ("shareable" if rank == 0
+                              else f"container:{container_name(instance, job, number)}")
+    elif spec.network == "none":
         kwargs["network_mode"] = "none"
     if device_ids:
         kwargs["device_requests"] = [DeviceRequest(device_ids=device_ids,

@@ -30,6 +30,8 @@ from noduslocal.runtime.base import (
 from noduslocal.runtime.container_exec import exec_in_container
 from noduslocal.runtime.docker_engine import DockerEngine, DockerUnavailable, LaunchError
 from noduslocal.runtime.execute import ExecResult
+from noduslocal.runtime.gang_launch import adopted, launch_ranks
+from noduslocal.runtime.gang_network import GangNetworks
 
 log = logging.getLogger(__name__)
 ADOPT_RETRY = 1.0  # seconds between looks for a dockerd that is away, after a restart
@@ -50,6 +52,7 @@ class DockerRuntime:
         self.engine = DockerEngine(settings.docker_host,
                                    container_spec.instance_id(settings.data_dir),
                                    settings.image_pull, self._availability_changed)
+        self.networks = GangNetworks(self.engine)
 
     async def start(self) -> None:
         await self.engine.start()
@@ -72,19 +75,33 @@ class DockerRuntime:
         self._on_change()
 
     async def launch(self, launch: Launch) -> list[Rank]:
-        ref, job = launch.ref, launch.ref.job
-        assert job.spec.image is not None
-        kwargs = container_spec.create_kwargs(
-            self.settings, self.layout, self.engine.instance, job, ref.number, launch.secrets,
-            launch.gpus.env(in_container=True), launch.gpus.device_ids)
+        ref = launch.ref
         try:
-            container_id, ended = await self.engine.launch(
-                job.spec.image, kwargs, job.id, ref.number, ref.directory, launch.mask)
+            if ref.job.spec.gang is not None:
+                await self.networks.make(ref.job, ref.number)
+            return await launch_ranks(
+                launch, lambda rank: self._launch_rank(launch, rank),
+                lambda rank, sig: self.signal(ref, rank.handle, sig))
         except DockerUnavailable as exc:  # queued again, no retry spent
             raise NotLaunched(NeverStarted(f"dockerd went away ({exc})")) from None
         except LaunchError as exc:
             raise LaunchFailed(str(exc)) from None
-        return [Rank(Handle(self.kind, container_id), time.time(), ended)]
+
+    async def _launch_rank(self, launch: Launch, rank: int) -> Rank:
+        ref, job, instance = launch.ref, launch.ref.job, self.engine.instance
+        assert job.spec.image is not None
+        gpus = launch.rank_gpus(rank)
+        # On the gang's network a rank is found by its container's name.
+        plan = launch.plan(rank, container_spec.container_name(instance, job, ref.number),
+                           container_spec.container_name(instance, job, ref.number, rank))
+        kwargs = container_spec.create_kwargs(
+            self.settings, self.layout, instance, job, ref.number, launch.secrets,
+            gpus.env(in_container=True), gpus.device_ids, plan)
+        directory = rank_dir(ref.directory, rank)
+        directory.mkdir(mode=0o700, exist_ok=True)
+        container_id, ended = await self.engine.launch(
+            job.spec.image, kwargs, job.id, ref.number, directory, launch.mask, rank)
+        return Rank(Handle(self.kind, container_id, rank), time.time(), ended)
 
     async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
                     stopping: bool) -> list[Rank] | AttemptState:
@@ -92,20 +109,24 @@ class DockerRuntime:
         # last commit is found too; `recorded` adds nothing to that.
         del recorded
         ref = launch.ref
-        while True:
-            try:
-                state, container_id, started, ended = await self.engine.adopt(
-                    ref.job.id, ref.number, ref.directory, launch.mask,
-                    recorded_running=recorded_running, stopping=stopping)
-                break
-            except DockerUnavailable:
-                await asyncio.sleep(ADOPT_RETRY)  # adopt() waits for dockerd to be back
-        if not isinstance(state, Alive):
-            return state
-        assert container_id is not None and ended is not None
-        log.info("adopting job %s attempt %d (container %s)", ref.job.name, ref.number,
-                 container_id[:12])
-        return [Rank(Handle(self.kind, container_id), started, ended)]
+        found: list[tuple[AttemptState, Rank | None]] = []
+        for rank in range(launch.ranks):
+            while True:
+                try:
+                    state, container_id, started, ended = await self.engine.adopt(
+                        ref.job.id, ref.number, rank_dir(ref.directory, rank), launch.mask,
+                        recorded_running=recorded_running, stopping=stopping, rank=rank)
+                    break
+                except DockerUnavailable:
+                    await asyncio.sleep(ADOPT_RETRY)  # adopt() waits for dockerd
+            if not isinstance(state, Alive):
+                found.append((state, None))
+                continue
+            assert container_id is not None and ended is not None
+            log.info("adopting job %s attempt %d rank %d (container %s)", ref.job.name,
+                     ref.number, rank, container_id[:12])
+            found.append((state, Rank(Handle(self.kind, container_id, rank), started, ended)))
+        return adopted(found, self.kind)
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
         return await self.engine.signal(handle.ref, sig)
@@ -116,7 +137,10 @@ class DockerRuntime:
 
     async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
         for handle in handles:
-            await self.engine.remove(handle.ref)
+            if handle.ref != "0":  # "0": a rank found ended after a restart, no container
+                await self.engine.remove(handle.ref)
+        if ref.job.spec.gang is not None:
+            await self.networks.remove(ref.job.id, ref.number)
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
@@ -147,5 +171,6 @@ class DockerRuntime:
                 number = int(labels[f"{container_spec.LABEL}.attempt"])
                 if await self._is_ended(job_id, number):
                     await engine.remove(container["Id"])
+            await self.networks.sweep(self._is_ended)
         except Exception:
             log.exception("removing ended containers failed")

@@ -160,13 +160,14 @@ class DockerEngine:
     # --- attempts -----------------------------------------------------------------------
 
     async def launch(self, image: str, kwargs: dict[str, Any], job_id: int, number: int,
-                     directory: Path, mask: list[str]) -> tuple[str, asyncio.Future[AttemptState]]:
+                     directory: Path, mask: list[str], rank: int = 0,
+                     ) -> tuple[str, asyncio.Future[AttemptState]]:
         """Create and start the attempt's container; returns its id and a future of its
         end. Raises LaunchError with a message for the user, DockerUnavailable. Before a
         retry, whatever earlier attempts left is removed (a first attempt's container
         left by a crash is found and settled by the reconcile, before any retry)."""
         client = self.client
-        if number > 1:
+        if number > 1 and rank == 0:  # a gang's later ranks: rank 0 cleared the way
             await self.call(self._remove_job_containers, client, job_id)
         try:
             container_id = await self.call(self._create, client, image, kwargs, slow=True)
@@ -188,7 +189,7 @@ class DockerEngine:
         return container_id, watch.done
 
     async def adopt(self, job_id: int, number: int, directory: Path, mask: list[str],
-                    recorded_running: bool, stopping: bool,
+                    recorded_running: bool, stopping: bool, rank: int = 0,
                     ) -> tuple[AttemptState, str | None, float,
                                asyncio.Future[AttemptState] | None]:
         """After a daemon restart: (Alive, id, started, its end) when the attempt's
@@ -199,7 +200,8 @@ class DockerEngine:
         found = await self.call(lambda: client.api.containers(
             all=True, filters={"label": [f"{LABEL}.instance={self.instance}",
                                          f"{LABEL}.job-id={job_id}",
-                                         f"{LABEL}.attempt={number}"]}))
+                                         f"{LABEL}.attempt={number}",
+                                         f"{LABEL}.rank={rank}"]}))
         if not found:
             return (Vanished("its container is gone") if recorded_running
                     else NeverStarted()), None, 0.0, None

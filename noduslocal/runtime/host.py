@@ -27,11 +27,13 @@ from noduslocal.runtime.base import (
     rank_dir,
 )
 from noduslocal.runtime.execute import ExecResult, kill_orphaned_execs, run_in_job
+from noduslocal.runtime.gang_launch import adopted, launch_ranks
 from noduslocal.runtime.host_launch import launch_request
 from noduslocal.runtime.spawner import Spawner, SpawnError
 
 log = logging.getLogger(__name__)
 EXEC_RECORDS = "execs"  # in the data directory: the host execs that run
+LOOPBACK = "127.0.0.1"
 
 
 class HostRuntime:
@@ -56,28 +58,36 @@ class HostRuntime:
     def hold(self) -> str | None:
         return None
 
-    def _request(self, launch: Launch) -> dict[str, Any]:
+    def _request(self, launch: Launch, rank: int = 0) -> dict[str, Any]:
         ref = launch.ref
+        # Host ranks meet on the loopback: every one listens there, rank 0 at MASTER_PORT.
         return launch_request(self.layout, ref.job, ref.number, launch.secrets,
-                              launch.gpus.env(in_container=False))
+                              launch.rank_gpus(rank).env(in_container=False),
+                              launch.plan(rank, LOOPBACK, LOOPBACK))
 
-    def _rank(self, ref: AttemptRef, shim_pid: int, started_at: float) -> Rank:
-        return Rank(Handle(self.kind, str(shim_pid), boot=self.spawner.boot_id), started_at,
-                    self.spawner.watch(ref.directory, shim_pid))
+    def _rank(self, ref: AttemptRef, rank: int, shim_pid: int, started_at: float) -> Rank:
+        return Rank(Handle(self.kind, str(shim_pid), rank, self.spawner.boot_id), started_at,
+                    self.spawner.watch(rank_dir(ref.directory, rank), shim_pid))
 
     async def launch(self, launch: Launch) -> list[Rank]:
+        return await launch_ranks(launch, lambda rank: self._launch_rank(launch, rank),
+                                  lambda rank, sig: self.signal(launch.ref, rank.handle, sig))
+
+    async def _launch_rank(self, launch: Launch, rank: int) -> Rank:
         ref = launch.ref
+        directory = rank_dir(ref.directory, rank)
+        directory.mkdir(mode=0o700, exist_ok=True)
         try:
-            shim_pid = await self.spawner.launch(self._request(launch))
+            shim_pid = await self.spawner.launch(self._request(launch, rank))
         except SpawnError:
-            # The spawner died mid-request: the attempt directory says whether a shim
+            # The spawner died mid-request: the rank's directory says whether a shim
             # started (its lock) before it went.
-            log.exception("spawning job %s failed", ref.job.name)
-            state = await settled_inspect(ref.directory)
+            log.exception("spawning job %s rank %d failed", ref.job.name, rank)
+            state = await settled_inspect(directory)
             if not isinstance(state, Alive):
                 raise NotLaunched(state) from None
             shim_pid = state.shim_pid
-        return [self._rank(ref, shim_pid, time.time())]
+        return self._rank(ref, rank, shim_pid, time.time())
 
     async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
                     stopping: bool) -> list[Rank] | AttemptState:
@@ -85,13 +95,19 @@ class HostRuntime:
         # judge here (the shim recorded the exit status itself).
         del recorded, recorded_running, stopping
         ref = launch.ref
-        state = await settled_inspect(ref.directory)
-        if not isinstance(state, Alive):
-            return state
-        log.info("adopting job %s attempt %d (shim %d)", ref.job.name, ref.number,
-                 state.shim_pid)
-        pid = read_pid(ref.directory)
-        return [self._rank(ref, state.shim_pid, pid["started_at"] if pid else time.time())]
+        found: list[tuple[AttemptState, Rank | None]] = []
+        for rank in range(launch.ranks):
+            directory = rank_dir(ref.directory, rank)
+            state = await settled_inspect(directory)
+            if not isinstance(state, Alive):
+                found.append((state, None))
+                continue
+            log.info("adopting job %s attempt %d rank %d (shim %d)", ref.job.name,
+                     ref.number, rank, state.shim_pid)
+            pid = read_pid(directory)
+            found.append((state, self._rank(ref, rank, state.shim_pid,
+                                            pid["started_at"] if pid else time.time())))
+        return adopted(found, self.kind)
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
         return await self.spawner.signal_group(rank_dir(ref.directory, handle.rank), sig)
@@ -105,8 +121,9 @@ class HostRuntime:
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
-        del handle  # beside the job, not inside its process group
-        return await run_in_job(self._request(launch), command, timeout, self.exec_records)
+        # Beside the rank, not inside its process group: with its environment and GPUs.
+        return await run_in_job(self._request(launch, handle.rank), command, timeout,
+                                self.exec_records)
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         return rank_dir(directory, rank) / LOG_FILES[stream]

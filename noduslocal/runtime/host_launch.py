@@ -10,13 +10,18 @@ from typing import Any
 from noduslocal import metrics
 from noduslocal.layout import DEFAULT_PATH, JobLayout, account
 from noduslocal.models import JobRecord
+from noduslocal.runtime.base import rank_dir
+from noduslocal.runtime.launchers import RankPlan
 
 
 def launch_request(layout: JobLayout, job: JobRecord, number: int,
                    secrets: dict[str, str] | None = None,
-                   gpu_env: dict[str, str] | None = None) -> dict[str, Any]:
+                   gpu_env: dict[str, str] | None = None,
+                   plan: RankPlan | None = None) -> dict[str, Any]:
     """What the shim needs; `secrets` are added to the environment, and their values
-    masked in the stored log; `gpu_env` pins the job's GPUs (over the job's env)."""
+    masked in the stored log; `gpu_env` pins the job's GPUs (over the job's env); `plan`
+    makes it a gang's rank (its directory, rendezvous and launcher)."""
+    directory = rank_dir(layout.attempt_dir(job.id, number), plan.rank if plan else 0)
     workspace = layout.workspace(job.id)
     home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
     env = {
@@ -37,11 +42,12 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
            for rel, name in job.spec.volumes.items()},
         **job.spec.env,
         **(gpu_env or {}),
+        **(plan.env() if plan is not None else {}),
         **(secrets or {}),
     }
     request: dict[str, Any] = {
-        "dir": str(layout.attempt_dir(job.id, number)),
-        "argv": job.spec.argv,
+        "dir": str(directory),
+        "argv": job.spec.argv if plan is None else plan.argv(job.spec.argv),
         "env": env,
         "cwd": job.spec.workdir or str(workspace),
         "uid": None,

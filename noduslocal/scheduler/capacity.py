@@ -25,14 +25,17 @@ class Request:
     expected: float | None = None  # seconds it expects to run (expected_duration)
     interruptible: bool = False  # may be stopped and queued again for a job that waits
     disk: int = 0  # bytes of the data dir's disk it reserves while it runs
+    ranks: int = 1  # a gang's: its GPUs are split among them
 
     @classmethod
     def of(cls, job_id: int, spec: Any, owner_uid: int) -> Request:
-        """What a job (its JobSpec) asks of the host."""
-        return cls(job_id, spec.cpu_m, spec.memory or 0,
+        """What a job (its JobSpec) asks of the host: a gang's CPUs and memory are its
+        ranks' together."""
+        ranks = spec.gang.nodes if spec.gang is not None else 1
+        return cls(job_id, spec.cpu_m * ranks, (spec.memory or 0) * ranks,
                    spec.runtime, spec.gpu, owner_uid,
                    spec.priority, spec.expected_duration, spec.interruptible,
-                   spec.disk or 0)
+                   spec.disk or 0, ranks)
 
     @property
     def gpu_count(self) -> int:
@@ -85,7 +88,7 @@ class Capacity:
         held[1] += req.gpu_count
         if req.gpu is not None and self.gpus is not None:
             if gpus is None:
-                picked = self.gpus.pick(req.gpu)
+                picked = self.gpus.pick_ranks(req.gpu, req.ranks)
                 assert picked is not None, "take() without fits()"
                 gpus = [g.uuid for g in picked]
             self.gpus.take(req.job_id, gpus)

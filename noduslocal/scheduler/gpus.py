@@ -84,6 +84,24 @@ class GpuPool:
         assert best is not None
         return sorted(best[1], key=lambda g: g.index)
 
+    def pick_ranks(self, req: GpuRequest, ranks: int) -> list[Gpu] | None:
+        """The best-connected set for a gang as a whole, ordered so each rank's share
+        (`req.count // ranks` in a row) is the best-connected subset of what is left."""
+        chosen = self.pick(req)
+        if chosen is None or ranks <= 1:
+            return chosen
+        link, size = self.inventory.link, req.count // ranks
+        left, ordered = list(chosen), []
+        while left:
+            group = [left.pop(0)]
+            while len(group) < size:
+                nxt = min(left, key=lambda g: (max(link(g.index, m.index) for m in group),
+                                               g.index))
+                left.remove(nxt)
+                group.append(nxt)
+            ordered += group
+        return ordered
+
     def take(self, job_id: int, uuids: list[str]) -> None:
         for uuid in uuids:
             self.holder[uuid] = job_id

@@ -1,0 +1,76 @@
+"""Launching and adopting every rank of an attempt, for any runtime: all ranks within the
+gang's startup_timeout or none (those already started are killed), and after a restart one
+Rank per rank, ended ones with their end, so the lifecycle judges the gang as a whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from noduslocal.models import Handle
+from noduslocal.runtime.attempts import AttemptState, Vanished
+from noduslocal.runtime.base import Launch, NotLaunched, Rank, failed
+
+KILL_WAIT = 30.0  # seconds a killed rank of a failed launch may take to be gone
+
+
+PORT_FILE = "gang.json"  # in the attempt directory: the port its ranks were given
+
+
+def master_port(directory: Path) -> int:
+    """The attempt's MASTER_PORT: one nobody listens on now on the host's loopback, where
+    host ranks meet (a container gang has a network of its own), kept for the attempt so
+    an exec after a restart is told the same."""
+    path = directory / PORT_FILE
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+        return int(json.loads(path.read_text())["master_port"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    path.write_text(json.dumps({"master_port": port}))
+    return port
+
+
+async def launch_ranks(launch: Launch, start: Callable[[int], Awaitable[Rank]],
+                       signal_rank: Callable[[Rank, int], Awaitable[bool]]) -> list[Rank]:
+    """Start rank 0, 1, ... in order; if one fails or they take longer than the gang's
+    startup_timeout, the started ones are killed and gone before this raises."""
+    gang = launch.ref.job.spec.gang
+    ranks: list[Rank] = []
+    try:
+        async with asyncio.timeout(None if gang is None else gang.startup_timeout):
+            for rank in range(launch.ranks):
+                ranks.append(await start(rank))
+    except BaseException as exc:
+        for started in ranks:
+            await signal_rank(started, signal.SIGKILL)
+        if ranks:
+            await asyncio.wait([r.ended for r in ranks], timeout=KILL_WAIT)
+        if isinstance(exc, TimeoutError) and gang is not None:
+            raise NotLaunched(Vanished(
+                f"rank {len(ranks)} of {gang.nodes} did not start within its startup_timeout "
+                f"of {gang.startup_timeout:g}s")) from None
+        raise
+    return ranks
+
+
+def adopted(states: list[tuple[AttemptState, Rank | None]], kind: str) -> list[Rank] | AttemptState:
+    """The ranks found after a restart (a Rank for each one alive): every rank as a Rank
+    while any lives (ended ones already resolved), else the attempt's end."""
+    if not any(rank is not None for _, rank in states):
+        return next((state for state, _ in states if failed(state)), states[0][0])
+    ranks = []
+    for number, (state, rank) in enumerate(states):
+        if rank is None:
+            ended: asyncio.Future[AttemptState] = asyncio.get_running_loop().create_future()
+            ended.set_result(state)
+            rank = Rank(Handle(kind, "0", number), 0.0, ended)
+        ranks.append(rank)
+    return ranks
+
