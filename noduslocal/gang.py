@@ -139,9 +139,6 @@ def parse_gang(value: Any, gpu: GpuRequest | None,
     if gang.launcher != "Plain" and not has_command:
         raise InvalidArgument(f"command: the {gang.launcher} launcher runs the job's command; "
                               "give one (the image's own cannot be wrapped)", field="command")
-    if gang.startup_timeout <= 0:
-        raise InvalidArgument("distributed.startup_timeout: expected more than 0 seconds",
-                              field="distributed.startup_timeout")
     whole = None if per_node == 0 else GpuRequest(
         nodes * per_node, gpu.model if gpu else None, gpu.min_memory if gpu else None)
     return gang, whole

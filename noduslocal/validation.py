@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from noduslocal import job_paths
+from noduslocal.container_fields import container_image, container_network
 from noduslocal.errors import InvalidArgument, Unsupported
 from noduslocal.gang import parse_gang
 from noduslocal.gpu.request import parse_gpu
@@ -193,7 +194,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
             f"region: {region!r} is not a region of this host; valid: {', '.join(regions)}",
             field="region",
         )
-    image = _image(body.get("image"))
+    image = container_image(body.get("image"))
     command = _string_list(body.get("command") or [], "command")
     if (command and not command[0]) or (not command and image is None):
         raise InvalidArgument(
@@ -247,7 +248,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         volumes=volumes,
         source=_source(body.get("source"), body.get("allow_large_source", False)),
         image=image,
-        network=_network(body.get("network"), container),
+        network=container_network(body.get("network"), container),
         gpu=gpu,
         priority=_priority(body.get("priority", 0)),
         max_cost=parse_max_cost(body.get("max_cost")),
@@ -260,19 +261,6 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)
-
-
-# Docker's reference grammar, loosely: [registry[:port]/]path[:tag][@digest].
-IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
-
-
-def _image(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not IMAGE_RE.match(value) or "//" in value:
-        raise InvalidArgument(f"image: {value!r} is not an image reference, e.g. "
-                              "\"python:3.11\" or \"ghcr.io/org/train:v2\"", field="image")
-    return value
 
 
 MAX_PRIORITY = 1000
@@ -308,24 +296,6 @@ def _priority(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
         raise InvalidArgument(f"priority: expected an integer from -{MAX_PRIORITY} to "
                               f"{MAX_PRIORITY}", field="priority")
-    return value
-
-
-NETWORKS = ("none", "bridge")
-
-
-def _network(value: Any, container: bool) -> str | None:
-    """None (docker's default bridge for containers), "bridge", or "none". Host jobs share
-    the host's network, so only the default means something for them."""
-    if value is None:
-        return None
-    if value not in NETWORKS:
-        raise InvalidArgument(f"network: {value!r} is not allowed; use one of "
-                              f"{', '.join(NETWORKS)} (host networking is never given)",
-                              field="network")
-    if not container:
-        raise Unsupported("network", "a host job shares the host's network; isolating it "
-                          "needs an image")
     return value
 
 

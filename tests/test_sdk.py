@@ -104,7 +104,8 @@ def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
-    ({"distributed": nodus.Distributed(nodes=2)}, "distributed"),
+    ({"completions": 4}, "completions"),
+    ({"parallelism": 2}, "parallelism"),
 ])
 def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dict[str, object],
                                              field: str) -> None:

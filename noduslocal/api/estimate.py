@@ -13,7 +13,9 @@ from aiohttp import web
 from noduslocal.api.jobs import lookup
 from noduslocal.api.services import SERVICES
 from noduslocal.models import JobRecord, iso
+from noduslocal.scheduler.capacity import Request
 from noduslocal.scheduler.estimate import estimate_start
+from noduslocal.scheduler.gang_estimate import gang_topology
 from noduslocal.states import Phase
 
 routes = web.RouteTableDef()
@@ -54,8 +56,13 @@ async def estimate(request: web.Request) -> web.Response:
                 same.append(cost or gpus * seconds / 3600 * rate)
         if same:
             costs, source = same, f"{len(same)} earlier runs of the same image and command"
+    gang = None
+    if spec.gang is not None:
+        gang = gang_topology(lifecycle.queue.capacity.gpus, Request.of(job.id, spec, job.owner_uid),
+                             spec.gang.nodes, spec.gang.gpus_per_node,
+                             lifecycle.hold(job.id) if job.phase == Phase.PENDING else None)
     return web.json_response({
-        "kind": "Estimate", "name": job.name, "phase": job.phase,
+        "kind": "Estimate", "name": job.name, "phase": job.phase, "gang": gang,
         "start_at": iso(start_at), "start_in_s": None if start_at is None
         else round(max(0.0, start_at - now), 1), "start_basis": start_why,
         "cost_p50": round(_pct(costs, 50), 6) if costs else None,

@@ -106,8 +106,7 @@ class DockerRuntime:
     async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
                     stopping: bool) -> list[Rank] | AttemptState:
         # The containers are found by their labels, so a container created after the
-        # last commit is found too; `recorded` adds nothing to that.
-        del recorded
+        # last commit is found too.
         ref = launch.ref
         found: list[tuple[AttemptState, Rank | None]] = []
         for rank in range(launch.ranks):
@@ -126,7 +125,7 @@ class DockerRuntime:
             log.info("adopting job %s attempt %d rank %d (container %s)", ref.job.name,
                      ref.number, rank, container_id[:12])
             found.append((state, Rank(Handle(self.kind, container_id, rank), started, ended)))
-        return adopted(found, self.kind)
+        return adopted(found, self.kind, recorded)
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
         return await self.engine.signal(handle.ref, sig)

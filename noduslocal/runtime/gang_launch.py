@@ -33,7 +33,8 @@ def master_port(directory: Path) -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
-    path.write_text(json.dumps({"master_port": port}))
+    with contextlib.suppress(FileNotFoundError):  # no directory: nothing ran or will
+        path.write_text(json.dumps({"master_port": port}))
     return port
 
 
@@ -60,17 +61,21 @@ async def launch_ranks(launch: Launch, start: Callable[[int], Awaitable[Rank]],
     return ranks
 
 
-def adopted(states: list[tuple[AttemptState, Rank | None]], kind: str) -> list[Rank] | AttemptState:
+def adopted(states: list[tuple[AttemptState, Rank | None]], kind: str,
+            recorded: list[Handle]) -> list[Rank] | AttemptState:
     """The ranks found after a restart (a Rank for each one alive): every rank as a Rank
-    while any lives (ended ones already resolved), else the attempt's end."""
+    while any lives (ended ones already resolved, with their recorded handle so what a
+    lost one left can still be cleared), else the attempt's end."""
     if not any(rank is not None for _, rank in states):
         return next((state for state, _ in states if failed(state)), states[0][0])
     ranks = []
+    started = min(rank.started_at for _, rank in states if rank is not None)
     for number, (state, rank) in enumerate(states):
         if rank is None:
             ended: asyncio.Future[AttemptState] = asyncio.get_running_loop().create_future()
             ended.set_result(state)
-            rank = Rank(Handle(kind, "0", number), 0.0, ended)
+            handle = next((h for h in recorded if h.rank == number), Handle(kind, "0", number))
+            rank = Rank(handle, started, ended)
         ranks.append(rank)
     return ranks
 

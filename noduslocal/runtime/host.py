@@ -93,7 +93,7 @@ class HostRuntime:
                     stopping: bool) -> list[Rank] | AttemptState:
         # A shim that lives holds its lock whatever was recorded; kills are not ours to
         # judge here (the shim recorded the exit status itself).
-        del recorded, recorded_running, stopping
+        del recorded_running, stopping
         ref = launch.ref
         found: list[tuple[AttemptState, Rank | None]] = []
         for rank in range(launch.ranks):
@@ -107,7 +107,7 @@ class HostRuntime:
             pid = read_pid(directory)
             found.append((state, self._rank(ref, rank, state.shim_pid,
                                             pid["started_at"] if pid else time.time())))
-        return adopted(found, self.kind)
+        return adopted(found, self.kind, recorded)
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
         return await self.spawner.signal_group(rank_dir(ref.directory, handle.rank), sig)
