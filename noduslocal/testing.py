@@ -144,8 +144,9 @@ class Daemon:
                 os.environ[SOCKET_ENV] = old
 
     def kill_jobs(self) -> None:
-        """SIGKILL every process group a shim of this daemon started."""
-        for pid_file in self.data_dir.glob("jobs/*/attempt-*/pid.json"):
+        """SIGKILL every process group a shim of this daemon started (every gang rank's)."""
+        for pid_file in [*self.data_dir.glob("jobs/*/attempt-*/pid.json"),
+                         *self.data_dir.glob("jobs/*/attempt-*/rank-*/pid.json")]:
             try:
                 pid = json.loads(pid_file.read_text())
                 # Only a group whose leader is still that job: never a reused id.

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from noduslocal.layout import JobLayout, WorkspaceFailed
-from noduslocal.lifecycle import gang_logs, metrics_watch
+from noduslocal.lifecycle import gang_logs, gang_view, metrics_watch
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board, verdict
 from noduslocal.lifecycle.dispatch import Dispatch
@@ -158,8 +158,9 @@ class AttemptRunner:
         if merging is not None:
             try:
                 await merging
-            except Exception:  # a merged log that failed never keeps the end from its job
-                log.exception("merging the logs of job %s failed", attempt.job.name)
+                gang_view.record_ends(attempt, self.accounting.inventory)
+            except Exception:  # a record that failed never keeps the end from its job
+                log.exception("recording the ranks of job %s failed", attempt.job.name)
         await self.finish(attempt, state, running)
 
     async def finish(self, attempt: Attempt, state: AttemptState,
