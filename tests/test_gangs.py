@@ -215,6 +215,22 @@ def test_container_gang_meets_on_its_own_network_which_goes_with_it(
             ("Exited", 0)] * 2, c.get_job("cg")["ranks"]
 
 
+def test_a_container_gang_that_starts_late_leaves_no_container_or_network(
+        docker_client: Any) -> None:
+    with gang_daemon(config=None) as d:
+        c = d.client()
+        instance = instance_id(d.data_dir)
+        c.create_job({"name": "slow", "image": PYTHON_IMAGE, "cpu": "100m",
+                      "command": ["sleep", "60"],
+                      "distributed": {"nodes": 3, "startup_timeout": 0.01}})
+        ended = c.wait_job("slow", timeout=60)
+        assert (ended["phase"], ended["reason"]) == ("Failed", "Lost"), ended
+        assert "did not start within its startup_timeout" in ended["message"]
+        mine = {"label": [f"{LABEL}.instance={instance}"]}
+        assert docker_client.api.containers(all=True, filters=mine) == []
+        assert docker_client.api.networks(filters=mine) == []
+
+
 def test_a_failing_rank_stops_the_rest_and_decides_the_end() -> None:
     script = ('if [ "$RANK" = 1 ]; then echo rank 1 fails; exit 3; fi; '
               'echo rank 0 sleeps; sleep 60; echo rank 0 slept')
@@ -431,3 +447,24 @@ def test_exec_beside_a_rank(tmp_path: Path) -> None:
         assert info.value.field == "rank"
         gate.touch()
         assert c.wait_job("ex", timeout=30)["phase"] == "Succeeded"
+
+
+def test_ranks_that_do_not_all_start_in_time_are_killed_and_the_attempt_lost() -> None:
+    marker = f"gang-late-{os.getpid()}"
+    with gang_daemon(config=None) as d:
+        c = d.client()
+        c.create_job({"name": "late", "cpu": "10m",
+                      "command": ["sh", "-c", f"exec sleep 60 # {marker}"],
+                      "distributed": {"nodes": 8, "startup_timeout": 0.001}})
+        ended = c.wait_job("late", timeout=60)
+        assert (ended["phase"], ended["reason"]) == ("Failed", "Lost"), ended
+        assert "did not start within its startup_timeout of 0.001s" in ended["message"]
+        assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                    if marker.encode() in _read(p)], "a rank outlived its attempt"
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""

@@ -81,7 +81,8 @@ class DockerRuntime:
                 await self.networks.make(ref.job, ref.number)
             return await launch_ranks(
                 launch, lambda rank: self._launch_rank(launch, rank),
-                lambda rank, sig: self.signal(ref, rank.handle, sig))
+                lambda rank, sig: self.signal(ref, rank.handle, sig),
+                lambda ranks: self._discard(ref))
         except DockerUnavailable as exc:  # queued again, no retry spent
             raise NotLaunched(NeverStarted(f"dockerd went away ({exc})")) from None
         except LaunchError as exc:
@@ -102,6 +103,13 @@ class DockerRuntime:
         container_id, ended = await self.engine.launch(
             job.spec.image, kwargs, job.id, ref.number, directory, launch.mask, rank)
         return Rank(Handle(self.kind, container_id, rank), time.time(), ended)
+
+    async def _discard(self, ref: AttemptRef) -> None:
+        """A launch that failed part way: every container of the job goes (a create that
+        was cut off may have made one we never learnt of), and the gang's network."""
+        await self.engine.clear_job(ref.job.id)
+        if ref.job.spec.gang is not None:
+            await self.networks.remove(ref.job.id, ref.number)
 
     async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
                     stopping: bool) -> list[Rank] | AttemptState:

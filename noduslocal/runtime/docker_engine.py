@@ -168,7 +168,7 @@ class DockerEngine:
         left by a crash is found and settled by the reconcile, before any retry)."""
         client = self.client
         if number > 1 and rank == 0:  # a gang's later ranks: rank 0 cleared the way
-            await self.call(self._remove_job_containers, client, job_id)
+            await self.clear_job(job_id)
         try:
             container_id = await self.call(self._create, client, image, kwargs, slow=True)
         except docker.errors.APIError as exc:
@@ -228,6 +228,10 @@ class DockerEngine:
             watch.kills_seen = max(watch.kills_seen, kills)
             self._spawn(self._finish(watch, verdict))
         return Alive(0), container_id, started, watch.done
+
+    async def clear_job(self, job_id: int) -> None:
+        """Remove every container of the job, whatever its state."""
+        await self.call(self._remove_job_containers, self.client, job_id)
 
     async def signal(self, container_id: str, sig: int) -> bool:
         """False when the signal could not be delivered (ended, or dockerd away)."""

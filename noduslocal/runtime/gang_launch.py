@@ -39,24 +39,40 @@ def master_port(directory: Path) -> int:
 
 
 async def launch_ranks(launch: Launch, start: Callable[[int], Awaitable[Rank]],
-                       signal_rank: Callable[[Rank, int], Awaitable[bool]]) -> list[Rank]:
+                       signal_rank: Callable[[Rank, int], Awaitable[bool]],
+                       discard: Callable[[list[Rank]], Awaitable[None]] | None = None,
+                       ) -> list[Rank]:
     """Start rank 0, 1, ... in order; if one fails or they take longer than the gang's
-    startup_timeout, the started ones are killed and gone before this raises."""
+    startup_timeout, the started ones are killed and gone, and `discard` freed what the
+    runtime kept for them (containers, the gang's network), before this raises. A start
+    is never cancelled half way (a shim or container could start unseen): a late one is
+    waited for, then killed."""
     gang = launch.ref.job.spec.gang
+    loop = asyncio.get_running_loop()
+    deadline = None if gang is None else loop.time() + gang.startup_timeout
     ranks: list[Rank] = []
     try:
-        async with asyncio.timeout(None if gang is None else gang.startup_timeout):
-            for rank in range(launch.ranks):
-                ranks.append(await start(rank))
-    except BaseException as exc:
+        for rank in range(launch.ranks):
+            starting = asyncio.ensure_future(start(rank))
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            if not (await asyncio.wait({starting}, timeout=left))[0]:
+                assert gang is not None
+                await asyncio.wait({starting}, timeout=KILL_WAIT)
+                if starting.done() and starting.exception() is None:
+                    ranks.append(starting.result())
+                else:
+                    starting.cancel()
+                raise NotLaunched(Vanished(
+                    f"rank {rank} of {gang.nodes} did not start within its startup_timeout "
+                    f"of {gang.startup_timeout:g}s"))
+            ranks.append(starting.result())
+    except BaseException:
         for started in ranks:
             await signal_rank(started, signal.SIGKILL)
         if ranks:
             await asyncio.wait([r.ended for r in ranks], timeout=KILL_WAIT)
-        if isinstance(exc, TimeoutError) and gang is not None:
-            raise NotLaunched(Vanished(
-                f"rank {len(ranks)} of {gang.nodes} did not start within its startup_timeout "
-                f"of {gang.startup_timeout:g}s")) from None
+        if discard is not None:
+            await discard(ranks)
         raise
     return ranks
 
