@@ -9,11 +9,12 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from noduslocal.gang import Gang
 from noduslocal.gpu.request import GpuRequest
+from noduslocal.indexes import Indexed
+from noduslocal.timefmt import iso
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class JobSpec:
     ephemeral: bool = False  # the workspace is discarded when the job ends (project.job)
     profile: str | None = None  # the daemon's preset that filled what the caller left unset
     gang: Gang | None = None  # `distributed`: cpu and memory are each rank's, gpu all ranks'
+    indexed: Indexed | None = None  # completions/parallelism: resources are each index's
 
     @property
     def argv(self) -> list[str]:
@@ -83,6 +85,8 @@ class JobSpec:
             "ephemeral": self.ephemeral,
             "profile": self.profile,
             "distributed": None if self.gang is None else self.gang.to_wire(),
+            **(self.indexed.to_wire() if self.indexed else {"completions": None,
+                                                            "parallelism": None}),
         }
 
     @classmethod
@@ -113,6 +117,7 @@ class JobSpec:
             ephemeral=bool(data.get("ephemeral")),
             profile=data.get("profile"),
             gang=Gang.from_stored(data.get("distributed")),
+            indexed=Indexed.from_stored(data if data.get("completions") else None),
         )
 
 
@@ -135,23 +140,6 @@ class CreateRequest:
     project: str | None
     labels: dict[str, str]
     secrets: list[SecretRef] = field(default_factory=list)
-
-
-def iso(ts: float | None) -> str | None:
-    """RFC 3339 UTC with milliseconds, the API's one time format."""
-    if ts is None:
-        return None
-    seconds = int(ts)
-    # time.strftime over gmtime: a third of datetime's cost, and this runs for every
-    # timestamp of every job document the API sends.
-    return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-            + f".{int((ts - seconds) * 1000):03d}Z")
-
-
-def parse_iso(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
 
 @dataclass

@@ -30,6 +30,7 @@ class Collected:
     size: int
     sha256: str
     skipped: str | None = None  # why it was left out of the store
+    index: int = -1  # an indexed job's index that left it; -1 for an ordinary job
 
 
 class OverLimit(Exception):

@@ -11,9 +11,10 @@ from typing import Any
 
 from noduslocal import job_paths
 from noduslocal.container_fields import container_image, container_network
-from noduslocal.errors import InvalidArgument, Unsupported
+from noduslocal.errors import InvalidArgument
 from noduslocal.gang import parse_gang
-from noduslocal.gpu.request import parse_gpu
+from noduslocal.gpu.request import GpuRequest, parse_gpu
+from noduslocal.indexes import check_index_outputs, parse_indexed
 from noduslocal.models import CreateRequest, JobSpec, SecretRef
 from noduslocal.profiles import with_profile
 from noduslocal.units import parse_cpu, parse_duration, parse_size
@@ -32,16 +33,10 @@ SUPPORTED_FIELDS = frozenset(
     {"name", "project", "command", "args", "cpu", "memory", "env", "workdir", "timeout",
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
      "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
-     "interruptible", "ephemeral", "profile", "disk", "distributed"}
+     "interruptible", "ephemeral", "profile", "disk", "distributed", "completions",
+     "parallelism"}
 )
-# Accepted only at their default meaning until the issue that builds them lands; any other
-# value raises Unsupported naming the field. The value is the set of values that mean
-# "not used".
-NOT_YET_FIELDS: dict[str, tuple[Any, ...]] = {
-    "completions": (None, 1),
-    "parallelism": (None, 1),
-}
-JOB_CREATE_FIELDS = SUPPORTED_FIELDS | frozenset(NOT_YET_FIELDS)
+JOB_CREATE_FIELDS = SUPPORTED_FIELDS
 
 def validate_name(value: Any, field_name: str) -> str:
     if not isinstance(value, str) or not value:
@@ -182,10 +177,6 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
             f"{unknown[0]}: unknown field; allowed: {', '.join(sorted(JOB_CREATE_FIELDS))}",
             field=unknown[0],
         )
-    for key, neutral in NOT_YET_FIELDS.items():
-        if key in body and not any(body[key] == n and type(body[key]) is type(n)
-                                   for n in neutral):
-            raise Unsupported(key)
     name = None if body.get("name") is None else validate_name(body["name"], "name")
     project = None if body.get("project") is None else validate_name(body["project"], "project")
     region = body.get("region")
@@ -231,6 +222,12 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
     gang = None
     if (parsed := parse_gang(body.get("distributed"), gpu, bool(command))) is not None:
         gang, gpu = parsed
+    indexed = parse_indexed(body.get("completions"), body.get("parallelism"), gang is not None)
+    outputs = job_paths.outputs(body.get("outputs") or {})
+    if indexed is not None:
+        check_index_outputs(outputs)
+        if gpu is not None:  # the queue reserves what `parallelism` indexes hold at once
+            gpu = GpuRequest(gpu.count * indexed.parallelism, gpu.model, gpu.min_memory)
     spec = JobSpec(
         command=command,
         args=args,
@@ -243,7 +240,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
                                                                            "timeout"),
         retries=retries,
         secrets=[ref.env for ref in secrets],
-        outputs=job_paths.outputs(body.get("outputs") or {}),
+        outputs=outputs,
         checkpoint=checkpoint,
         volumes=volumes,
         source=_source(body.get("source"), body.get("allow_large_source", False)),
@@ -258,6 +255,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
             body["expected_duration"], "expected_duration"),
         profile=profile,
         gang=gang,
+        indexed=indexed,
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(body.get("labels") or {}), secrets=secrets)

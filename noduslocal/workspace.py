@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
-from noduslocal.models import iso
+from noduslocal.timefmt import iso
 
 CONTAINER_ROOT = "/workspace"  # the same paths work for jobs that see it mounted there
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -22,9 +22,9 @@ import pytest
 
 from noduslocal import errors, testing
 from noduslocal.client.api import Client
-from noduslocal.models import parse_iso
 from noduslocal.testing import process_gone as gone
 from noduslocal.testing import wait_until
+from noduslocal.timefmt import parse_iso
 
 T = TypeVar("T")
 TERMINAL = {"Succeeded", "Failed", "Cancelled"}

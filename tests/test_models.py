@@ -9,7 +9,6 @@ from noduslocal import errors
 from noduslocal.units import parse_cpu, parse_duration, parse_size
 from noduslocal.validation import (
     JOB_CREATE_FIELDS,
-    NOT_YET_FIELDS,
     parse_create,
     validate_name,
 )
@@ -121,24 +120,18 @@ def test_region_error_lists_valid_regions() -> None:
         parse_create({"command": ["true"], "region": "eu"}, regions=REGIONS)
 
 
-@pytest.mark.parametrize("field", sorted(NOT_YET_FIELDS))
-def test_not_yet_fields_raise_unsupported_naming_them(field: str) -> None:
-    with pytest.raises(errors.Unsupported) as info:
-        parse_create({"command": ["true"], field: "something"}, regions=REGIONS)
-    assert info.value.field == field
-    assert field in info.value.message
-
-
 @pytest.mark.parametrize(("field", "value"), [("interruptible", False), ("completions", 1),
                                               ("gpu", None), ("outputs", {})])
-def test_not_yet_fields_accept_their_neutral_value(field: str, value: object) -> None:
-    parse_create({"command": ["true"], field: value}, regions=REGIONS)
+def test_neutral_values_make_an_ordinary_job(field: str, value: object) -> None:
+    spec = parse_create({"command": ["true"], field: value}, regions=REGIONS).spec
+    assert spec.indexed is None and spec.gang is None
 
 
-def test_neutral_values_are_type_exact() -> None:
-    # True == 1 in Python; a gang of True completions must not slip through as "1".
-    with pytest.raises(errors.Unsupported):
+def test_counts_are_type_exact() -> None:
+    # True == 1 in Python; True completions must not slip through as "1".
+    with pytest.raises(errors.InvalidArgument) as info:
         parse_create({"command": ["true"], "completions": True}, regions=REGIONS)
+    assert info.value.field == "completions"
 
 
 def test_create_fields_cover_the_reference_signature() -> None:

@@ -103,15 +103,15 @@ def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
     assert any(p.name == "made" for p in (daemon.data_dir / "jobs").glob("*/workspace/*"))
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"completions": 4}, "completions"),
-    ({"parallelism": 2}, "parallelism"),
-])
-def test_unbuilt_arguments_raise_unsupported(daemon: testing.Daemon, kwargs: dict[str, object],
-                                             field: str) -> None:
-    with pytest.raises(nodus.errors.Unsupported) as info:
-        nodus.Job.create(command=["true"], **kwargs)  # type: ignore[arg-type]
-    assert info.value.field == field
+def test_reference_arguments_refused_with_their_field_leave_nothing(
+        daemon: testing.Daemon) -> None:
+    with pytest.raises(nodus.errors.InvalidArgument) as info:
+        nodus.Job.create(command=["true"], completions=2, parallelism=3)
+    assert info.value.field == "parallelism"
+    with pytest.raises(nodus.errors.InvalidArgument) as info:
+        nodus.Job.create(command=["true"], distributed=nodus.Distributed(nodes=2,
+                                                                          launcher="Slurm"))
+    assert info.value.field == "distributed.launcher"
     assert daemon.client().list_jobs(all=True) == []
 
 

@@ -12,11 +12,12 @@ from aiohttp import web
 
 from noduslocal.api.jobs import lookup
 from noduslocal.api.services import SERVICES
-from noduslocal.models import JobRecord, iso
+from noduslocal.models import JobRecord
 from noduslocal.scheduler.capacity import Request
 from noduslocal.scheduler.estimate import estimate_start
 from noduslocal.scheduler.gang_estimate import gang_topology
 from noduslocal.states import Phase
+from noduslocal.timefmt import iso
 
 routes = web.RouteTableDef()
 

@@ -34,6 +34,8 @@ def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
                       live_metrics=lifecycle.running_metrics(job.id))
     if (ranks := lifecycle.rank_view(job)) is not None:
         doc["ranks"] = ranks
+    if (indexes := lifecycle.index_view(job)) is not None:
+        doc["indexes"] = indexes
     return doc
 
 
@@ -229,6 +231,25 @@ async def job_attempts(request: web.Request) -> web.Response:
     return web.json_response({"attempts": [a.to_wire() for a in attempts]})
 
 
+def _exec_rank(job: JobRecord, body: dict[str, Any]) -> int:
+    """Beside which rank (a gang's) or index (an indexed job's, which needs one)."""
+    key, plural = ("index", "indexes") if job.spec.indexed is not None else ("rank", "ranks")
+    other = "rank" if key == "index" else "index"
+    if other in body:
+        raise errors.InvalidArgument(f"{other}: job {job.name!r} has {plural}; use {key}",
+                                     field=other)
+    if key == "index" and "index" not in body:
+        raise errors.InvalidArgument(f"index: job {job.name!r} is indexed; say beside which "
+                                     "running index", field="index")
+    value = body.get(key, 0)
+    count = (job.spec.indexed.completions if job.spec.indexed is not None
+             else job.spec.gang.nodes if job.spec.gang is not None else 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise errors.InvalidArgument(f"{key}: job {job.name!r} has {plural} 0 to {count - 1}",
+                                     field=key)
+    return value
+
+
 @routes.post("/v1/jobs/{name}/exec")
 async def exec_in_job(request: web.Request) -> web.Response:
     """Run a command beside a running job, as its owner, with its environment and workdir."""
@@ -236,14 +257,10 @@ async def exec_in_job(request: web.Request) -> web.Response:
     job = await lookup(request)
     require_control(request, job, "exec in")
     body: Any = parse_body(await request.read())
-    if not isinstance(body, dict) or set(body) - {"command", "timeout", "rank"}:
+    if not isinstance(body, dict) or set(body) - {"command", "timeout", "rank", "index"}:
         raise errors.InvalidArgument('body: expected {"command": [...], "timeout": S, '
-                                     '"rank": N}', field="body")
-    rank = body.get("rank", 0)
-    ranks = job.spec.gang.nodes if job.spec.gang is not None else 1
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
-        raise errors.InvalidArgument(f"rank: job {job.name!r} has ranks 0 to {ranks - 1}",
-                                     field="rank")
+                                     '"rank": N, "index": I}', field="body")
+    rank = _exec_rank(job, body)
     command = body.get("command")
     if (not isinstance(command, list) or not command or not command[0]
             or not all(isinstance(c, str) and "\0" not in c for c in command)):

@@ -1,10 +1,12 @@
-"""A job's declared outputs, as collected after its latest attempt: list them, and
-download one with the sha256 recorded when it was collected (so a blob changed on disk
-since is caught by the client), for the job's owner or an admin."""
+"""A job's declared outputs, as collected after its latest attempt (an indexed job's as
+each index ended, by index): list them, and download one with the sha256 recorded when it
+was collected (so a blob changed on disk since is caught by the client), for the job's
+owner or an admin."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from aiohttp import web
 
@@ -12,7 +14,9 @@ from noduslocal import errors
 from noduslocal.api.files import send_fd
 from noduslocal.api.jobs import lookup, require_control
 from noduslocal.api.services import SERVICES
-from noduslocal.models import iso
+from noduslocal.indexes import output_path
+from noduslocal.models import JobRecord
+from noduslocal.timefmt import iso
 
 routes = web.RouteTableDef()
 
@@ -21,19 +25,50 @@ routes = web.RouteTableDef()
 async def list_outputs(request: web.Request) -> web.Response:
     job = await lookup(request)
     require_control(request, job, "read the outputs of")
-    collected = await request.app[SERVICES].store.outputs(job.id)
+    indexes = (range(job.spec.indexed.completions) if job.spec.indexed is not None
+               else [None])
     listed = []
+    for index in indexes:
+        collected = await request.app[SERVICES].store.outputs(
+            job.id, -1 if index is None else index)
+        listed += _listed(job, collected, index)
+    return web.json_response({"outputs": listed})
+
+
+def _listed(job: JobRecord, collected: dict[str, dict[str, Any]],
+            index: int | None) -> list[dict[str, Any]]:
+    """One job's (or one index's) declared outputs, collected or not."""
+    listed: list[dict[str, Any]] = []
     for name, path in job.spec.outputs.items():
+        if index is not None:
+            path = output_path(path, index)
         row = collected.get(name)
+        where = {} if index is None else {"index": index}
         if row is not None and row["skipped"]:
-            listed.append({"name": name, "path": path, "collected": False,
+            listed.append({"name": name, **where, "path": path, "collected": False,
                            "skipped": row["skipped"], "size": row["size"],
                            "attempt": row["attempt"]})
             continue
-        listed.append({"name": name, "path": path, "collected": row is not None,
+        listed.append({"name": name, **where, "path": path, "collected": row is not None,
                        **({k: row[k] for k in ("kind", "size", "sha256", "attempt")}
                           | {"collected_at": iso(row["collected_at"])} if row else {})})
-    return web.json_response({"outputs": listed})
+    return listed
+
+
+def _index_param(request: web.Request, job: JobRecord) -> int:
+    """-1 for an ordinary job; an indexed job's outputs are each index's, named."""
+    value, indexed = request.query.get("index"), job.spec.indexed
+    if indexed is None:
+        if value is not None:
+            raise errors.InvalidArgument(f"index: job {job.name!r} is not an indexed job",
+                                         field="index")
+        return -1
+    if (value is None or not (value.isascii() and value.isdigit())
+            or int(value) >= indexed.completions):
+        raise errors.InvalidArgument(f"index: job {job.name!r} has indexes 0 to "
+                                     f"{indexed.completions - 1}; say whose output",
+                                     field="index")
+    return int(value)
 
 
 @routes.get("/v1/jobs/{name}/outputs/content")
@@ -44,7 +79,8 @@ async def download_output(request: web.Request) -> web.StreamResponse:
     name = request.query.get("output", "")
     if name not in job.spec.outputs:
         raise errors.NotFound(f"output: job {job.name!r} declares no output {name!r}")
-    row = (await services.store.outputs(job.id)).get(name)
+    index = _index_param(request, job)
+    row = (await services.store.outputs(job.id, index)).get(name)
     if row is None:
         raise errors.NotFound(f"output {name!r} of job {job.name!r} was not collected "
                               f"(nothing at {job.spec.outputs[name]} when an attempt ended)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from noduslocal.api.services import SERVICES
-from noduslocal.models import iso
+from noduslocal.timefmt import iso
 
 routes = web.RouteTableDef()
 

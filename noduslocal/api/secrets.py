@@ -12,8 +12,8 @@ from noduslocal import errors
 from noduslocal.api.body import read as read_body
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
-from noduslocal.models import iso
 from noduslocal.store import ops
+from noduslocal.timefmt import iso
 from noduslocal.validation import ENV_KEY_RE, validate_secret_value
 
 routes = web.RouteTableDef()

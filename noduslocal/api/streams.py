@@ -51,7 +51,19 @@ def _int_param(request: web.Request, name: str) -> int | None:
 
 
 def _rank_param(request: web.Request, job: JobRecord) -> int | None:
-    """One rank's log (0 unless asked), or None: every rank's merged (`rank=all`)."""
+    """One rank's log (0 unless asked), or None: every rank's merged (`rank=all`); an
+    indexed job's by `index` (0 unless asked)."""
+    indexed = job.spec.indexed
+    if "index" in request.query or indexed is not None:
+        if indexed is None or "rank" in request.query:
+            raise errors.InvalidArgument(
+                f"index: job {job.name!r} " + ("has indexes, not ranks" if indexed
+                                              else "is not an indexed job"), field="index")
+        index = _int_param(request, "index") or 0
+        if index >= indexed.completions:
+            raise errors.InvalidArgument(f"index: job {job.name!r} has indexes 0 to "
+                                         f"{indexed.completions - 1}", field="index")
+        return index
     value = request.query.get("rank")
     ranks = job.spec.gang.nodes if job.spec.gang is not None else 1
     if value is None:

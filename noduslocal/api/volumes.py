@@ -18,8 +18,8 @@ from noduslocal.api.body import read as read_body
 from noduslocal.api.files import file_response, list_response
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
-from noduslocal.models import iso
 from noduslocal.store import ops
+from noduslocal.timefmt import iso
 from noduslocal.validation import validate_name
 
 routes = web.RouteTableDef()

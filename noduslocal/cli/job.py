@@ -13,7 +13,7 @@ from noduslocal.cli import output
 from noduslocal.client.api import Client
 from noduslocal.gang import LAUNCHERS, TRANSPORTS
 from noduslocal.states import Phase
-from noduslocal.units import fmt_bytes, parse_duration
+from noduslocal.units import parse_duration
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -91,6 +91,8 @@ def job() -> None:
 @click.option("--launcher", type=click.Choice(LAUNCHERS), help="How a gang's ranks start.")
 @click.option("--transport", type=click.Choice(list(TRANSPORTS)), help="How ranks talk.")
 @click.option("--startup-timeout", metavar="DURATION", help="Every rank starts within it.")
+@click.option("--completions", type=click.IntRange(1), help="Run indexes 0..N-1.")
+@click.option("--parallelism", type=click.IntRange(1), help="At most P indexes at once.")
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
 @json_option
 @click.argument("command", nargs=-1)
@@ -105,7 +107,7 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         volumes: tuple[str, ...],
         outputs: tuple[str, ...], nodes: int | None, gpus_per_node: int | None,
         launcher: str | None, transport: str | None, startup_timeout: str | None,
-        detach: bool, as_json: bool,
+        completions: int | None, parallelism: int | None, detach: bool, as_json: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
     if timeout is not None:
@@ -129,7 +131,8 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
                        ("workdir", workdir),
                        ("image", image), ("network", network), ("checkpoint", checkpoint),
                        ("gpu", gpus or sku), ("priority", priority), ("max_cost", max_cost),
-                       ("expected_duration", expected_duration), ("profile", profile)):
+                       ("expected_duration", expected_duration), ("profile", profile),
+                       ("completions", completions), ("parallelism", parallelism)):
         if value is not None:
             body[key] = value
     if envs:
@@ -219,63 +222,6 @@ def list_(show_all: bool, phases: tuple[str, ...], owner: str | None, labels: tu
     output.print_table(("NAME", "PROJECT", "OWNER", "PHASE", "WHY", "AGE", "RAN", "EXIT"), rows)
 
 
-@job.command("status")
-@click.argument("name")
-@project_option
-@json_option
-def status(name: str, project: str | None, as_json: bool) -> None:
-    """Show one job."""
-    doc = Client().get_job(name, project)
-    if as_json:
-        output.print_json(doc)
-        return
-    spec = doc["spec"]
-    lines = [
-        ("name", doc["name"]), ("project", doc["project"]), ("owner", doc["owner"]),
-        ("phase", doc["phase"]), ("reason", doc.get("reason")), ("message", doc.get("message")),
-        ("hold", doc.get("hold")), ("exit code", doc.get("exit_code")),
-        ("signal", doc.get("signal")), ("created", doc["created_at"]),
-        ("started", doc.get("started_at")), ("ended", doc.get("ended_at")),
-        ("ran for", output.duration(doc.get("duration_s"))),
-        ("attempts", f"{doc['attempts']} (retries used {doc['retries_used']}/{doc['retries']})"),
-        ("cost", f"{doc['cost']:.4f}" + (f" (max {spec['max_cost']:g})" if spec.get("max_cost")
-                                         else "") if doc.get("cost") or spec.get("max_cost")
-         else None),
-        ("gpus", (f"{spec['gpu']['count']} x {spec['gpu']['type'] or 'GPU'}"
-                  if spec.get("gpu") else None)),
-        ("image", spec.get("image")),
-        ("profile", spec.get("profile")),
-        ("command", " ".join(spec["command"]) or ("(the image's)" if spec.get("image")
-                                                  else None)),
-        ("args", " ".join(spec["args"]) if spec.get("image") else None),
-        ("network", spec.get("network")),
-        ("cpu", spec["cpu"]),
-        ("memory", fmt_bytes(spec["memory"]) if spec.get("memory") else None),
-        ("disk", fmt_bytes(spec["disk"]) if spec.get("disk") else None),
-        ("timeout", spec.get("timeout")),
-        ("checkpoint", spec.get("checkpoint")),
-        ("volumes", ", ".join(f"{name}:{path}" for path, name in
-                              (spec.get("volumes") or {}).items())),
-        ("labels", ", ".join(f"{k}={v}" for k, v in doc["labels"].items())),
-        ("secrets", ", ".join(spec.get("secrets") or [])),
-        ("gang", _gang_line(spec.get("distributed"))),
-    ]
-    for key, value in lines:
-        if value not in (None, ""):
-            click.echo(f"{key + ':':<11} {value}")
-    for rank in doc.get("ranks") or []:
-        code = "" if rank["exit_code"] is None else f" (exit {rank['exit_code']})"
-        gpus = ",".join(map(str, rank["gpus"])) or "-"
-        click.echo(f"  rank {rank['rank']:<3} {rank['state']}{code}  GPUs {gpus}")
-
-
-def _gang_line(gang: dict[str, Any] | None) -> str | None:
-    if not gang:
-        return None
-    return (f"{gang['nodes']} ranks x {gang['gpus_per_node']} GPUs, {gang['launcher']}, "
-            f"transport {gang['transport']}")
-
-
 @job.command("logs")
 @click.argument("name")
 @project_option
@@ -284,13 +230,15 @@ def _gang_line(gang: dict[str, Any] | None) -> str | None:
 @click.option("--attempt", type=click.IntRange(1), help="An earlier attempt's log.")
 @click.option("--stderr", "stderr_only", is_flag=True, help="Only what went to stderr.")
 @click.option("--rank", metavar="N|all", help="A gang's rank N (default 0), or all merged.")
+@click.option("--index", type=click.IntRange(0), help="An indexed job's index (default 0).")
 def logs(name: str, project: str | None, follow: bool, tail: int | None, attempt: int | None,
-         stderr_only: bool, rank: str | None) -> None:
+         stderr_only: bool, rank: str | None, index: int | None) -> None:
     """Print a job's output (stdout and stderr, in order)."""
     if rank is not None and rank != "all" and not rank.isdigit():
         raise click.BadParameter("a rank number or all", param_hint="--rank")
     stream = Client().logs(name, project, follow=follow, tail=tail, attempt=attempt,
-                           stream="stderr" if stderr_only else None, rank=rank)
+                           stream="stderr" if stderr_only else None, rank=rank,
+                           index=index)
     try:
         for chunk in stream:
             sys.stdout.buffer.write(chunk)

@@ -61,9 +61,10 @@ def resume(name: str, project: str | None, as_json: bool) -> None:
 @project_option
 @click.option("--timeout", default="5m", show_default=True, help="Kill it after this long.")
 @click.option("--rank", type=click.IntRange(0), help="Beside this rank of a gang (default 0).")
+@click.option("--index", type=click.IntRange(0), help="Beside this index of an indexed job.")
 @click.argument("command", nargs=-1, required=True)
 def exec_(name: str, project: str | None, timeout: str, rank: int | None,
-          command: tuple[str, ...]) -> None:
+          index: int | None, command: tuple[str, ...]) -> None:
     """Run COMMAND beside the running job NAME, as its owner, in its workdir:
     noduslocal job exec NAME [--project P] -- CMD ARGS..."""
     try:
@@ -73,7 +74,7 @@ def exec_(name: str, project: str | None, timeout: str, rank: int | None,
     argv = list(command[1:] if command[0] == "--" else command)
     if not argv:
         raise click.UsageError("give the command to run after NAME")
-    result = Client().exec_job(name, project, argv, seconds, rank=rank)
+    result = Client().exec_job(name, project, argv, seconds, rank=rank, index=index)
     sys.stdout.write(result["stdout"])
     sys.stderr.write(result["stderr"])
     if result["truncated"]:

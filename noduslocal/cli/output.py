@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from noduslocal.models import parse_iso
+from noduslocal.timefmt import parse_iso
 
 
 def print_json(value: Any) -> None:

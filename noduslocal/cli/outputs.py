@@ -22,10 +22,12 @@ def outputs(job: str, project: str | None, as_json: bool) -> None:
     if as_json:
         output.print_json(rows)
         return
+    indexed = any("index" in o for o in rows)
     output.print_table(
-        ("NAME", "PATH", "KIND", "SIZE", "SHA256", "ATTEMPT"),
-        [(o["name"], o["path"], o.get("kind", "not collected"), o.get("size"),
-          (o.get("sha256") or "")[:16], o.get("attempt")) for o in rows])
+        ("NAME", *(("INDEX",) if indexed else ()), "PATH", "KIND", "SIZE", "SHA256", "ATTEMPT"),
+        [(o["name"], *((o["index"],) if indexed else ()), o["path"],
+          o.get("kind", "not collected"), o.get("size"), (o.get("sha256") or "")[:16],
+          o.get("attempt")) for o in rows])
 
 
 @click.command("download-output")
@@ -33,6 +35,8 @@ def outputs(job: str, project: str | None, as_json: bool) -> None:
 @click.argument("name")
 @click.argument("dest", type=click.Path(path_type=Path))
 @project_option
-def download_output(job: str, name: str, dest: Path, project: str | None) -> None:
+@click.option("--index", type=click.IntRange(0), help="An indexed job's: whose output.")
+def download_output(job: str, name: str, dest: Path, project: str | None,
+                    index: int | None) -> None:
     """Save JOB's output NAME at DEST (a directory output becomes a directory)."""
-    click.echo(str(Client().download_output(job, project, name, dest)))
+    click.echo(str(Client().download_output(job, project, name, dest, index)))

@@ -186,11 +186,12 @@ class Client:
 
     def logs(self, name: str, project: str | None = None, *, follow: bool = False,
              tail: int | None = None, attempt: int | None = None,
-             stream: str | None = None, rank: int | str | None = None) -> Iterator[bytes]:
+             stream: str | None = None, rank: int | str | None = None,
+             index: int | None = None) -> Iterator[bytes]:
         return self.transport.stream(
             f"/v1/jobs/{_quote(name)}/logs",
             query={"project": project, "follow": "1" if follow else None, "tail": tail,
-                   "attempt": attempt, "stream": stream, "rank": rank},
+                   "attempt": attempt, "stream": stream, "rank": rank, "index": index},
             timeout=None if follow else 120.0)
 
     def set_secret(self, name: str, value: str) -> bool:
@@ -270,10 +271,13 @@ class Client:
             query={"project": project, "path": path})
 
     def exec_job(self, name: str, project: str | None, command: list[str],
-                 timeout: float = 300.0, rank: int | None = None) -> dict[str, Any]:
+                 timeout: float = 300.0, rank: int | None = None,
+                 index: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"command": command, "timeout": timeout}
         if rank is not None:
             body["rank"] = rank
+        if index is not None:
+            body["index"] = index
         return self.transport.request(
             "POST", f"/v1/jobs/{_quote(name)}/exec", query={"project": project},
             body=body, timeout=timeout + 30)
@@ -283,15 +287,18 @@ class Client:
                                       query={"project": project})["outputs"]
 
     def download_output(self, name: str, project: str | None, output: str,
-                        dest: str | os.PathLike[str]) -> Path:
+                        dest: str | os.PathLike[str], index: int | None = None) -> Path:
         """Save an output at DEST, verified by sha256: a file as a file (into DEST when it
         is a directory), a directory output as a directory at DEST (extracted from its tar
-        beside DEST, then renamed into place). Nothing is left behind on a mismatch."""
-        listed = {o["name"]: o for o in self.list_outputs(name, project)}
+        beside DEST, then renamed into place). Nothing is left behind on a mismatch. An
+        indexed job's outputs are each index's: `index` says whose."""
+        listed = {o["name"]: o for o in self.list_outputs(name, project)
+                  if o.get("index") == index}
         if output not in listed:
-            raise errors.NotFound(f"output: job {name!r} declares no output {output!r}")
+            raise errors.NotFound(f"output: job {name!r} declares no output {output!r}"
+                                  + ("" if index is None else f" of index {index}"))
         target = Path(dest)
-        query = {"project": project, "output": output}
+        query = {"project": project, "output": output, "index": index}
         url = f"/v1/jobs/{_quote(name)}/outputs/content"
         if listed[output].get("kind") != "dir":
             if target.is_dir():

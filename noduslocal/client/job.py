@@ -18,7 +18,7 @@ from noduslocal.config import SOCKET_ENV
 from noduslocal.states import Phase
 
 _clients: dict[str | None, Client] = {}
-LOG_PARAMS = frozenset({"tail", "attempt", "stream", "rank"})
+LOG_PARAMS = frozenset({"tail", "attempt", "stream", "rank", "index"})
 
 
 def default_client() -> Client:
@@ -150,12 +150,14 @@ class Job:
             yield pending.decode("utf-8", "replace")
 
     async def logs(self, follow: bool = False, rank: int | str | None = None,
-                   **params: Any) -> AsyncIterator[str]:
+                   index: int | None = None, **params: Any) -> AsyncIterator[str]:
         """The log as lines (without their newline); of a gang, rank 0's unless `rank` names
         another, or "all" (every rank's, prefixed [r<n>])."""
         _check_log_params(params)
         if rank is not None:
             params["rank"] = rank
+        if index is not None:
+            params["index"] = index
         import aiohttp  # only async users pay for it
 
         socket_path = str(self._client.transport.socket_path)
@@ -198,12 +200,10 @@ class Job:
         workdir; returns a Process with stdout, stderr and returncode."""
         if pty:
             raise errors.Unsupported("pty", "exec runs to completion without a terminal")
-        if index is not None:
-            raise errors.Unsupported("index", "indexed jobs are not supported yet")
         if not command:
             raise errors.InvalidArgument("command: give the command to run", field="command")
         return View(self._client.exec_job(self.name, self.project, list(command),
-                                          rank=rank))
+                                          rank=rank, index=index))
 
     def suspend(self) -> None:
         """Stop the job like a cancel (SIGTERM, grace, SIGKILL) and keep it Suspended, with
@@ -237,11 +237,10 @@ class Output:
 
     def download(self, path: str | os.PathLike[str], index: int | None = None) -> Path:
         """Save the output at `path`: the sha256 from X-Nodus-SHA256 is verified, then the
-        file (or, for a directory output, the directory) is renamed in."""
-        if index is not None:
-            raise errors.Unsupported("index", "indexed jobs are not supported yet")
+        file (or, for a directory output, the directory) is renamed in; of an indexed job,
+        index `index`'s."""
         job = self.parent
-        return job._client.download_output(job.name, job.project, self.name, path)
+        return job._client.download_output(job.name, job.project, self.name, path, index)
 
 
 class Outputs:
@@ -266,8 +265,10 @@ class Outputs:
         for out in self.list():
             if out.collected and out.name.startswith(prefix):
                 target = root / out.name[len(prefix):].lstrip("/")
+                if out.get("index") is not None:  # an indexed job's: one per index
+                    target = root / f"index-{out['index']}" / target.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                self[out.name].download(target)
+                self[out.name].download(target, out.get("index"))
         return root
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from noduslocal.gpu.cost import Meter
 from noduslocal.models import JobRecord
+from noduslocal.outputs import Collected
 from noduslocal.runtime.attempts import AttemptState
 from noduslocal.runtime.base import AttemptRef, Handle, failed
 from noduslocal.scheduler.queue import Request
@@ -39,6 +40,7 @@ class Attempt:
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     retry_stop: asyncio.Task[None] | None = None  # a stop waiting for its runtime
     metrics: dict[str, float] = field(default_factory=dict)  # what it reported so far
+    collected: list[Collected] = field(default_factory=list)  # an indexed job's, so far
     task: asyncio.Task[None] | None = None
 
     @property

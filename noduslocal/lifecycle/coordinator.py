@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from noduslocal.lifecycle.disk import DiskWatch
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gang_logs import merged_path
 from noduslocal.lifecycle.gpu_health import GpuHealth
+from noduslocal.lifecycle.indexed_run import index_view
 from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
@@ -36,7 +38,7 @@ from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import CreateRequest, Event, JobRecord, SweepRecord
 from noduslocal.outputs import OutputLimits
-from noduslocal.runtime.base import Runtime
+from noduslocal.runtime.base import Runtime, rank_dir
 from noduslocal.runtime.execute import ExecResult
 from noduslocal.scheduler.fairshare import Ledger
 from noduslocal.scheduler.gpus import GpuPool
@@ -226,6 +228,12 @@ class Lifecycle:
         return gang_view.rank_view(job, self.board.active.get(job.id), directory,
                                    self.accounting.inventory)
 
+    def index_view(self, job: JobRecord) -> dict[str, Any] | None:
+        """An indexed job's indexes: succeeded, running, failed; None for any other job."""
+        if job.spec.indexed is None:
+            return None
+        return index_view(self.layout, job, self.board.active.get(job.id))
+
     def running_cost(self, job_id: int) -> float:
         attempt = self.board.active.get(job_id)
         return 0.0 if attempt is None else self.accounting.attempt_cost(attempt)
@@ -237,6 +245,9 @@ class Lifecycle:
         directory = self.layout.attempt_dir(job.id, number)
         if rank is None:
             return merged_path(directory, stream)
+        if job.spec.indexed is not None:  # `rank` is the index, in a directory of its own
+            return self.runtimes[job.spec.runtime].log_path(
+                rank_dir(directory, rank, indexed=True), stream)
         return self.runtimes[job.spec.runtime].log_path(directory, stream, rank)
 
     def writing_logs(self, job_id: int, number: int) -> bool:
@@ -263,6 +274,14 @@ class Lifecycle:
         self._execs[owner] += 1
         try:
             launch = await self.runner.launch_of(attempt)
-            return await runtime.exec(launch, attempt.handles[rank], command, timeout)
+            if job.spec.indexed is not None:
+                launch = replace(launch, index=rank)
+            running = [h for h, end in zip(attempt.handles, attempt.ends, strict=True)
+                       if h.rank == rank and not end.done()]
+            if not running:
+                what = "index" if job.spec.indexed is not None else "rank"
+                raise errors.Conflict(f"job {job.name!r}: its {what} {rank} is not running "
+                                      "now")
+            return await runtime.exec(launch, running[-1], command, timeout)
         finally:
             self._execs[owner] -= 1

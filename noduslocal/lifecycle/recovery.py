@@ -93,6 +93,10 @@ class Recovery:
         job = attempt.job
         try:
             launch = await self.runner.launch_of(attempt)
+            if job.spec.indexed is not None:  # adopts what runs, then goes on with the rest
+                await self.runner.watch(attempt, last.started_at or time.time(),
+                                        until=self.runner.indexed.run(attempt, launch, True))
+                return
             found = await self.runner.runtime_of(job).adopt(
                 launch, attempt.handles, recorded_running=attempt.running,
                 stopping=attempt.stop_reason is not None)

@@ -10,17 +10,19 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from noduslocal.indexes import output_path
 from noduslocal.layout import JobLayout, WorkspaceFailed
 from noduslocal.lifecycle import gang_logs, gang_view, metrics_watch
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board, verdict
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gang_logs import LogMerger
+from noduslocal.lifecycle.indexed_run import IndexedRun
 from noduslocal.lifecycle.outcomes import outcome_of, retry_pause
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.models import JobRecord
@@ -63,6 +65,7 @@ class AttemptRunner:
         # and everything else on the default pool never queue behind it.
         self._collect_pool = ThreadPoolExecutor(COLLECT_THREADS, "collect")
         self._ahead_pool = ThreadPoolExecutor(1, "prepare-ahead")
+        self.indexed = IndexedRun(store, layout, stopper, runtimes, self.collect_index)
 
     def prepare_ahead(self, job: JobRecord) -> None:
         """Make a job's first directories on a thread of their own before it starts."""
@@ -108,6 +111,13 @@ class AttemptRunner:
                 await self.give_up(attempt, str(exc))
                 return
             launch = await self.launch_of(attempt)
+            if job.spec.indexed is not None:
+                try:
+                    await self.watch(attempt, time.time(),
+                                     until=self.indexed.run(attempt, launch))
+                except LaunchFailed as exc:
+                    await self.give_up(attempt, str(exc))
+                return
             try:
                 ranks = await self.runtime_of(job).launch(launch)
             except NotLaunched as exc:
@@ -129,9 +139,10 @@ class AttemptRunner:
             await self.give_up(attempt, f"the daemon could not run it: {exc}")
 
     async def watch(self, attempt: Attempt, started_at: float,
-                    running: asyncio.Future[Any] | None = None) -> None:
-        """Until every rank has ended: the timeout, stops asked for meanwhile, and what it
-        reports (its metrics)."""
+                    running: asyncio.Future[Any] | None = None,
+                    until: Awaitable[AttemptState] | None = None) -> None:
+        """Until every rank has ended (or, for an indexed job, `until` said how it ended):
+        the timeout, stops asked for meanwhile, and what it reports (its metrics)."""
         timeout = attempt.job.spec.timeout
         if attempt.lost is not None:  # its GPU broke while it was being launched
             await self.stopper.signal(attempt, signal.SIGKILL)
@@ -152,7 +163,7 @@ class AttemptRunner:
                                self.runtime_of(attempt.job).log_path)
             merging = asyncio.ensure_future(gang_logs.follow(merger, stop))
         try:
-            state = await verdict(attempt, lambda: self.stopper.stop_ranks(attempt))
+            state = await (until or verdict(attempt, lambda: self.stopper.stop_ranks(attempt)))
         finally:
             stop.set()
         if merging is not None:
@@ -173,10 +184,10 @@ class AttemptRunner:
         runtime = self.runtime_of(job)
         if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
             await runtime.clear_lost(attempt.ref, attempt.handles)
-        collected, reported = [], attempt.metrics
+        collected, reported = list(attempt.collected), attempt.metrics
         if isinstance(state, Exited):
             # Before the end is committed, so a wait() that returns finds them.
-            if job.spec.outputs:
+            if job.spec.outputs and job.spec.indexed is None:
                 collected = await asyncio.get_running_loop().run_in_executor(
                     self._collect_pool, self._collect, job)
             reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
@@ -232,11 +243,19 @@ class AttemptRunner:
         finally:
             self.dispatch.release(attempt)
 
-    def _collect(self, job: JobRecord) -> list[Collected]:
+    async def collect_index(self, job: JobRecord, index: int) -> list[Collected]:
+        """An indexed job's outputs of one index (their paths name it), as it ends."""
+        collected = await asyncio.get_running_loop().run_in_executor(
+            self._collect_pool, self._collect, job, index)
+        return [replace(out, index=index) for out in collected]
+
+    def _collect(self, job: JobRecord, index: int | None = None) -> list[Collected]:
         workspace = self.layout.workspace(job.id)
         collected: list[Collected] = []
         used = 0
         for name, path in job.spec.outputs.items():
+            if index is not None:
+                path = output_path(path, index)
             limit, cap = self.output_limits.for_next(used, self.disk_room())
             try:
                 out = self.layout.blobs.collect(workspace, name, path, job.owner_uid,

@@ -62,6 +62,9 @@ class AttemptRef:
     number: int
     directory: Path
 
+    def rank_dir(self, rank: int) -> Path:
+        return rank_dir(self.directory, rank, self.job.spec.indexed is not None)
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -71,15 +74,23 @@ class Launch:
     secrets: dict[str, str]
     gpus: GpuGrant
     master_port: int = 0  # a gang's rendezvous port, chosen by the daemon
+    index: int | None = None  # an indexed job's: this launch is that one index
 
     @property
     def mask(self) -> list[str]:
         return sorted(set(self.secrets.values()))
 
     @property
-    def ranks(self) -> int:
+    def ranks(self) -> list[int]:
+        """The ranks this launch starts or adopts (an indexed job's: its one index)."""
         gang = self.ref.job.spec.gang
-        return 1 if gang is None else gang.nodes
+        if self.index is not None:
+            return [self.index]
+        return list(range(1 if gang is None else gang.nodes))
+
+    def index_env(self) -> dict[str, str]:
+        indexed = self.ref.job.spec.indexed
+        return {} if indexed is None or self.index is None else indexed.env(self.index)
 
     def rank_gpus(self, rank: int) -> GpuGrant:
         gang = self.ref.job.spec.gang
@@ -138,9 +149,12 @@ class Runtime(Protocol):
         """Where a rank's log (stream "all" or "stderr") is written."""
 
 
-def rank_dir(directory: Path, rank: int) -> Path:
+def rank_dir(directory: Path, rank: int, indexed: bool = False) -> Path:
     """Where a rank's pid, exit and log files are: the attempt directory for rank 0, a
-    directory of its own in there for each further rank."""
+    directory of its own in there for each further rank; each index of an indexed job has
+    one of its own (made when it starts, so a missing one never ran)."""
+    if indexed:
+        return directory / f"index-{rank}"
     return directory if rank == 0 else directory / f"rank-{rank}"
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import docker
 
-from noduslocal.models import parse_iso
 from noduslocal.runtime.attempts import AttemptState, Exited, Vanished
+from noduslocal.timefmt import parse_iso
 
 PID_FILES = (Path("/run/docker.pid"), Path("/var/run/docker.pid"))
 

@@ -106,17 +106,17 @@ def mounts(layout: JobLayout, job: JobRecord) -> list[Mount]:
 def create_kwargs(settings: Settings, layout: JobLayout, instance: str, job: JobRecord,
                   number: int, secrets: dict[str, str], gpu_env: dict[str, str] | None = None,
                   device_ids: list[str] | None = None,
-                  plan: RankPlan | None = None) -> dict[str, Any]:
+                  plan: RankPlan | None = None,
+                  rank_env: dict[str, str] | None = None, rank: int = 0) -> dict[str, Any]:
     """Keyword arguments of `containers.create`, everything but the image. `device_ids`:
     the real GPUs (UUIDs) docker gives the container; simulated ones are env only. `plan`:
     a gang's rank, on the gang's network, sharing rank 0's IPC namespace (NCCL's shared
     memory transport needs it)."""
     spec = job.spec
-    rank = plan.rank if plan is not None else 0
     _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)
     env = environment(job, number, secrets, gpu_env or {})
-    if plan is not None:
-        env = {**env, **plan.env(), **secrets}
+    if plan is not None or rank_env:
+        env = {**env, **(plan.env() if plan else {}), **(rank_env or {}), **secrets}
     kwargs: dict[str, Any] = {
         "name": container_name(instance, job, number, rank),
         "labels": labels(instance, job, number, rank),

@@ -97,8 +97,8 @@ class DockerRuntime:
                            container_spec.container_name(instance, job, ref.number, rank))
         kwargs = container_spec.create_kwargs(
             self.settings, self.layout, instance, job, ref.number, launch.secrets,
-            gpus.env(in_container=True), gpus.device_ids, plan)
-        directory = rank_dir(ref.directory, rank)
+            gpus.env(in_container=True), gpus.device_ids, plan, launch.index_env(), rank)
+        directory = ref.rank_dir(rank)
         directory.mkdir(mode=0o700, exist_ok=True)
         container_id, ended = await self.engine.launch(
             job.spec.image, kwargs, job.id, ref.number, directory, launch.mask, rank)
@@ -116,23 +116,24 @@ class DockerRuntime:
         # The containers are found by their labels, so a container created after the
         # last commit is found too.
         ref = launch.ref
-        found: list[tuple[AttemptState, Rank | None]] = []
-        for rank in range(launch.ranks):
+        found: list[tuple[int, AttemptState, Rank | None]] = []
+        for rank in launch.ranks:
             while True:
                 try:
                     state, container_id, started, ended = await self.engine.adopt(
-                        ref.job.id, ref.number, rank_dir(ref.directory, rank), launch.mask,
+                        ref.job.id, ref.number, ref.rank_dir(rank), launch.mask,
                         recorded_running=recorded_running, stopping=stopping, rank=rank)
                     break
                 except DockerUnavailable:
                     await asyncio.sleep(ADOPT_RETRY)  # adopt() waits for dockerd
             if not isinstance(state, Alive):
-                found.append((state, None))
+                found.append((rank, state, None))
                 continue
             assert container_id is not None and ended is not None
             log.info("adopting job %s attempt %d rank %d (container %s)", ref.job.name,
                      ref.number, rank, container_id[:12])
-            found.append((state, Rank(Handle(self.kind, container_id, rank), started, ended)))
+            found.append((rank, state, Rank(Handle(self.kind, container_id, rank), started,
+                                            ended)))
         return adopted(found, self.kind, recorded)
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:

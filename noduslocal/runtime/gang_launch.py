@@ -52,7 +52,7 @@ async def launch_ranks(launch: Launch, start: Callable[[int], Awaitable[Rank]],
     deadline = None if gang is None else loop.time() + gang.startup_timeout
     ranks: list[Rank] = []
     try:
-        for rank in range(launch.ranks):
+        for rank in launch.ranks:
             starting = asyncio.ensure_future(start(rank))
             left = None if deadline is None else max(0.0, deadline - loop.time())
             if not (await asyncio.wait({starting}, timeout=left))[0]:
@@ -77,16 +77,16 @@ async def launch_ranks(launch: Launch, start: Callable[[int], Awaitable[Rank]],
     return ranks
 
 
-def adopted(states: list[tuple[AttemptState, Rank | None]], kind: str,
+def adopted(states: list[tuple[int, AttemptState, Rank | None]], kind: str,
             recorded: list[Handle]) -> list[Rank] | AttemptState:
     """The ranks found after a restart (a Rank for each one alive): every rank as a Rank
     while any lives (ended ones already resolved, with their recorded handle so what a
     lost one left can still be cleared), else the attempt's end."""
-    if not any(rank is not None for _, rank in states):
-        return next((state for state, _ in states if failed(state)), states[0][0])
+    if not any(rank is not None for _, _, rank in states):
+        return next((state for _, state, _ in states if failed(state)), states[0][1])
     ranks = []
-    started = min(rank.started_at for _, rank in states if rank is not None)
-    for number, (state, rank) in enumerate(states):
+    started = min(rank.started_at for _, _, rank in states if rank is not None)
+    for number, state, rank in states:
         if rank is None:
             ended: asyncio.Future[AttemptState] = asyncio.get_running_loop().create_future()
             ended.set_result(state)

@@ -63,11 +63,12 @@ class HostRuntime:
         # Host ranks meet on the loopback: every one listens there, rank 0 at MASTER_PORT.
         return launch_request(self.layout, ref.job, ref.number, launch.secrets,
                               launch.rank_gpus(rank).env(in_container=False),
-                              launch.plan(rank, LOOPBACK, LOOPBACK))
+                              launch.plan(rank, LOOPBACK, LOOPBACK), ref.rank_dir(rank),
+                              launch.index_env())
 
     def _rank(self, ref: AttemptRef, rank: int, shim_pid: int, started_at: float) -> Rank:
         return Rank(Handle(self.kind, str(shim_pid), rank, self.spawner.boot_id), started_at,
-                    self.spawner.watch(rank_dir(ref.directory, rank), shim_pid))
+                    self.spawner.watch(ref.rank_dir(rank), shim_pid))
 
     async def launch(self, launch: Launch) -> list[Rank]:
         return await launch_ranks(launch, lambda rank: self._launch_rank(launch, rank),
@@ -75,7 +76,7 @@ class HostRuntime:
 
     async def _launch_rank(self, launch: Launch, rank: int) -> Rank:
         ref = launch.ref
-        directory = rank_dir(ref.directory, rank)
+        directory = ref.rank_dir(rank)
         directory.mkdir(mode=0o700, exist_ok=True)
         try:
             shim_pid = await self.spawner.launch(self._request(launch, rank))
@@ -95,26 +96,26 @@ class HostRuntime:
         # judge here (the shim recorded the exit status itself).
         del recorded_running, stopping
         ref = launch.ref
-        found: list[tuple[AttemptState, Rank | None]] = []
-        for rank in range(launch.ranks):
-            directory = rank_dir(ref.directory, rank)
+        found: list[tuple[int, AttemptState, Rank | None]] = []
+        for rank in launch.ranks:
+            directory = ref.rank_dir(rank)
             state = await settled_inspect(directory)
             if not isinstance(state, Alive):
-                found.append((state, None))
+                found.append((rank, state, None))
                 continue
             log.info("adopting job %s attempt %d rank %d (shim %d)", ref.job.name,
                      ref.number, rank, state.shim_pid)
             pid = read_pid(directory)
-            found.append((state, self._rank(ref, rank, state.shim_pid,
-                                            pid["started_at"] if pid else time.time())))
+            found.append((rank, state, self._rank(ref, rank, state.shim_pid,
+                                                  pid["started_at"] if pid else time.time())))
         return adopted(found, self.kind, recorded)
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
-        return await self.spawner.signal_group(rank_dir(ref.directory, handle.rank), sig)
+        return await self.spawner.signal_group(ref.rank_dir(handle.rank), sig)
 
     async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
         for handle in handles:
-            kill_leftovers(rank_dir(ref.directory, handle.rank), int(handle.ref), handle.boot)
+            kill_leftovers(ref.rank_dir(handle.rank), int(handle.ref), handle.boot)
 
     async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
         """Nothing is kept: a shim removes nothing and leaves its files for the logs."""

@@ -5,23 +5,25 @@ environment, workdir, the owner's identity and the secret values to mask.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from noduslocal import metrics
 from noduslocal.layout import DEFAULT_PATH, JobLayout, account
 from noduslocal.models import JobRecord
-from noduslocal.runtime.base import rank_dir
 from noduslocal.runtime.launchers import RankPlan
 
 
 def launch_request(layout: JobLayout, job: JobRecord, number: int,
                    secrets: dict[str, str] | None = None,
                    gpu_env: dict[str, str] | None = None,
-                   plan: RankPlan | None = None) -> dict[str, Any]:
+                   plan: RankPlan | None = None, directory: Path | None = None,
+                   rank_env: dict[str, str] | None = None) -> dict[str, Any]:
     """What the shim needs; `secrets` are added to the environment, and their values
     masked in the stored log; `gpu_env` pins the job's GPUs (over the job's env); `plan`
-    makes it a gang's rank (its directory, rendezvous and launcher)."""
-    directory = rank_dir(layout.attempt_dir(job.id, number), plan.rank if plan else 0)
+    makes it a gang's rank (its rendezvous and launcher); `directory` is the rank's (the
+    attempt's by default); `rank_env` what it alone is told (an index)."""
+    directory = directory or layout.attempt_dir(job.id, number)
     workspace = layout.workspace(job.id)
     home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
     env = {
@@ -43,6 +45,7 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
         **job.spec.env,
         **(gpu_env or {}),
         **(plan.env() if plan is not None else {}),
+        **(rank_env or {}),
         **(secrets or {}),
     }
     request: dict[str, Any] = {

@@ -283,14 +283,15 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
     """The attempt's end, the job's transition, and the outputs collected from it, in one
     transaction. An attempt that exited replaces every output of an earlier one, so what is
     listed is always one attempt's."""
-    if outcome.attempt_phase == AttemptPhase.EXITED:
+    indexed = any(out.index >= 0 for out in outputs)
+    if outcome.attempt_phase == AttemptPhase.EXITED and not indexed:
         conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
-    for out in outputs:
+    for out in outputs:  # an index's replaces what an earlier attempt of it left
         conn.execute(
-            "INSERT OR REPLACE INTO outputs (job_id, name, attempt, path, kind, size, sha256, "
-            "collected_at, skipped) VALUES (?,?,?,?,?,?,?,?,?)",
-            (job_id, out.name, number, out.path, out.kind, out.size, out.sha256, now,
-             out.skipped))
+            "INSERT OR REPLACE INTO outputs (job_id, name, idx, attempt, path, kind, size, "
+            "sha256, collected_at, skipped) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (job_id, out.name, out.index, number, out.path, out.kind, out.size, out.sha256,
+             now, out.skipped))
     _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
                 exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
                 message=outcome.message, cost=outcome.cost or None)

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from noduslocal.models import iso
 from noduslocal.states import TERMINAL, Phase
+from noduslocal.timefmt import iso
 
 RUNNING = frozenset({Phase.STARTING, Phase.RUNNING})
 
