@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from noduslocal.lifecycle.disk import DiskWatch
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gang_logs import merged_path
 from noduslocal.lifecycle.gpu_health import GpuHealth
-from noduslocal.lifecycle.indexed_run import index_view
+from noduslocal.lifecycle.indexed_run import index_view, running_index_launch
 from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
@@ -275,7 +274,7 @@ class Lifecycle:
         try:
             launch = await self.runner.launch_of(attempt)
             if job.spec.indexed is not None:
-                launch = replace(launch, index=rank)
+                launch = running_index_launch(launch, rank)
             running = [h for h, end in zip(attempt.handles, attempt.ends, strict=True)
                        if h.rank == rank and not end.done()]
             if not running:

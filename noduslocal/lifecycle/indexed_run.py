@@ -50,6 +50,19 @@ def succeeded(layout: JobLayout, job: JobRecord, before: int) -> set[int]:
     return done
 
 
+def index_launch(launch: Launch, index: int, slot: int) -> Launch:
+    """One index's launch: its env, and its slot's share of the job's GPUs."""
+    indexed, gpu = launch.ref.job.spec.indexed, launch.ref.job.spec.gpu
+    assert indexed is not None
+    per_slot = gpu.count // indexed.parallelism if gpu else 0
+    return replace(launch, index=index, gpus=launch.gpus.part(slot, per_slot))
+
+
+def running_index_launch(launch: Launch, index: int) -> Launch:
+    """The launch a running index had (for an exec beside it), from its slot's record."""
+    return index_launch(launch, index, _load(launch.ref.directory)["slots"].get(index, 0))
+
+
 class IndexedRun:
     def __init__(self, store: Store, layout: JobLayout, stopper: Stopper,
                  runtimes: Mapping[str, Runtime],
@@ -78,7 +91,7 @@ class IndexedRun:
             for index, slot in journal["slots"].items():
                 if index in journal["ends"]:
                     continue
-                found = await runtime.adopt(replace(launch, index=index), recorded,
+                found = await runtime.adopt(index_launch(launch, index, slot), recorded,
                                             recorded_running=attempt.running,
                                             stopping=attempt.stop_reason is not None)
                 if isinstance(found, list):
@@ -98,7 +111,6 @@ class IndexedRun:
         todo.sort(reverse=True)
         busy = {slot for _, slot in running.values()}
         slots = [s for s in range(indexed.parallelism - 1, -1, -1) if s not in busy]
-        per_slot = job.spec.gpu.count // indexed.parallelism if job.spec.gpu else 0
         if decider is not None and running:
             await self.stopper.stop_ranks(attempt)
         while True:
@@ -107,9 +119,8 @@ class IndexedRun:
                 index, slot = todo.pop(), slots.pop()
                 journal["slots"][index] = slot
                 self._save(directory, journal)
-                one = replace(launch, index=index, gpus=launch.gpus.part(slot, per_slot))
                 try:
-                    ranks = await runtime.launch(one)
+                    ranks = await runtime.launch(index_launch(launch, index, slot))
                 except NotLaunched as exc:  # the runtime went away: the rest stops too
                     decider = exc.state
                     if running:
