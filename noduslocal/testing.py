@@ -146,7 +146,8 @@ class Daemon:
     def kill_jobs(self) -> None:
         """SIGKILL every process group a shim of this daemon started (every gang rank's)."""
         for pid_file in [*self.data_dir.glob("jobs/*/attempt-*/pid.json"),
-                         *self.data_dir.glob("jobs/*/attempt-*/rank-*/pid.json")]:
+                         *self.data_dir.glob("jobs/*/attempt-*/rank-*/pid.json"),
+                         *self.data_dir.glob("jobs/*/attempt-*/index-*/pid.json")]:
             try:
                 pid = json.loads(pid_file.read_text())
                 # Only a group whose leader is still that job: never a reused id.

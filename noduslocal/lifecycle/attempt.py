@@ -41,12 +41,13 @@ class Attempt:
     retry_stop: asyncio.Task[None] | None = None  # a stop waiting for its runtime
     metrics: dict[str, float] = field(default_factory=dict)  # what it reported so far
     collected: list[Collected] = field(default_factory=list)  # an indexed job's, so far
+    rank_dirs: dict[int, str] = field(default_factory=dict)  # see AttemptRef.rank_dirs
     task: asyncio.Task[None] | None = None
 
     @property
     def ref(self) -> AttemptRef:
         assert self.directory is not None, "the attempt has no directory yet"
-        return AttemptRef(self.job, self.number, self.directory)
+        return AttemptRef(self.job, self.number, self.directory, self.rank_dirs)
 
     @property
     def ended(self) -> bool:

@@ -25,7 +25,7 @@ from noduslocal.lifecycle.disk import DiskWatch
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gang_logs import merged_path
 from noduslocal.lifecycle.gpu_health import GpuHealth
-from noduslocal.lifecycle.indexed_run import index_view, running_index_launch
+from noduslocal.lifecycle.indexed_run import index_dir, index_view, running_index_launch
 from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
@@ -37,7 +37,7 @@ from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import CreateRequest, Event, JobRecord, SweepRecord
 from noduslocal.outputs import OutputLimits
-from noduslocal.runtime.base import Runtime, rank_dir
+from noduslocal.runtime.base import Runtime
 from noduslocal.runtime.execute import ExecResult
 from noduslocal.scheduler.fairshare import Ledger
 from noduslocal.scheduler.gpus import GpuPool
@@ -245,8 +245,8 @@ class Lifecycle:
         if rank is None:
             return merged_path(directory, stream)
         if job.spec.indexed is not None:  # `rank` is the index, in a directory of its own
-            return self.runtimes[job.spec.runtime].log_path(
-                rank_dir(directory, rank, indexed=True), stream)
+            return self.runtimes[job.spec.runtime].log_path(index_dir(directory, rank),
+                                                            stream)
         return self.runtimes[job.spec.runtime].log_path(directory, stream, rank)
 
     def writing_logs(self, job_id: int, number: int) -> bool:

@@ -24,8 +24,16 @@ from noduslocal.lifecycle.attempt import Attempt
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.models import JobRecord
 from noduslocal.outputs import Collected
-from noduslocal.runtime.attempts import AttemptState, Exited, Vanished
-from noduslocal.runtime.base import Launch, LaunchFailed, NotLaunched, Rank, Runtime, failed
+from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted
+from noduslocal.runtime.base import (
+    Launch,
+    LaunchFailed,
+    NotLaunched,
+    Rank,
+    Runtime,
+    failed,
+    rank_dir,
+)
 from noduslocal.store import Store, ops
 
 log = logging.getLogger(__name__)
@@ -36,9 +44,15 @@ def _load(directory: Path) -> dict[str, Any]:
     with contextlib.suppress(FileNotFoundError, ValueError):
         data = json.loads((directory / JOURNAL).read_text())
         if isinstance(data, dict):
-            return {"slots": {int(k): v for k, v in data.get("slots", {}).items()},
-                    "ends": {int(k): v for k, v in data.get("ends", {}).items()}}
-    return {"slots": {}, "ends": {}}
+            return {key: {int(k): v for k, v in data.get(key, {}).items()}
+                    for key in ("slots", "ends", "dirs")}
+    return {"slots": {}, "ends": {}, "dirs": {}}
+
+
+def index_dir(directory: Path, index: int) -> Path:
+    """Where index `index` of the attempt in `directory` runs (or last ran)."""
+    name = _load(directory)["dirs"].get(index)
+    return directory / name if name else rank_dir(directory, index, indexed=True)
 
 
 def succeeded(layout: JobLayout, job: JobRecord, before: int) -> set[int]:
@@ -81,11 +95,12 @@ class IndexedRun:
         assert indexed is not None
         runtime = self.runtimes[job.spec.runtime]
         journal = _load(directory)
+        attempt.rank_dirs.update(journal["dirs"])
         done = succeeded(self.layout, job, attempt.number) | {
             i for i, code in journal["ends"].items() if code == 0}
         running: dict[asyncio.Future[AttemptState], tuple[int, int]] = {}
         decider: AttemptState | None = None
-        cut_off: list[int] = []  # started by a daemon that died: not run again here
+        again: list[int] = []  # indexes whose start a dead daemon began: run again
         if adopting:
             recorded, attempt.handles = attempt.handles, []
             for index, slot in journal["slots"].items():
@@ -96,19 +111,16 @@ class IndexedRun:
                                             stopping=attempt.stop_reason is not None)
                 if isinstance(found, list):
                     self._take(attempt, found[0], running, index, slot)
-                elif isinstance(found, Exited) or failed(found):
+                elif isinstance(found, NeverStarted):
+                    again.append(index)
+                else:
                     decider = decider or await self._ended(attempt, journal, index, found)
                     if not failed(found):
                         done.add(index)
-                else:
-                    cut_off.append(index)
             if running and not attempt.running:  # it died between a launch and its commit
                 await self._running(attempt, time.time())
-        todo = [i for i in range(indexed.completions)
-                if i not in done and i not in journal["slots"]]
-        todo += [i for i in journal["slots"] if i not in done and i not in journal["ends"]
-                 and i not in cut_off and i not in {v[0] for v in running.values()}]
-        todo.sort(reverse=True)
+        todo = sorted([i for i in range(indexed.completions)
+                       if i not in done and i not in journal["slots"]] + again, reverse=True)
         busy = {slot for _, slot in running.values()}
         slots = [s for s in range(indexed.parallelism - 1, -1, -1) if s not in busy]
         if decider is not None and running:
@@ -118,6 +130,7 @@ class IndexedRun:
                    and attempt.lost is None):
                 index, slot = todo.pop(), slots.pop()
                 journal["slots"][index] = slot
+                self._fresh_dir(attempt, journal, index)
                 self._save(directory, journal)
                 try:
                     ranks = await runtime.launch(index_launch(launch, index, slot))
@@ -148,12 +161,21 @@ class IndexedRun:
                 slots.append(slot)
         if decider is not None:
             return decider
-        if cut_off:
-            return Vanished(f"the start of index {cut_off[0]} was cut off by a daemon restart")
         if todo:  # stopped (cancel, suspend) between indexes: as asked
             attempt.stop_sent = True
         now = time.time()
         return Exited(143 if todo else 0, None, now, now)
+
+    @staticmethod
+    def _fresh_dir(attempt: Attempt, journal: dict[str, Any], index: int) -> None:
+        """The index's directory: a new name when one of its earlier start is there (marked
+        abandoned after a restart, so a late shim of the dead daemon never runs twice)."""
+        name, again = f"index-{index}", 0
+        while (attempt.ref.directory / name).exists():
+            again += 1
+            name = f"index-{index}.{again}"
+        journal["dirs"][index] = name
+        attempt.rank_dirs[index] = name
 
     async def _running(self, attempt: Attempt, at: float) -> None:
         attempt.running = True

@@ -62,7 +62,8 @@ def find_orphans(layout: JobLayout, known: int) -> list[Orphan]:
             continue
         directory = layout.job_dir(job_id)
         attempts = sorted(directory.glob("attempt-*"))
-        ranks = [p for a in attempts for p in (a, *a.glob("rank-*")) if p.is_dir()]
+        ranks = [p for a in attempts for p in (a, *a.glob("rank-*"), *a.glob("index-*"))
+                 if p.is_dir()]
         killed = sum(_stop_attempt(p) for p in ranks)
         log.warning("job directory %s is not in the database (a lost write?); %s; it is "
                     "kept for an admin to look at", directory,

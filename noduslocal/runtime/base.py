@@ -6,6 +6,7 @@ exec beside a rank, and where its logs are. The lifecycle sees only this.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -61,8 +62,13 @@ class AttemptRef:
     job: JobRecord
     number: int
     directory: Path
+    # An indexed job's index whose start a dead daemon cut off runs again in a directory
+    # of a new name (the old one is marked abandoned): index -> that name.
+    rank_dirs: Mapping[int, str] = field(default_factory=dict)
 
     def rank_dir(self, rank: int) -> Path:
+        if rank in self.rank_dirs:
+            return self.directory / self.rank_dirs[rank]
         return rank_dir(self.directory, rank, self.job.spec.indexed is not None)
 
 
