@@ -12,7 +12,7 @@ from aiohttp import web
 from noduslocal import errors
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
-from noduslocal.store import ops
+from noduslocal.store import resources
 
 routes = web.RouteTableDef()
 
@@ -46,7 +46,7 @@ async def _set_drain(request: web.Request, drained: bool) -> web.Response:
                 if str(g.index) == raw or g.uuid == raw), None)
     if gpu is None:
         raise errors.NotFound(f"there is no GPU {raw!r}; `noduslocal gpus` lists them")
-    await request.app[SERVICES].store.write(lambda c: ops.set_drain(
+    await request.app[SERVICES].store.write(lambda c: resources.set_drain(
         c, gpu.uuid, drained, caller.name, time.time()))
     lifecycle.set_drained(gpu.uuid, drained)
     return web.json_response({"index": gpu.index, "uuid": gpu.uuid, "drained": drained})

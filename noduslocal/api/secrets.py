@@ -12,7 +12,7 @@ from noduslocal import errors
 from noduslocal.api.body import read as read_body
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
-from noduslocal.store import ops
+from noduslocal.store import resources
 from noduslocal.timefmt import iso
 from noduslocal.validation import ENV_KEY_RE, validate_secret_value
 
@@ -46,7 +46,7 @@ async def set_secret(request: web.Request) -> web.Response:
         raise errors.InvalidArgument('body: expected {"value": "..."}', field="body")
     value = validate_secret_value(body["value"], "value")
     created = await request.app[SERVICES].store.write(
-        lambda c: ops.set_secret(c, caller.uid, name, value, time.time()))
+        lambda c: resources.set_secret(c, caller.uid, name, value, time.time()))
     return web.json_response({"name": name, "created": created}, status=201 if created else 200)
 
 
@@ -54,5 +54,5 @@ async def set_secret(request: web.Request) -> web.Response:
 async def delete_secret(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     name = secret_name(request)
-    await request.app[SERVICES].store.write(lambda c: ops.delete_secret(c, caller.uid, name))
+    await request.app[SERVICES].store.write(lambda c: resources.delete_secret(c, caller.uid, name))
     return web.json_response({"name": name, "deleted": True})

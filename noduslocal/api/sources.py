@@ -17,7 +17,7 @@ from noduslocal.api.services import SERVICES
 from noduslocal.client.source import LARGE_SOURCE
 from noduslocal.outputs import HashingWriter
 from noduslocal.states import TERMINAL
-from noduslocal.store import ops
+from noduslocal.store import resources
 from noduslocal.validation import SHA256_RE
 
 routes = web.RouteTableDef()
@@ -70,7 +70,7 @@ async def put_source(request: web.Request) -> web.Response:
         if not kept:
             os.close(fd)
             tmp.unlink(missing_ok=True)
-    await services.store.write(lambda c: ops.record_source(c, sha, caller.uid, size,
+    await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
                                                            time.time()))
     return web.json_response({"sha256": sha, "size": size}, status=201)
 
@@ -91,7 +91,7 @@ async def snapshot_job(request: web.Request) -> web.Response:
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
     sha, size = await asyncio.to_thread(snapshot.pack, root, job, services.layout.blobs,
                                         limit)
-    await services.store.write(lambda c: ops.record_source(c, sha, caller.uid, size,
+    await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
                                                            time.time()))
     return web.json_response({"sha256": sha, "size": size, "job": job.name,
                               "image": job.spec.image, "runtime": job.spec.runtime},

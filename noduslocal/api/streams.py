@@ -128,7 +128,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     if stream not in ("all", "stderr"):
         raise errors.InvalidArgument("stream: use all or stderr", field="stream")
     rank = _rank_param(request, job)
-    number = _int_param(request, "attempt") or job.attempts
+    number = _int_param(request, "attempt") or services.lifecycle.log_attempt(job, rank)
     if number > job.attempts:
         raise errors.NotFound(f"job {job.name!r} has no attempt {number}")
     tail = _int_param(request, "tail")

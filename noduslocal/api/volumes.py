@@ -18,7 +18,7 @@ from noduslocal.api.body import read as read_body
 from noduslocal.api.files import file_response, list_response
 from noduslocal.api.identity import Caller
 from noduslocal.api.services import SERVICES
-from noduslocal.store import ops
+from noduslocal.store import resources
 from noduslocal.timefmt import iso
 from noduslocal.validation import validate_name
 
@@ -48,7 +48,7 @@ async def create_volume(request: web.Request) -> web.Response:
     name = validate_name(body["name"], "name")
     # The row first: its unique key decides between two creates of one name, and only the
     # winner touches the directory.
-    await services.store.write(lambda c: ops.create_volume(c, name, caller.owner,
+    await services.store.write(lambda c: resources.create_volume(c, name, caller.owner,
                                                            time.time()))
     directory = services.layout.volume_dir(name)
     try:
@@ -58,7 +58,7 @@ async def create_volume(request: web.Request) -> web.Response:
         if os.getuid() == 0:
             os.chown(directory, caller.uid, caller.gid)
     except Exception:
-        await services.store.write(lambda c: ops.delete_volume(c, name))
+        await services.store.write(lambda c: resources.delete_volume(c, name))
         raise
     return web.json_response({"name": name, "owner": caller.name}, status=201)
 
@@ -86,7 +86,7 @@ async def list_volumes(request: web.Request) -> web.Response:
 async def delete_volume(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     volume = await owned_volume(request, "remove")
-    await services.store.write(lambda c: ops.delete_volume(c, volume["name"]))
+    await services.store.write(lambda c: resources.delete_volume(c, volume["name"]))
     directory = services.layout.volume_dir(volume["name"])
     if directory.exists():
         await asyncio.to_thread(discard, directory)

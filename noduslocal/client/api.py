@@ -292,8 +292,11 @@ class Client:
         is a directory), a directory output as a directory at DEST (extracted from its tar
         beside DEST, then renamed into place). Nothing is left behind on a mismatch. An
         indexed job's outputs are each index's: `index` says whose."""
-        listed = {o["name"]: o for o in self.list_outputs(name, project)
-                  if o.get("index") == index}
+        rows = self.list_outputs(name, project)
+        if index is None and any("index" in o for o in rows):
+            raise errors.InvalidArgument(f"index: job {name!r} is indexed; say whose output "
+                                         f"{output!r} to download", field="index")
+        listed = {o["name"]: o for o in rows if o.get("index") == index}
         if output not in listed:
             raise errors.NotFound(f"output: job {name!r} declares no output {output!r}"
                                   + ("" if index is None else f" of index {index}"))

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from noduslocal.gpu.cost import Meter
 from noduslocal.models import JobRecord
-from noduslocal.outputs import Collected
 from noduslocal.runtime.attempts import AttemptState
 from noduslocal.runtime.base import AttemptRef, Handle, failed
 from noduslocal.scheduler.queue import Request
@@ -40,7 +39,6 @@ class Attempt:
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     retry_stop: asyncio.Task[None] | None = None  # a stop waiting for its runtime
     metrics: dict[str, float] = field(default_factory=dict)  # what it reported so far
-    collected: list[Collected] = field(default_factory=list)  # an indexed job's, so far
     rank_dirs: dict[int, str] = field(default_factory=dict)  # see AttemptRef.rank_dirs
     task: asyncio.Task[None] | None = None
 

@@ -25,7 +25,12 @@ from noduslocal.lifecycle.disk import DiskWatch
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gang_logs import merged_path
 from noduslocal.lifecycle.gpu_health import GpuHealth
-from noduslocal.lifecycle.indexed_run import index_dir, index_view, running_index_launch
+from noduslocal.lifecycle.indexed_run import (
+    attempt_of_index,
+    index_dir,
+    index_view,
+    running_index_launch,
+)
 from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.runner import AttemptRunner
@@ -248,6 +253,13 @@ class Lifecycle:
             return self.runtimes[job.spec.runtime].log_path(index_dir(directory, rank),
                                                             stream)
         return self.runtimes[job.spec.runtime].log_path(directory, stream, rank)
+
+    def log_attempt(self, job: JobRecord, rank: int | None) -> int:
+        """The attempt whose log a reader gets unless it names one: the last, or for an
+        index, the last that ran it."""
+        if job.spec.indexed is not None and rank is not None:
+            return attempt_of_index(self.layout, job, rank)
+        return job.attempts
 
     def writing_logs(self, job_id: int, number: int) -> bool:
         """Whether attempt `number` of the job may still add to its log."""

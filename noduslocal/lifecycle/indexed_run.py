@@ -44,15 +44,24 @@ def _load(directory: Path) -> dict[str, Any]:
     with contextlib.suppress(FileNotFoundError, ValueError):
         data = json.loads((directory / JOURNAL).read_text())
         if isinstance(data, dict):
-            return {key: {int(k): v for k, v in data.get(key, {}).items()}
-                    for key in ("slots", "ends", "dirs")}
-    return {"slots": {}, "ends": {}, "dirs": {}}
+            return {**{key: {int(k): v for k, v in data.get(key, {}).items()}
+                       for key in ("slots", "ends", "dirs")},
+                    "failed": list(data.get("failed", []))}
+    return {"slots": {}, "ends": {}, "dirs": {}, "failed": []}
 
 
 def index_dir(directory: Path, index: int) -> Path:
     """Where index `index` of the attempt in `directory` runs (or last ran)."""
     name = _load(directory)["dirs"].get(index)
     return directory / name if name else rank_dir(directory, index, indexed=True)
+
+
+def attempt_of_index(layout: JobLayout, job: JobRecord, index: int) -> int:
+    """The last attempt that ran index `index` (a retry skips the ones that succeeded)."""
+    for number in range(job.attempts, 0, -1):
+        if index in _load(layout.attempt_dir(job.id, number))["slots"]:
+            return number
+    return job.attempts
 
 
 def succeeded(layout: JobLayout, job: JobRecord, before: int) -> set[int]:
@@ -194,9 +203,15 @@ class IndexedRun:
         attempt."""
         code = state.exit_code if isinstance(state, Exited) else "lost"
         journal["ends"][index] = code
+        decides = failed(state) and not journal["failed"] and attempt.stop_reason is None
+        if decides:  # the ones it stops end too, but did not fail on their own
+            journal["failed"] = [index]
         self._save(attempt.ref.directory, journal)
         if isinstance(state, Exited) and attempt.job.spec.outputs:
-            attempt.collected += await self.collect(attempt.job, index)
+            collected = await self.collect(attempt.job, index)
+            job_id, number = attempt.job.id, attempt.number
+            await self.store.write(lambda c: ops.record_outputs(c, job_id, number, collected,
+                                                                time.time()))
         return state if failed(state) else None
 
     @staticmethod
@@ -211,9 +226,9 @@ def index_view(layout: JobLayout, job: JobRecord, attempt: Attempt | None) -> di
     attempt), which run now, which failed in its last attempt."""
     assert job.spec.indexed is not None
     done = succeeded(layout, job, job.attempts + 1)
-    last = _load(layout.attempt_dir(job.id, job.attempts))["ends"] if job.attempts else {}
+    last = _load(layout.attempt_dir(job.id, job.attempts)) if job.attempts else {"failed": []}
     running = sorted(h.rank for h, end in zip(attempt.handles, attempt.ends, strict=True)
                      if not end.done()) if attempt is not None else []
     return {"completions": job.spec.indexed.completions,
             "parallelism": job.spec.indexed.parallelism, "succeeded": len(done),
-            "running": running, "failed": sorted(i for i, code in last.items() if code != 0)}
+            "running": running, "failed": last["failed"]}

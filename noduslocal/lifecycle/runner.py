@@ -184,7 +184,7 @@ class AttemptRunner:
         runtime = self.runtime_of(job)
         if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
             await runtime.clear_lost(attempt.ref, attempt.handles)
-        collected, reported = list(attempt.collected), attempt.metrics
+        collected, reported = [], attempt.metrics
         if isinstance(state, Exited):
             # Before the end is committed, so a wait() that returns finds them.
             if job.spec.outputs and job.spec.indexed is None:
@@ -192,7 +192,8 @@ class AttemptRunner:
                     self._collect_pool, self._collect, job)
             reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
         ended = self.store.write(lambda c: ops.finish_attempt(
-            c, job.id, attempt.number, outcome, time.time(), collected, reported))
+            c, job.id, attempt.number, outcome, time.time(), collected, reported,
+            indexed=job.spec.indexed is not None))
         if outcome.job_phase == Phase.PENDING:
             # Back in the queue at its old place before its share is handed on; any start
             # this allows is committed after the end above (the writer keeps order).

@@ -30,8 +30,10 @@ class Request:
     @classmethod
     def of(cls, job_id: int, spec: Any, owner_uid: int) -> Request:
         """What a job (its JobSpec) asks of the host: a gang's CPUs and memory are its
-        ranks' together."""
-        ranks = spec.gang.nodes if spec.gang is not None else 1
+        ranks' together, an indexed job's those of `parallelism` indexes (its GPU request
+        is already the whole)."""
+        ranks = (spec.gang.nodes if spec.gang is not None
+                 else spec.indexed.parallelism if spec.indexed is not None else 1)
         return cls(job_id, spec.cpu_m * ranks, (spec.memory or 0) * ranks,
                    spec.runtime, spec.gpu, owner_uid,
                    spec.priority, spec.expected_duration, spec.interruptible,

@@ -277,21 +277,29 @@ class Outcome:
     cost: float = 0.0  # what the attempt's GPUs cost
 
 
-def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
-                   now: float, outputs: Sequence[Collected] = (),
-                   metrics: dict[str, float] | None = None) -> tuple[None, list[Event]]:
-    """The attempt's end, the job's transition, and the outputs collected from it, in one
-    transaction. An attempt that exited replaces every output of an earlier one, so what is
-    listed is always one attempt's."""
-    indexed = any(out.index >= 0 for out in outputs)
-    if outcome.attempt_phase == AttemptPhase.EXITED and not indexed:
-        conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
-    for out in outputs:  # an index's replaces what an earlier attempt of it left
+def record_outputs(conn: sqlite3.Connection, job_id: int, number: int,
+                   outputs: Sequence[Collected], now: float) -> tuple[None, list[Event]]:
+    """Outputs collected from an attempt; an indexed job's as each index ends, each
+    replacing what an earlier attempt of that index left."""
+    for out in outputs:
         conn.execute(
             "INSERT OR REPLACE INTO outputs (job_id, name, idx, attempt, path, kind, size, "
             "sha256, collected_at, skipped) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (job_id, out.name, out.index, number, out.path, out.kind, out.size, out.sha256,
              now, out.skipped))
+    return None, []
+
+
+def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
+                   now: float, outputs: Sequence[Collected] = (),
+                   metrics: dict[str, float] | None = None,
+                   indexed: bool = False) -> tuple[None, list[Event]]:
+    """The attempt's end, the job's transition, and the outputs collected from it, in one
+    transaction. An attempt that exited replaces every output of an earlier one, so what is
+    listed is always one attempt's."""
+    if outcome.attempt_phase == AttemptPhase.EXITED and not indexed:  # its indexes' stay
+        conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
+    record_outputs(conn, job_id, number, outputs, now)
     _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
                 exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
                 message=outcome.message, cost=outcome.cost or None)
@@ -321,65 +329,3 @@ def fail_job(conn: sqlite3.Connection, job_id: int, now: float, reason: str,
     """End a job that never got an attempt running (Pending or Starting) as Failed."""
     return None, [_transition(conn, job_id, Phase.FAILED, now, reason, message,
                               ended_at=now)]
-
-
-def set_secret(conn: sqlite3.Connection, owner_uid: int, name: str, value: str,
-               now: float) -> tuple[bool, list[Event]]:
-    """Create or replace a secret; True when it is new."""
-    cur = conn.execute(
-        "UPDATE secrets SET value = ?, updated_at = ? WHERE owner_uid = ? AND name = ?",
-        (value, now, owner_uid, name))
-    if cur.rowcount:
-        return False, []
-    conn.execute("INSERT INTO secrets (owner_uid, name, value, created_at, updated_at) "
-                 "VALUES (?,?,?,?,?)", (owner_uid, name, value, now, now))
-    return True, []
-
-
-def delete_secret(conn: sqlite3.Connection, owner_uid: int,
-                  name: str) -> tuple[None, list[Event]]:
-    cur = conn.execute("DELETE FROM secrets WHERE owner_uid = ? AND name = ?",
-                       (owner_uid, name))
-    if not cur.rowcount:
-        raise errors.NotFound(f"you have no secret named {name!r}")
-    return None, []
-
-
-def create_volume(conn: sqlite3.Connection, name: str, owner: Owner,
-                  now: float) -> tuple[None, list[Event]]:
-    if conn.execute("SELECT 1 FROM volumes WHERE name = ?", (name,)).fetchone():
-        raise errors.AlreadyExists(f"name: volume {name!r} already exists", field="name")
-    conn.execute("INSERT INTO volumes (name, owner_uid, owner, created_at) VALUES (?,?,?,?)",
-                 (name, owner.uid, owner.name, now))
-    return None, []
-
-
-def delete_volume(conn: sqlite3.Connection, name: str) -> tuple[None, list[Event]]:
-    """Forget a volume no unfinished job uses (its directory goes after the commit)."""
-    users = conn.execute(
-        f"SELECT j.name FROM job_volumes v JOIN jobs j ON j.id = v.job_id "
-        f"WHERE v.volume = ? AND j.phase NOT IN ({TERMINAL_SQL}) LIMIT 3", (name,)).fetchall()
-    if users:
-        raise errors.Conflict(f"volume {name!r} is used by unfinished jobs: "
-                              f"{', '.join(u[0] for u in users)}")
-    conn.execute("DELETE FROM job_volumes WHERE volume = ?", (name,))
-    if not conn.execute("DELETE FROM volumes WHERE name = ?", (name,)).rowcount:
-        raise errors.NotFound(f"there is no volume {name!r}")
-    return None, []
-
-
-def record_source(conn: sqlite3.Connection, sha256: str, owner_uid: int, size: int,
-                  now: float) -> tuple[None, list[Event]]:
-    conn.execute("INSERT OR IGNORE INTO sources (sha256, owner_uid, size, created_at) "
-                 "VALUES (?,?,?,?)", (sha256, owner_uid, size, now))
-    return None, []
-
-
-def set_drain(conn: sqlite3.Connection, uuid: str, drained: bool, by: str,
-              now: float) -> tuple[None, list[Event]]:
-    if drained:
-        conn.execute("INSERT OR REPLACE INTO gpu_drains (uuid, by_user, at) VALUES (?,?,?)",
-                     (uuid, by, now))
-    else:
-        conn.execute("DELETE FROM gpu_drains WHERE uuid = ?", (uuid,))
-    return None, []
