@@ -105,6 +105,8 @@ def test_rendezvous_env_and_launcher_command_lines() -> None:
             "nodus-7-3"]
     assert plan.argv(["python", "train.py", "--lr", "1"]) == [*head, "train.py", "--lr", "1"]
     assert plan.argv(["./run.sh"]) == [*head, "--no-python", "./run.sh"]
+    assert plan.argv(["python3", "-m", "pkg.train"]) == [*head, "-m", "pkg.train"]
+    assert plan.argv(["python", "-c", "x"]) == [*head, "--no-python", "python", "-c", "x"]
     plain = RankPlan(Gang(2, 0), 0, "h", 1, "h", 7, 3)
     assert plain.argv(["x"]) == ["x"] and "RAY_ADDRESS" not in plain.env()
     verl = RankPlan(Gang(2, 4, "Verl"), 0, "h", 9, "h", 7, 3)

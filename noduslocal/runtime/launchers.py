@@ -104,14 +104,16 @@ class RankPlan:
 
 
 def torchrun_argv(plan: RankPlan, argv: list[str]) -> list[str]:
-    """torchrun runs a Python script itself: `python train.py` becomes `train.py`, and any
-    other program is run with --no-python."""
+    """torchrun runs a Python script or module itself: `python train.py` becomes
+    `train.py`, `python -m pkg` `-m pkg`; anything else (`python -c ...`, a program) is
+    run as it is, with --no-python."""
     gang = plan.gang
     head = ["torchrun", "--nnodes", str(gang.nodes), "--node_rank", str(plan.rank),
             "--nproc_per_node", str(max(gang.gpus_per_node, 1)),
             "--rdzv_backend", "c10d",
             "--rdzv_endpoint", f"{plan.master_addr}:{plan.master_port}",
             "--rdzv_id", f"nodus-{plan.job_id}-{plan.attempt}"]
-    if argv and os.path.basename(argv[0]).startswith("python") and len(argv) > 1:
+    if (len(argv) > 1 and os.path.basename(argv[0]).startswith("python")
+            and (argv[1] == "-m" or not argv[1].startswith("-"))):
         return [*head, *argv[1:]]
     return [*head, "--no-python", *argv]
