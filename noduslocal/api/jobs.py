@@ -26,12 +26,14 @@ EXEC_TIMEOUT = 300.0  # seconds an exec may run unless the request says otherwis
 EXEC_TIMEOUT_MAX = 24 * 3600.0
 
 
-def job_doc(request: web.Request, job: JobRecord) -> dict[str, Any]:
+def job_doc(request: web.Request, job: JobRecord, detail: bool = True) -> dict[str, Any]:
     caller: Caller = request["caller"]
     lifecycle = request.app[SERVICES].lifecycle
     doc = job.to_wire(lifecycle.hold(job.id), redact=not caller.may_control(job.owner_uid),
                       running_cost=lifecycle.running_cost(job.id),
                       live_metrics=lifecycle.running_metrics(job.id))
+    if not detail:  # a listing: no file is read per job
+        return doc
     if (ranks := lifecycle.rank_view(job)) is not None:
         doc["ranks"] = ranks
     if (indexes := lifecycle.index_view(job)) is not None:
@@ -147,7 +149,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         active_only=not phases and query.get("all") not in ("1", "true"),
         limit=max(1, min(limit, 100_000)),
     )
-    return web.json_response({"jobs": [job_doc(request, job) for job in jobs]})
+    return web.json_response({"jobs": [job_doc(request, job, detail=False) for job in jobs]})
 
 
 @routes.get("/v1/jobs/{name}")

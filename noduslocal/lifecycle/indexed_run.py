@@ -122,8 +122,9 @@ class IndexedRun:
                     self._take(attempt, found[0], running, index, slot)
                 elif isinstance(found, NeverStarted):
                     again.append(index)
-                else:
-                    decider = decider or await self._ended(attempt, journal, index, found)
+                else:  # ended while the daemon was away: recorded like any end
+                    verdict = await self._ended(attempt, journal, index, found)
+                    decider = decider or verdict
                     if not failed(found):
                         done.add(index)
             if running and not attempt.running:  # it died between a launch and its commit
