@@ -20,10 +20,8 @@ class NodusError(Exception):
         self.field = field
 
     def to_wire(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.field is not None:
-            body["field"] = self.field
-        return {"error": body}
+        # `field` always: null when the error is about no field of the request.
+        return {"error": {"code": self.code, "message": self.message, "field": self.field}}
 
 
 class InvalidArgument(NodusError):

@@ -50,7 +50,8 @@ def parse_duration(value: Any, field_name: str) -> float:
 
 
 def parse_size(value: Any, field_name: str) -> int:
-    """Bytes from 1048576, "512M", "512MiB", "4G" or "4GiB" (binary units, as docker)."""
+    """Bytes from 1048576, "512M", "512MiB", "4G", "4GiB" or "100B" (binary units, as
+    docker); a string needs its unit."""
     if isinstance(value, bool):
         raise InvalidArgument(f"{field_name}: expected a size like 512M or 4GiB",
                               field=field_name)
@@ -62,6 +63,11 @@ def parse_size(value: Any, field_name: str) -> int:
         number, unit, binary, byte = match.groups()
         if binary and not unit:
             raise InvalidArgument(f"{field_name}: {value!r} is not a size", field=field_name)
+        if not unit and not byte:  # `--memory 16` is never 16 bytes by accident
+            raise InvalidArgument(
+                f"{field_name}: {value!r} has no unit; write {number.strip()}G, "
+                f"{number.strip()}GiB or {number.strip()}M (a bare number would be bytes)",
+                field=field_name)
         size = int(float(number) * 1024 ** _SIZE_POWERS[unit.lower()])
         del byte
     else:

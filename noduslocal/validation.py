@@ -17,7 +17,7 @@ from noduslocal.gpu.request import GpuRequest, parse_gpu
 from noduslocal.indexes import check_index_outputs, parse_indexed
 from noduslocal.models import CreateRequest, JobSpec, SecretRef
 from noduslocal.profiles import with_profile
-from noduslocal.units import parse_cpu, parse_duration, parse_size
+from noduslocal.units import fmt_bytes, parse_cpu, parse_duration, parse_size
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -233,7 +233,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         args=args,
         env=env,
         cpu_m=1000 if body.get("cpu") is None else parse_cpu(body["cpu"]),
-        memory=None if body.get("memory") is None else parse_size(body["memory"], "memory"),
+        memory=None if body.get("memory") is None else _memory(body["memory"]),
         disk=None if body.get("disk") is None else _disk(body["disk"]),
         workdir=workdir,
         timeout=None if body.get("timeout") is None else parse_duration(body["timeout"],
@@ -270,6 +270,17 @@ def _flag(value: Any, field_name: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{field_name}: expected true or false", field=field_name)
     return value
+
+
+MIN_MEMORY = 6 * 2**20  # docker's least; a process cannot start with less
+
+
+def _memory(value: Any) -> int:
+    size = parse_size(value, "memory")
+    if size < MIN_MEMORY:
+        raise InvalidArgument(f"memory: {fmt_bytes(size)} is too little to start a process; "
+                              "give at least 6MiB, e.g. 512MiB or 4GiB", field="memory")
+    return size
 
 
 def _disk(value: Any) -> int:

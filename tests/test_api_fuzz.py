@@ -156,10 +156,10 @@ def check(req: Request, answer: Answer) -> None:
             pytest.fail(f"HTTP {answer.status} body is not JSON ({exc}) for {req}\n{text}")
         assert isinstance(doc, dict) and set(doc) == {"error"}, f"{text}\nfor {req}"
         err = doc["error"]
-        assert isinstance(err, dict) and {"code", "message"} <= set(err) <= {
-            "code", "message", "field"}, f"{text}\nfor {req}"
+        assert isinstance(err, dict) and set(err) == {"code", "message", "field"}, \
+            f"{text}\nfor {req}"
         assert isinstance(err["code"], str) and isinstance(err["message"], str), text
-        assert isinstance(err.get("field", ""), str), text
+        assert err["field"] is None or isinstance(err["field"], str), text
         assert STATUS_OF.get(err["code"]) == answer.status, \
             f"code {err['code']} with HTTP {answer.status} for {req}\n{text}"
     else:

@@ -34,13 +34,13 @@ def test_bad_durations_name_the_field(bad: object) -> None:
 
 @pytest.mark.parametrize(("text", "size"), [
     (1048576, 1048576), ("512M", 512 * 2**20), ("512MiB", 512 * 2**20), ("4G", 4 * 2**30),
-    ("4GiB", 4 * 2**30), ("4gb", 4 * 2**30), ("100", 100), ("1.5K", 1536),
+    ("4GiB", 4 * 2**30), ("4gb", 4 * 2**30), ("100B", 100), ("1.5K", 1536),
 ])
 def test_sizes(text: object, size: int) -> None:
     assert parse_size(text, "memory") == size
 
 
-@pytest.mark.parametrize("bad", ["", "lots", "4X", "-1G", 0, True, "iB", 1.5])
+@pytest.mark.parametrize("bad", ["", "lots", "4X", "-1G", 0, True, "iB", 1.5, "16", "100"])
 def test_bad_sizes(bad: object) -> None:
     with pytest.raises(errors.InvalidArgument, match="memory"):
         parse_size(bad, "memory")

@@ -28,7 +28,7 @@ from noduslocal.api import (
     system,
     volumes,
 )
-from noduslocal.api.services import SERVICES, Services
+from noduslocal.api.services import SERVICES, STREAM, Services
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -62,8 +62,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except json.JSONDecodeError as exc:
         return error_response(errors.InvalidArgument(f"body: not valid JSON ({exc.msg})",
                                                      field="body"))
-    except (ConnectionResetError, ConnectionError):
-        raise
+    except ConnectionError:  # the client left mid-stream (Ctrl-C on logs -f): not an error
+        log.debug("%s %s: the client went away", request.method, request.path)
+        stream = request.get(STREAM)
+        # Nobody reads what is returned; aiohttp only finishes the exchange with it.
+        return stream if stream is not None else web.Response(status=499)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(errors.Internal("internal error; see the daemon's log"))

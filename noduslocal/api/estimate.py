@@ -34,7 +34,7 @@ async def estimate(request: web.Request) -> web.Response:
     job: JobRecord = await lookup(request)
     now = time.time()
     if job.phase == Phase.PENDING:
-        start = estimate_start(lifecycle.queue, job.id, now)
+        start = estimate_start(lifecycle.queue, job.id, now, lifecycle.job_label)
         start_at, start_why = start.at, start.why
     elif job.phase in (Phase.STARTING, Phase.RUNNING):
         start_at, start_why = job.started_at or now, "it started"

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from noduslocal import errors, workspace
 from noduslocal.api.jobs import lookup, require_control
-from noduslocal.api.services import SERVICES
+from noduslocal.api.services import SERVICES, start_stream
 from noduslocal.states import TERMINAL
 
 routes = web.RouteTableDef()
@@ -42,7 +42,10 @@ async def list_response(request: web.Request, root: Path) -> web.Response:
 async def file_response(request: web.Request, root: Path, owner_uid: int) -> web.StreamResponse:
     fd, size, digest = await asyncio.to_thread(
         workspace.open_file, root, request.query.get("path", ""), owner_uid)
-    return await send_fd(request, fd, size, digest)
+    # Its permission bits travel with it (never setuid, setgid or sticky): a script
+    # downloaded stays executable, a 0644 file is not made 0600.
+    mode = os.fstat(fd).st_mode & 0o777
+    return await send_fd(request, fd, size, digest, {MODE_HEADER: f"{mode:o}"})
 
 
 @routes.get("/v1/jobs/{name}/files")
@@ -56,6 +59,9 @@ async def download_file(request: web.Request) -> web.StreamResponse:
     return await file_response(request, *await job_workspace(request))
 
 
+MODE_HEADER = "X-Nodus-Mode"
+
+
 async def send_fd(request: web.Request, fd: int, size: int, digest: str,
                   headers: dict[str, str] | None = None) -> web.StreamResponse:
     """Stream an open file with its sha256 in X-Nodus-SHA256, then close it."""
@@ -63,7 +69,7 @@ async def send_fd(request: web.Request, fd: int, size: int, digest: str,
         resp = web.StreamResponse(headers={
             "Content-Type": "application/octet-stream", "Content-Length": str(size),
             SHA256_HEADER: digest, **(headers or {})})
-        await resp.prepare(request)
+        await start_stream(request, resp)
         sent = 0
         while sent < size:
             chunk = await asyncio.to_thread(os.read, fd, min(1 << 20, size - sent))

@@ -26,3 +26,10 @@ class Services:
 
 
 SERVICES = web.AppKey("services", Services)
+# On a request, the stream a handler prepared: a client that leaves mid-stream ends it.
+STREAM = "nodus.stream"
+
+
+async def start_stream(request: web.Request, resp: web.StreamResponse) -> None:
+    await resp.prepare(request)
+    request[STREAM] = resp

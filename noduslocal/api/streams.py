@@ -12,7 +12,7 @@ from aiohttp import web
 
 from noduslocal import errors
 from noduslocal.api.jobs import lookup, project_of, require_control
-from noduslocal.api.services import SERVICES, Services
+from noduslocal.api.services import SERVICES, Services, start_stream
 from noduslocal.models import JobRecord
 from noduslocal.states import TERMINAL
 from noduslocal.validation import SQL_INT_MAX
@@ -134,7 +134,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     tail = _int_param(request, "tail")
     resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
     resp.enable_chunked_encoding()
-    await resp.prepare(request)
+    await start_stream(request, resp)
     lifecycle = services.lifecycle
     path = lifecycle.log_path(job, number, stream, rank) if number else None
     offset = tail_offset(path, tail) if path and tail is not None else 0
@@ -183,7 +183,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         project = project_of(request)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     resp.enable_chunked_encoding()
-    await resp.prepare(request)
+    await start_stream(request, resp)
     with services.hub.stream() as live:
         last = since
         while True:  # history first, in pages

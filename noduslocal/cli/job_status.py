@@ -46,7 +46,9 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("cpu", spec["cpu"]),
         ("memory", fmt_bytes(spec["memory"]) if spec.get("memory") else None),
         ("disk", fmt_bytes(spec["disk"]) if spec.get("disk") else None),
-        ("timeout", spec.get("timeout")),
+        ("timeout", output.duration(spec["timeout"]) if spec.get("timeout") else None),
+        ("expected", output.duration(spec["expected_duration"])
+         if spec.get("expected_duration") else None),
         ("checkpoint", spec.get("checkpoint")),
         ("volumes", ", ".join(f"{name}:{path}" for path, name in
                               (spec.get("volumes") or {}).items())),

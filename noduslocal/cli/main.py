@@ -4,6 +4,7 @@ one-line message and the exit code errors.py gives them."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -69,8 +70,36 @@ def help_(ctx: click.Context, topic: str | None) -> None:
         click.echo(command.get_help(sub))
 
 
+def usage_message(exc: click.UsageError) -> str:
+    """One style for every refusal, click's own included: `noduslocal: --flag: what`."""
+    if isinstance(exc, click.BadParameter):
+        hint = exc.param_hint or (exc.param.opts[0] if exc.param is not None
+                                  and getattr(exc.param, "opts", None) else None)
+        if isinstance(hint, list | tuple):
+            hint = hint[0]
+        message = exc.message
+        name = (exc.param.name or "") if exc.param is not None else (hint or "").lstrip("-")
+        for prefix in {f"{name}: ", f"{name.replace('-', '_')}: ", f"{name.replace('_', '-')}: "}:
+            if name and message.startswith(prefix):  # our own one-liners name the field
+                message = message[len(prefix):]
+        return f"{hint}: {message}" if hint else message
+    return exc.format_message()
+
+
 def main() -> None:
-    cli(prog_name="noduslocal")
+    try:
+        code = cli.main(prog_name="noduslocal", standalone_mode=False)
+    except click.UsageError as exc:
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        click.echo(f"noduslocal: {usage_message(exc)}{where}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"noduslocal: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

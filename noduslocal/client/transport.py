@@ -224,6 +224,8 @@ class Transport:
                 raise errors.ChecksumMismatch(
                     f"{target.name}: sha256 {digest.hexdigest()} does not match the "
                     f"daemon's {expected}; nothing was saved")
+            if (mode := resp.getheader("X-Nodus-Mode")) is not None:
+                os.chmod(tmp, int(mode, 8) & 0o777)  # the original's bits, never set-id
             os.replace(tmp, target)
             return target
         except (FileNotFoundError, ConnectionRefusedError) as exc:

@@ -13,7 +13,7 @@ from typing import Any
 from noduslocal.errors import InvalidArgument
 from noduslocal.units import parse_size
 
-MAX_GPUS = 64
+MAX_GPUS = 1024  # a sanity bound; what the box has is checked against the box (capacity)
 _MODEL = r"[A-Za-z][A-Za-z0-9]*"
 _FORMS = [
     re.compile(rf"^(?P<model>{_MODEL})(?::(?P<count>\d+))?$"),  # H100, H100:2

@@ -210,6 +210,11 @@ class Lifecycle:
             return f"blocked on capacity: {why}"  # released by its sweep, waiting its turn
         return why or self.sweeps.hold(job_id)
 
+    def job_label(self, job_id: int) -> str | None:
+        """`project/name` of a job that runs or waits, for messages about it."""
+        job = self.board.running_job(job_id) or self.dispatch.pending.get(job_id)
+        return None if job is None else f"{job.project}/{job.name}"
+
     def pending_job(self, job_id: int) -> JobRecord | None:
         return self.dispatch.pending.get(job_id)
 

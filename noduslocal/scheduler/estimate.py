@@ -5,6 +5,7 @@ None with the reason when the answer depends on a job that has no expected durat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from noduslocal.scheduler.queue import Queue, Request
@@ -18,7 +19,10 @@ class StartEstimate:
     why: str  # how it was found, or why it cannot be
 
 
-def estimate_start(queue: Queue, job_id: int, now: float) -> StartEstimate:
+def estimate_start(queue: Queue, job_id: int, now: float,
+                   name_of: Callable[[int], str | None] = lambda job_id: None,
+                   ) -> StartEstimate:
+    """`name_of(job_id)`: how a job that blocks the estimate is named to the user."""
     cap = queue.capacity
     pool = cap.gpus
     free_cpu, free_mem = cap.cpu_m - cap.used_cpu_m, cap.memory - cap.used_memory
@@ -56,14 +60,14 @@ def estimate_start(queue: Queue, job_id: int, now: float) -> StartEstimate:
         if head >= len(pending):
             break
         known = [item for item in running if item[0] is not None]
+        unknown = [r for end, r, _ in running if end is None]
+        why = "it waits for jobs without an expected duration" + (
+            f" ({name_of(unknown[0].job_id) or f'job {unknown[0].job_id}'})" if unknown else "")
         if not known:
-            blocker = next((r for _, r, _ in running), None)
-            return StartEstimate(None, "it waits for jobs without an expected duration"
-                                 + (f" (job {blocker.job_id})" if blocker else ""))
+            return StartEstimate(None, why)
         nxt = min(known, key=lambda item: item[0] or 0.0)
-        if any(item[0] is None for item in running) and _needs_unknown(
-                queue, target, running, free_cpu, free_mem, free_gpus):
-            return StartEstimate(None, "it waits for jobs without an expected duration")
+        if unknown and _needs_unknown(queue, target, running, free_cpu, free_mem, free_gpus):
+            return StartEstimate(None, why)
         running.remove(nxt)
         t = max(t, nxt[0] or t)
         free_cpu += nxt[1].cpu_m
