@@ -123,3 +123,34 @@ def test_a_download_keeps_the_files_permission_bits(daemon: testing.Daemon,
     cli = run_cli(daemon, "download", "modes", "run.sh", str(tmp_path / "again.sh"))
     assert cli.returncode == 0, cli.stderr
     assert stat.S_IMODE((tmp_path / "again.sh").stat().st_mode) == 0o755
+
+
+def test_the_cli_exports_the_callers_environment_as_sbatch_does(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "mytool").write_text("#!/bin/sh\necho tool ran\n")
+    (tools / "mytool").chmod(0o755)
+    caller = {"PATH": f"{tools}:/usr/bin:/bin", "MYVAR": "from-the-shell"}
+    script = 'echo "var=$MYVAR"; mytool'
+    ran = run_cli(daemon, "job", "run", "--", "sh", "-c", script, env=caller)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["var=from-the-shell", "tool ran"], ran.stdout
+    only = run_cli(daemon, "job", "run", "--export", "MYVAR", "--", "sh", "-c",
+                   'echo "var=$MYVAR path=$PATH"', env=caller)
+    assert only.returncode == 0 and "var=from-the-shell" in only.stdout, only
+    assert str(tools) not in only.stdout
+    bare = run_cli(daemon, "job", "run", "--export", "NONE", "--", "mytool", env=caller)
+    assert bare.returncode == 127, bare
+    assert "not found in PATH" in bare.stdout + bare.stderr
+    assert "`--export PATH`" in bare.stdout + bare.stderr, bare
+    explicit = run_cli(daemon, "job", "run", "--env", "MYVAR=given", "--", "sh", "-c",
+                       'echo "var=$MYVAR"', env=caller)
+    assert explicit.stdout.strip() == "var=given", explicit  # --env wins over the export
+    missing = run_cli(daemon, "job", "run", "--export", "NOPE_NOT_SET", "--", "true",
+                      env=caller)
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("noduslocal: --export: NOPE_NOT_SET is not set"), missing
+    secret = run_cli(daemon, "job", "run", "--secret", "MYVAR=s3cr3t", "--", "sh", "-c",
+                     'echo "var=$MYVAR"', env=caller)
+    assert secret.returncode == 0 and secret.stdout.strip() == "var=***", secret

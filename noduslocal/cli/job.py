@@ -10,6 +10,7 @@ import click
 
 from noduslocal import errors
 from noduslocal.cli import output
+from noduslocal.cli.export import exported
 from noduslocal.client.api import Client
 from noduslocal.gang import LAUNCHERS, TRANSPORTS
 from noduslocal.states import Phase
@@ -53,6 +54,8 @@ def job() -> None:
 @click.option("--checkpoint", metavar="PATH",
               help="A directory kept across attempts; NODUS_CHECKPOINT_DIR names it.")
 @click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
+@click.option("--export", metavar="ALL|NONE|VAR,...",
+              help="Your environment the job gets (default ALL; NONE with --image).")
 @click.option("--secret", "secrets", multiple=True, metavar="KEY[=VALUE]",
               help="Your secret KEY as variable KEY, or VALUE as secret variable KEY.")
 @click.option("--gpus", "gpus", metavar="SPEC",
@@ -98,6 +101,7 @@ def job() -> None:
 @click.argument("command", nargs=-1)
 def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         network: str | None, checkpoint: str | None, envs: tuple[str, ...],
+        export: str | None,
         gpus: str | None, sku: str | None, max_cost: float | None, priority: int | None,
         expected_duration: str | None,
         secrets: tuple[str, ...], profile: str | None, cpu: str | None,
@@ -135,8 +139,12 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
                        ("completions", completions), ("parallelism", parallelism)):
         if value is not None:
             body[key] = value
-    if envs:
-        body["env"] = _pairs(envs, "--env")
+    given = _pairs(envs, "--env")
+    secret_names = {item.partition("=")[0] for item in secrets}
+    env = {**{k: v for k, v in exported(export, image is not None).items()
+              if k not in secret_names}, **given}  # a secret is passed as a secret
+    if env:
+        body["env"] = env
     if secrets:
         body["secrets"] = [
             {"env": key, "value": value} if sep else key

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from noduslocal.cli import output
+from noduslocal.cli.export import exported
 from noduslocal.cli.job import _pairs, json_option, project_option
 from noduslocal.sweeps import expand
 
@@ -45,6 +46,8 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 @click.option("--volume", "volumes", multiple=True, metavar="NAME[:MOUNT]",
               help="Mount volume NAME at MOUNT (default /workspace/NAME) in every task.")
 @click.option("--env", "-e", "envs", multiple=True, metavar="K=V", help="Environment variable.")
+@click.option("--export", metavar="ALL|NONE|VAR,...",
+              help="Your environment every task gets (default ALL; NONE with --image).")
 @click.option("--secret", "secrets", multiple=True, metavar="KEY", help="Your secret KEY.")
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
 @click.option("--webhook", metavar="URL", help="POST the status on canary pass/fail and end.")
@@ -56,7 +59,8 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
          sku: str | None, cpu: str | None, memory: str | None, timeout: str | None,
          max_parallel: int, retries: int, canary_smoke: str | None, no_canary: bool,
          no_wait: bool, code: Path | None, no_code: bool, from_job: str | None,
-         volumes: tuple[str, ...], envs: tuple[str, ...], secrets: tuple[str, ...],
+         volumes: tuple[str, ...], envs: tuple[str, ...], export: str | None,
+         secrets: tuple[str, ...],
          labels: tuple[str, ...], webhook: str | None, allow_large_source: bool,
          dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND once per value (or combination of values) as a sweep of tasks."""
@@ -88,8 +92,10 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
             template[key] = value
     if retries:
         template["retries"] = retries
-    if envs:
-        template["env"] = _pairs(envs, "--env")
+    env = {**{k: v for k, v in exported(export, image is not None).items()
+              if k not in secrets}, **_pairs(envs, "--env")}
+    if env:
+        template["env"] = env
     if secrets:
         template["secrets"] = list(secrets)
     if volumes:

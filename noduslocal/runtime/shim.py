@@ -94,7 +94,9 @@ def _resolve(argv0: str, env: dict) -> str:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     raise SetupError(127, f"cannot execute {argv0!r}: not found in PATH "
-                          f"({env.get('PATH', os.defpath)})")
+                          f"({env.get('PATH', os.defpath)}); give the job yours with "
+                          "`--export PATH` (the CLI's default exports it) or "
+                          'env={"PATH": ...}')
 
 
 def _spawn_as_owner(req: dict, out_w: int, err_w: int) -> int:
