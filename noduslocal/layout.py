@@ -9,6 +9,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,18 @@ class JobLayout:
         for path in (self.workspace(job_id), self.job_dir(job_id) / "checkpoint"):
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(path)
+
+    def remove(self, job_id: int) -> None:
+        """Remove a removed job's whole directory (workspace, logs, checkpoint): renamed
+        aside first, so nothing finds it half gone; links in it are removed, never
+        followed."""
+        directory = self.job_dir(job_id)
+        aside = directory.with_name(f".removed-{job_id}-{time.time_ns()}")
+        try:
+            os.rename(directory, aside)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(aside, ignore_errors=True)
 
     def checkpoint_dir(self, job: JobRecord) -> Path | None:
         """Where the job's checkpoint lives on the host (None: in a volume, or none)."""

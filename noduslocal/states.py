@@ -119,6 +119,7 @@ class Reason(StrEnum):
     RETRIED = "Retried"  # `sweep retry`: failed cells run again as new jobs
     DISK_FULL = "DiskFull"  # stopped: it grew most on a disk the database needs
     DISK_EXCEEDED = "DiskExceeded"  # stopped: its directory grew past its `disk`
+    REMOVED = "Removed"  # `job rm`: out of listings, its name free, its history kept
 
 
 class IllegalTransition(RuntimeError):

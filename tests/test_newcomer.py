@@ -154,3 +154,37 @@ def test_the_cli_exports_the_callers_environment_as_sbatch_does(
     secret = run_cli(daemon, "job", "run", "--secret", "MYVAR=s3cr3t", "--", "sh", "-c",
                      'echo "var=$MYVAR"', env=caller)
     assert secret.returncode == 0 and secret.stdout.strip() == "var=***", secret
+
+
+def test_job_rm_frees_the_name_and_replace_runs_again(daemon: testing.Daemon,
+                                                      tmp_path: Path) -> None:
+    import sqlite3
+
+    client = daemon.client()
+    first = run_cli(daemon, "job", "run", "--name", "train", "--", "sh", "-c", "echo one")
+    assert first.returncode == 0 and first.stdout.strip() == "one", first
+    again = run_cli(daemon, "job", "run", "--name", "train", "--", "true")
+    assert again.returncode != 0 and "already exists" in again.stderr, again
+    removed = run_cli(daemon, "job", "rm", "train")
+    assert removed.returncode == 0 and removed.stdout.strip() == "train: removed", removed
+    with pytest.raises(errors.NotFound):
+        client.get_job("train")
+    assert [j["name"] for j in client.list_jobs(all=True)] == []
+    with sqlite3.connect(daemon.data_dir / "noduslocal.db") as db:
+        rows = db.execute("SELECT id, name, removed_at FROM jobs").fetchall()
+        attempts = db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+    assert len(rows) == 1 and rows[0][1] == f"train~{rows[0][0]}" and rows[0][2], rows
+    assert attempts == 1  # kept: fair share and cost history count it
+    assert not (daemon.data_dir / "jobs" / str(rows[0][0])).exists()
+
+    gate = tmp_path / "gate"
+    run_cli(daemon, "job", "run", "--detach", "--name", "train", "--", "sh", "-c",
+            f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_until(lambda: client.get_job("train")["phase"] == "Running", "running")
+    busy = run_cli(daemon, "job", "rm", "train")
+    assert busy.returncode == 1 and "cancel it first" in busy.stderr, busy
+    replaced = run_cli(daemon, "job", "run", "--name", "train", "--replace", "--", "sh", "-c",
+                       "echo two")
+    assert replaced.returncode == 0 and replaced.stdout.strip() == "two", replaced
+    assert [j["phase"] for j in client.list_jobs(all=True)] == ["Succeeded"]
+    assert run_cli(daemon, "job", "run", "--replace", "--", "true").returncode == 2

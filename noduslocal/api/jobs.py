@@ -169,6 +169,17 @@ async def _control(request: web.Request, verb: str,
     return job_response(request, fresh)
 
 
+@routes.delete("/v1/jobs/{name}")
+async def remove_job(request: web.Request) -> web.Response:
+    """An ended job out of listings, its name free for a new job; its record stays for
+    fair share (owner or admin)."""
+    job = await lookup(request)
+    require_control(request, job, "remove")
+    caller: Caller = request["caller"]
+    await request.app[SERVICES].lifecycle.remove(job, caller.name)
+    return web.json_response({"removed": job.name, "project": job.project})
+
+
 @routes.post("/v1/jobs/{name}/cancel")
 async def cancel_job(request: web.Request) -> web.Response:
     return await _control(request, "cancel", request.app[SERVICES].lifecycle.cancel)

@@ -13,7 +13,7 @@ from noduslocal.cli import output
 from noduslocal.cli.export import exported
 from noduslocal.client.api import Client
 from noduslocal.gang import LAUNCHERS, TRANSPORTS
-from noduslocal.states import Phase
+from noduslocal.states import TERMINAL, Phase
 from noduslocal.units import parse_duration
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
@@ -96,6 +96,8 @@ def job() -> None:
 @click.option("--startup-timeout", metavar="DURATION", help="Every rank starts within it.")
 @click.option("--completions", type=click.IntRange(1), help="Run indexes 0..N-1.")
 @click.option("--parallelism", type=click.IntRange(1), help="At most P indexes at once.")
+@click.option("--replace", is_flag=True,
+              help="A job of this --name goes first: stopped if it runs, then removed.")
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
 @json_option
 @click.argument("command", nargs=-1)
@@ -111,7 +113,8 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
         volumes: tuple[str, ...],
         outputs: tuple[str, ...], nodes: int | None, gpus_per_node: int | None,
         launcher: str | None, transport: str | None, startup_timeout: str | None,
-        completions: int | None, parallelism: int | None, detach: bool, as_json: bool,
+        completions: int | None, parallelism: int | None, replace: bool, detach: bool,
+        as_json: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
     if timeout is not None:
@@ -171,6 +174,10 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
                                               allow_large=allow_large_source)
         if allow_large_source:
             body["allow_large_source"] = True
+    if replace:
+        if name is None:
+            raise click.UsageError("--replace needs --name")
+        _replace(client, name, project)
     created = client.create_job(body)
     if detach:
         if as_json:
@@ -200,6 +207,19 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
     elif final["phase"] != Phase.SUCCEEDED:
         click.echo(f"noduslocal: {output.summary(final)}", err=True)
     sys.exit(_exit_code(final))
+
+
+def _replace(client: Client, name: str, project: str | None) -> None:
+    """Make the name free: the job that has it is cancelled (and waited for) if it has
+    not ended, then removed."""
+    try:
+        old = client.get_job(name, project)
+    except errors.NotFound:
+        return
+    if old["phase"] not in TERMINAL:
+        client.cancel_job(name, project)
+        client.wait_job(name, project)
+    client.remove_job(name, project)
 
 
 @job.command("list")

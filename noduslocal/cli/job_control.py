@@ -80,3 +80,15 @@ def exec_(name: str, project: str | None, timeout: str, rank: int | None,
     if result["truncated"]:
         click.echo("noduslocal: output truncated at 16 MiB", err=True)
     sys.exit(result["returncode"] if 0 <= result["returncode"] < 256 else 1)
+
+
+@job.command("rm")
+@click.argument("names", nargs=-1, required=True)
+@project_option
+def rm(names: tuple[str, ...], project: str | None) -> None:
+    """Remove ended jobs: out of listings, their workspace and logs gone, their names free
+    again (their cost stays in fair share)."""
+    client = Client()
+    for name in names:
+        client.remove_job(name, project)
+        click.echo(f"{name}: removed")

@@ -83,6 +83,11 @@ class Client:
         }
         return self.transport.request("GET", "/v1/jobs", query=query)["jobs"]
 
+    def remove_job(self, name: str, project: str | None = None) -> dict[str, Any]:
+        """An ended job out of listings, its name free; its history stays for fair share."""
+        return self.transport.request("DELETE", f"/v1/jobs/{_quote(name)}",
+                                      query={"project": project})
+
     def cancel_job(self, name: str, project: str | None = None) -> dict[str, Any]:
         return self.transport.request("POST", f"/v1/jobs/{_quote(name)}/cancel",
                                       query={"project": project})

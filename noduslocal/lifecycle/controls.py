@@ -1,5 +1,6 @@
-"""What owners ask of a job once it exists: cancel, suspend (stop it and keep it aside)
-and resume (queue it again at its old place), whichever phase it is in when they ask.
+"""What owners ask of a job once it exists: cancel, suspend (stop it and keep it aside),
+resume (queue it again at its old place), whichever phase it is in when they ask, and
+remove an ended one (its name free again).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from noduslocal import errors
+from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.attempt import Board
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.stops import Stopper
@@ -19,13 +21,14 @@ from noduslocal.store import Store, ops
 
 
 class OwnerControls:
-    def __init__(self, store: Store, dispatch: Dispatch, board: Board, stopper: Stopper,
-                 withdraw: Callable[[int], bool],
+    def __init__(self, store: Store, layout: JobLayout, dispatch: Dispatch, board: Board,
+                 stopper: Stopper, withdraw: Callable[[int], bool],
                  hold_again: Callable[[JobRecord], bool]) -> None:
         """`withdraw(job_id)`: takes back a sweep's cell that was never queued; False when
         the job is not such a cell. `hold_again(job)`: a resumed cell goes back to its
         sweep's held cells; False when it is no cell of a running sweep."""
         self.store = store
+        self.layout = layout
         self.dispatch = dispatch
         self.board = board
         self.stopper = stopper
@@ -82,6 +85,18 @@ class OwnerControls:
             raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be suspended "
                                   "now")
         await self.stopper.request_stop(attempt, Reason.SUSPENDED)
+
+    async def remove(self, job: JobRecord, by: str) -> None:
+        """An ended job out of listings, its name free, its directory gone; its attempts
+        stay (fair share, cost history)."""
+        if job.sweep_id is not None:
+            raise errors.Conflict(f"job {job.name!r} is a cell of a sweep; `sweep gc` frees "
+                                  "a sweep's cells")
+        if job.phase not in TERMINAL or job.id in self.board.active:
+            raise errors.Conflict(f"job {job.name!r} is {job.phase}; cancel it first "
+                                  "(`job kill`), or `job run --replace`")
+        await self.store.write(lambda c: ops.remove_job(c, job.id, time.time(), by))
+        await asyncio.to_thread(self.layout.remove, job.id)
 
     async def resume(self, job: JobRecord) -> None:
         if job.phase != Phase.SUSPENDED:

@@ -90,7 +90,7 @@ class Lifecycle:
                                       Webhooks(self.background, self.reports),
                                       self.running_cost, self.runner.prepare_ahead)
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
-        self.controls = OwnerControls(store, self.dispatch, self.board, self.stopper,
+        self.controls = OwnerControls(store, layout, self.dispatch, self.board, self.stopper,
                                       withdraw=self.sweeps.withdraw,
                                       hold_again=self.sweeps.hold_again)
         self.sweep_controls = SweepControls(store, self.sweeps, self.dispatch, self.controls)
@@ -159,6 +159,9 @@ class Lifecycle:
 
     async def resume(self, job: JobRecord) -> None:
         await self.controls.resume(job)
+
+    async def remove(self, job: JobRecord, by: str) -> None:
+        await self.controls.remove(job, by)
 
     async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
                            request_hash: str | None) -> tuple[SweepRecord, bool]:

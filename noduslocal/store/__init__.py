@@ -123,7 +123,7 @@ class Store:
     async def jobs(self, *, phases: list[str] | None = None, owner: str | None = None,
                    project: str | None = None, labels: dict[str, str] | None = None,
                    active_only: bool = False, limit: int = 1000) -> list[JobRecord]:
-        where, params = [], []
+        where, params = ["removed_at IS NULL"], []
         if phases:
             where.append(f"phase IN ({','.join('?' * len(phases))})")
             params.extend(phases)
@@ -138,7 +138,7 @@ class Store:
         for key, value in (labels or {}).items():
             where.append("json_extract(labels, ?) = ?")
             params.extend([f'$."{key}"', value])
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause = f"WHERE {' AND '.join(where)}"
         rows = await self._fetchall(
             f"SELECT {ops.JOB_COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ?",
             (*params, limit))

@@ -317,6 +317,22 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
                               outcome.message, attempt=number, **columns)]
 
 
+def remove_job(conn: sqlite3.Connection, job_id: int, now: float,
+               by: str) -> tuple[None, list[Event]]:
+    """An ended job leaves listings and frees its name: renamed `NAME~ID` (no valid name
+    has a '~'); its attempts stay for fair share, its outputs go with its directory."""
+    row = conn.execute("SELECT phase, project, name FROM jobs WHERE id = ?",
+                       (job_id,)).fetchone()
+    if row[0] not in {p.value for p in TERMINAL}:
+        raise errors.Conflict(f"job {row[2]!r} is {row[0]}; cancel it first (`job kill`)")
+    conn.execute("UPDATE jobs SET name = name || '~' || id, removed_at = ? WHERE id = ?",
+                 (now, job_id))
+    conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
+    return None, [_event(conn, (job_id, row[1], f"{row[2]}~{job_id}"), now, row[0],
+                         Reason.REMOVED, f"removed by {by}; the name {row[2]!r} is free",
+                         None)]
+
+
 def cancel_pending(conn: sqlite3.Connection, job_id: int, now: float,
                    message: str) -> tuple[None, list[Event]]:
     return None, [_transition(conn, job_id, Phase.CANCELLED, now, Reason.CANCELLED.value,
