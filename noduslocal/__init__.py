@@ -6,13 +6,37 @@ the local daemon, noduslocald, over its Unix socket.
 
 from __future__ import annotations
 
-from noduslocal import errors
-from noduslocal.client.job import Distributed, Job
-from noduslocal.client.mirrors import Client
-from noduslocal.client.sweep import Sweep
-from noduslocal.client.view import View
-from noduslocal.metrics import report
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers; at run time each is imported when first used
+    from noduslocal import errors
+    from noduslocal.client.job import Distributed, Job
+    from noduslocal.client.mirrors import Client
+    from noduslocal.client.sweep import Sweep
+    from noduslocal.client.view import View
+    from noduslocal.metrics import report
 
 __version__ = "0.1.0"
 __all__ = ["Client", "Distributed", "Job", "Sweep", "View", "__version__", "errors",
            "report"]
+# Imported on first use: `import noduslocal` (and every CLI command, which lives in this
+# package) pays for none of the SDK's modules it does not touch.
+_LAZY = {"Client": "noduslocal.client.mirrors", "Distributed": "noduslocal.client.job",
+         "Job": "noduslocal.client.job", "Sweep": "noduslocal.client.sweep",
+         "View": "noduslocal.client.view", "errors": "noduslocal.errors",
+         "report": "noduslocal.metrics"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'noduslocal' has no attribute {name!r}")
+    loaded = importlib.import_module(module)
+    value = loaded if name == "errors" else getattr(loaded, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
