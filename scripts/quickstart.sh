@@ -31,6 +31,17 @@ else
         "apt-get install gcc libc6-dev, then rerun, for the compiled one"
 fi
 export PATH="$REPO/.venv/bin:$PATH"
+# A new shell finds the CLI too: as root, linked into /usr/local/bin (unless another
+# noduslocal is there); otherwise the last line says the one command that does it.
+ON_PATH=""
+if [ "$(id -u)" = 0 ] && [ -d /usr/local/bin ]; then
+    for tool in noduslocal noduslocald; do
+        link=/usr/local/bin/$tool
+        if [ ! -e "$link" ] || [ "$(readlink -f "$link")" = "$(readlink -f ".venv/bin/$tool")" ]; then
+            ln -sfn "$REPO/.venv/bin/$tool" "$link" && ON_PATH=1
+        fi
+    done
+fi
 
 DAEMON_ARGS=()
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -91,10 +102,11 @@ if noduslocal gpus --json | .venv/bin/python -c \
     noduslocal gpus
     for i in 1 2 3; do
         noduslocal job run --detach --name "gpu-$$-$i" --gpus "$GPUSPEC" \
-            --label "demo=quickstart-$$" -- sh -c 'echo "pinned to $CUDA_VISIBLE_DEVICES"; sleep 2' \
+            --label "demo=quickstart-$$" -- sh -c 'echo "ran on $CUDA_VISIBLE_DEVICES"; sleep 2' \
             >/dev/null
     done
-    echo "   3 jobs asking for $GPUSPEC each; what does not fit waits and says why:"
+    echo "   3 jobs asking for $GPUSPEC each; what does not fit waits and says why (a"
+    echo "   pending job holds no GPU yet: each prints the GPUs it got once it runs):"
     noduslocal job list --label "demo=quickstart-$$"
     for i in 1 2 3; do
         noduslocal job wait "gpu-$$-$i" >/dev/null
@@ -104,7 +116,8 @@ else
     log "2. (skipped) the daemon that answers has no GPUs (noduslocal gpus says why)"
 fi
 
-log "2b. a batch of 6 one-CPU jobs, queued on this host's CPUs"
+log "2b. a batch of 6 one-CPU jobs, queued on this host's CPUs (shard 6 exits 1 on purpose,"
+log "    to show below what a failure looks like)"
 CPUS=$(nproc)
 for i in 1 2 3 4 5 6; do
     noduslocal job run --detach --name "batch-$$-$i" --cpu 1 --label "demo=quickstart-$$" \
@@ -126,7 +139,8 @@ print(f"   {job.name}: {done.phase}, printed {next(job.iter_logs())}")
 try:
     nodus.Job.from_name(f"batch-{tag}-6").wait()
 except nodus.errors.JobFailed as exc:
-    print(f"   batch-{tag}-6 failed as planned: exit code {exc.exit_code}")
+    print(f"   batch-{tag}-6 failed, as announced in 2b: exit code {exc.exit_code}, "
+          f"reason {exc.reason}")
 PY
 
 if [ -n "$DOCKER" ]; then
@@ -150,4 +164,10 @@ noduslocal job list --all --label "demo=quickstart-$$"
 if [ -n "$STARTED" ]; then
     echo
     echo "noduslocald keeps running (pid $STARTED). Stop it with: kill $STARTED"
+fi
+echo
+if [ -n "$ON_PATH" ]; then
+    echo "noduslocal is on your PATH (/usr/local/bin/noduslocal); try: noduslocal job list --all"
+else
+    echo "Put noduslocal on your PATH in this shell: export PATH=\"$REPO/.venv/bin:\$PATH\""
 fi
