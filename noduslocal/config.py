@@ -11,36 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.errors import InvalidArgument
+from noduslocal.sockets import default_socket_path
 from noduslocal.units import parse_cpu, parse_duration, parse_size
 
-SYSTEM_SOCKET = Path("/run/noduslocal/api.sock")
 SYSTEM_DATA_DIR = Path("/var/lib/noduslocal")
 SYSTEM_CONFIG = Path("/etc/noduslocal/config.toml")
-SOCKET_ENV = "NODUSLOCAL_SOCKET"
-
-
-def user_socket_path(uid: int | None = None) -> Path:
-    uid = os.getuid() if uid is None else uid
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and Path(runtime).is_dir():
-        return Path(runtime) / "noduslocal" / "api.sock"
-    return Path(f"/tmp/noduslocal-{uid}") / "api.sock"
-
-
-def default_socket_path() -> Path:
-    """Where a daemon started by this user listens."""
-    if env := os.environ.get(SOCKET_ENV):
-        return Path(env)
-    return SYSTEM_SOCKET if os.getuid() == 0 else user_socket_path()
-
-
-def client_socket_candidates() -> list[Path]:
-    """Where a client looks, in order: the override, the user's own daemon, the system one."""
-    if env := os.environ.get(SOCKET_ENV):
-        return [Path(env)]
-    if os.getuid() == 0:
-        return [SYSTEM_SOCKET]
-    return [user_socket_path(), SYSTEM_SOCKET]
 
 
 def default_data_dir() -> Path:

@@ -26,8 +26,8 @@ from typing import TypeVar
 
 from noduslocal import errors
 from noduslocal.client.api import Client
-from noduslocal.config import SOCKET_ENV
 from noduslocal.runtime.shim import start_ticks
+from noduslocal.sockets import SOCKET_ENV
 
 T = TypeVar("T")
 

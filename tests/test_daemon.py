@@ -24,7 +24,7 @@ import pytest
 
 from noduslocal import errors, testing
 from noduslocal.client.api import Client
-from noduslocal.config import SOCKET_ENV
+from noduslocal.sockets import SOCKET_ENV
 from noduslocal.testing import process_gone as gone
 from noduslocal.testing import wait_until
 

@@ -36,7 +36,7 @@ import pytest
 import noduslocal
 from noduslocal import testing
 from noduslocal.client.api import Client
-from noduslocal.config import SOCKET_ENV
+from noduslocal.sockets import SOCKET_ENV
 from noduslocal.states import TERMINAL, Phase
 from noduslocal.testing import wait_until
 

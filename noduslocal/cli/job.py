@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -279,8 +280,11 @@ def logs(name: str, project: str | None, follow: bool, tail: int | None, attempt
 @click.argument("name")
 @project_option
 @click.option("--timeout", help="Give up after this long (exit 124).")
+@click.option("--until", "until", type=click.Choice(["Running"]),
+              help="Return once the job runs (exit 0), or 1 if it ended before it ran.")
 @json_option
-def wait(name: str, project: str | None, timeout: str | None, as_json: bool) -> None:
+def wait(name: str, project: str | None, timeout: str | None, until: str | None,
+         as_json: bool) -> None:
     """Block until a job ends; exit with its exit code."""
     seconds = None
     if timeout is not None:
@@ -289,6 +293,8 @@ def wait(name: str, project: str | None, timeout: str | None, as_json: bool) -> 
         except errors.InvalidArgument as exc:
             raise click.BadParameter(exc.message, param_hint="--timeout") from None
     client = Client()
+    if until is not None:
+        _wait_running(client, name, project, seconds, as_json)
     try:
         if sys.stderr.isatty() and not as_json:
             from rich.console import Console
@@ -305,6 +311,26 @@ def wait(name: str, project: str | None, timeout: str | None, as_json: bool) -> 
     else:
         click.echo(output.summary(final))
     sys.exit(_exit_code(final))
+
+
+def _wait_running(client: Client, name: str, project: str | None, seconds: float | None,
+                  as_json: bool) -> None:
+    """`job wait --until Running`: for scripts that exec beside a job they just started."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while True:
+        doc = client.get_job(name, project)
+        if doc["phase"] == Phase.RUNNING or doc["phase"] in TERMINAL:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            click.echo(f"noduslocal: job {name!r} is still {doc['phase']} after {seconds:g}s",
+                       err=True)
+            sys.exit(124)
+        time.sleep(0.05)
+    if as_json:
+        output.print_json(doc)
+    else:
+        click.echo(output.summary(doc))
+    sys.exit(0 if doc["phase"] == Phase.RUNNING else 1)
 
 
 @job.command("attempts")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
 from noduslocal.client.api import Client
@@ -19,9 +20,17 @@ def volume() -> None:
 
 @volume.command("create")
 @click.argument("name")
-def create(name: str) -> None:
+@click.option("--exist-ok", is_flag=True, help="A volume NAME of yours already there is fine.")
+def create(name: str, exist_ok: bool) -> None:
     """Create volume NAME, owned by you."""
-    Client().create_volume(name)
+    client = Client()
+    try:
+        client.create_volume(name)
+    except errors.AlreadyExists:
+        mine = [v for v in client.list_volumes()
+                if v["name"] == name and v["owner"] == client.info()["caller"]["name"]]
+        if not (exist_ok and mine):
+            raise
     click.echo(name)
 
 

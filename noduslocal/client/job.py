@@ -14,7 +14,7 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.client.api import Client
 from noduslocal.client.view import View
-from noduslocal.config import SOCKET_ENV
+from noduslocal.sockets import SOCKET_ENV
 from noduslocal.states import Phase
 
 _clients: dict[str | None, Client] = {}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
-from noduslocal.config import client_socket_candidates
+from noduslocal.sockets import client_socket_candidates
 
 DEFAULT_TIMEOUT = 120.0
 
