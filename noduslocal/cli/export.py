@@ -1,6 +1,7 @@
-"""`job run --export`: which of the caller's environment variables a job gets, as
-`sbatch --export` has it: ALL (the default for a host job, so a venv's `python` is found),
-NONE (the default with `--image`: an image has its own PATH), or the named ones.
+"""A job's environment from the command line: `KEY=VALUE` options, and `--export`, which
+of the caller's variables it gets as `sbatch --export` has it: ALL (the default for a host
+job, so a venv's `python` is found), NONE (the default with `--image`: an image has its
+own PATH), or the named ones.
 """
 
 from __future__ import annotations
@@ -32,3 +33,14 @@ def exported(spec: str | None, image: bool) -> dict[str, str]:
             f"{what} is not set in your environment; use ALL, NONE or a comma-separated "
             "list of your variables", param_hint="--export")
     return {name: os.environ[name] for name in names}
+
+
+def pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    """`--env K=V` (or `--label`, `--output`) options as a mapping."""
+    found = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
+        found[key] = value
+    return found

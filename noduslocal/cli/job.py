@@ -11,7 +11,7 @@ import click
 
 from noduslocal import errors
 from noduslocal.cli import output
-from noduslocal.cli.export import exported
+from noduslocal.cli.export import exported, pairs
 from noduslocal.client.api import Client
 from noduslocal.gang import LAUNCHERS, TRANSPORTS
 from noduslocal.states import TERMINAL, Phase
@@ -19,16 +19,6 @@ from noduslocal.units import parse_duration
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-
-
-def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
-    pairs = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
-        pairs[key] = value
-    return pairs
 
 
 def _exit_code(job: dict[str, Any]) -> int:
@@ -143,7 +133,7 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
                        ("completions", completions), ("parallelism", parallelism)):
         if value is not None:
             body[key] = value
-    given = _pairs(envs, "--env")
+    given = pairs(envs, "--env")
     secret_names = {item.partition("=")[0] for item in secrets}
     env = {**{k: v for k, v in exported(export, image is not None).items()
               if k not in secret_names}, **given}  # a secret is passed as a secret
@@ -154,9 +144,9 @@ def run(name: str | None, project: str | None, image: str | None, as_args: bool,
             {"env": key, "value": value} if sep else key
             for key, sep, value in (item.partition("=") for item in secrets)]
     if labels:
-        body["labels"] = _pairs(labels, "--label")
+        body["labels"] = pairs(labels, "--label")
     if outputs:
-        body["outputs"] = _pairs(outputs, "--output")
+        body["outputs"] = pairs(outputs, "--output")
     if volumes:
         body["volumes"] = {mount or f"/workspace/{vol}": vol for vol, _, mount in
                            (item.partition(":") for item in volumes)}
@@ -237,7 +227,7 @@ def list_(show_all: bool, phases: tuple[str, ...], owner: str | None, labels: tu
     """List jobs (everyone's; pending and running unless --all)."""
     wanted = [next(p.value for p in Phase if p.value.lower() == x.lower()) for x in phases]
     jobs = Client().list_jobs(phases=wanted or None, owner=owner, project=project,
-                              labels=_pairs(labels, "--label"), all=show_all, limit=limit)
+                              labels=pairs(labels, "--label"), all=show_all, limit=limit)
     if as_json:
         output.print_json(jobs)
         return
