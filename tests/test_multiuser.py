@@ -515,8 +515,9 @@ def test_job_cannot_claim_another_identity(box: Box) -> None:
 
 
 def test_env_values_are_hidden_from_other_users(box: Box) -> None:
+    # --export NONE: only the one variable, so the assertions below name all of it.
     created = box.cli_json(ALICE, "job", "run", "--cpu", SMALL, "--env", "TOKEN=s3cret",
-                           "--detach", "--json", "--", "/bin/true")
+                           "--export", "NONE", "--detach", "--json", "--", "/bin/true")
     name = created["name"]
     assert created["spec"]["env"] == {"TOKEN": "s3cret"}  # the owner sees her own
     seen_by_bob = box.cli_json(BOB, "job", "status", name, "--project", ALICE, "--json")
