@@ -10,10 +10,8 @@ from dataclasses import dataclass
 
 from noduslocal.gang import Gang
 
-# Exit status (EX_TEMPFAIL) of a Ray rank whose launcher gave up before the job's command
-# ran: the cluster did not form within startup_timeout, said in the rank's log.
-STARTUP_FAILED = 75
-
+# A Ray rank whose launcher gave up before the job's command ran (the cluster did not form
+# within startup_timeout) exits 75 (EX_TEMPFAIL), saying why in the rank's log.
 _RAY_PYTHON = '''py=python3
 ray_bin=$(command -v ray) || { echo "nodus: ray is not on PATH" >&2; exit 75; }
 case $(head -c 2 "$ray_bin") in '#!') py=$(head -n 1 "$ray_bin" | cut -c 3-) ;; esac

@@ -235,8 +235,7 @@ static void exec_job(int null, int out_w, int err_w) {
     if (denied)
         child_fail(126, "noduslocal: cannot execute '%s': %s\n", name, strerror(denied));
     child_fail(127, "noduslocal: cannot execute '%s': not found in PATH (%s); give the job "
-               "yours with `--export PATH` (the CLI's default exports it) or "
-               "env={\"PATH\": ...}\n", name, path);
+               "yours with `--export PATH` (the CLI's default) or env PATH=...\n", name, path);
 }
 
 static long long start_ticks(pid_t pid) {

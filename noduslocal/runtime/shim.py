@@ -93,10 +93,9 @@ def _resolve(argv0: str, env: dict) -> str:
         candidate = os.path.join(entry or ".", argv0)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    raise SetupError(127, f"cannot execute {argv0!r}: not found in PATH "
-                          f"({env.get('PATH', os.defpath)}); give the job yours with "
-                          "`--export PATH` (the CLI's default exports it) or "
-                          'env={"PATH": ...}')
+    searched = env.get("PATH", os.defpath)
+    raise SetupError(127, f"cannot execute {argv0!r}: not found in PATH ({searched}); give the "
+                          "job yours with `--export PATH` (the CLI's default) or env PATH=...")
 
 
 def _spawn_as_owner(req: dict, out_w: int, err_w: int) -> int:
