@@ -6,10 +6,10 @@ the local daemon, noduslocald, over its Unix socket.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # for type checkers; at run time each is imported when first used
+    from typing import Any
+
     from noduslocal import errors
     from noduslocal.client.job import Distributed, Job
     from noduslocal.client.mirrors import Client
@@ -32,7 +32,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'noduslocal' has no attribute {name!r}")
-    loaded = importlib.import_module(module)
+    loaded = __import__(module, fromlist=["_"])  # importlib's own import costs 1 ms
     value = loaded if name == "errors" else getattr(loaded, name)
     globals()[name] = value
     return value

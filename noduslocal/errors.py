@@ -6,7 +6,9 @@ same class on the client. Each class says its HTTP status and the CLI's exit cod
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: `typing` costs every CLI call its import
+    from typing import Any, ClassVar
 
 
 class NodusError(Exception):

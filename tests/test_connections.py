@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from noduslocal import errors, testing
-from noduslocal.client.transport import Transport, _connect_through_a_full_queue
+from noduslocal.client.transport import Transport
+from noduslocal.client.wire import _connect_through_a_full_queue
 from noduslocal.log_limit import RepeatLimit
 from tests.conftest import run_cli
 

@@ -48,11 +48,11 @@ def test_download_is_whole_and_verified(made: nodus.Job, tmp_path: Path) -> None
 
 
 def test_sha256_header_is_the_content_hash(daemon: testing.Daemon, made: nodus.Job) -> None:
-    conn = daemon.client().transport._conn(30)
-    conn.request("GET", "/v1/jobs/maker/files/content?path=out/big.bin")
-    resp = conn.getresponse()
+    conn, _ = daemon.client().transport._conn(30)
+    conn.send("GET", "/v1/jobs/maker/files/content?path=out/big.bin", {})
+    resp = conn.response("GET")
     body = resp.read()
-    assert resp.getheader("X-Nodus-SHA256") == hashlib.sha256(body).hexdigest()
+    assert resp.header("X-Nodus-SHA256") == hashlib.sha256(body).hexdigest()
 
 
 @pytest.mark.parametrize(("path", "kind"), [

@@ -3,33 +3,34 @@
 from __future__ import annotations
 
 import os
-import tarfile
-import tempfile
 import time
-import uuid
-import warnings
-from collections.abc import Container, Iterator, Mapping
-from pathlib import Path
-from typing import Any
 
 from noduslocal import errors
+from noduslocal.client import wire
 from noduslocal.client.transport import Transport
-from noduslocal.states import SWEEP_TERMINAL, TERMINAL
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only; pathlib, tarfile and the rest load where used
+    import tarfile
+    from collections.abc import Container, Iterator, Mapping
+    from pathlib import Path
+    from typing import Any
 
 # Long enough to ride out a daemon restart (kill -9, then systemd starting it again).
 RESTART_GRACE = 30.0
 
 
 def _quote(name: str) -> str:
-    from urllib.parse import quote
-
-    return quote(name, safe="")
+    return wire.quote(name)
 
 
 def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
     """tarfile's 'data' filter (nothing outside the target, no devices, no setuid), except
     that a member it refuses (a link to an absolute path, say) is left out with a warning
     instead of failing the whole download."""
+    import tarfile
+    import warnings
+
     try:
         return tarfile.data_filter(member, path)
     except tarfile.FilterError as exc:
@@ -61,7 +62,7 @@ class Client:
                    retry: bool = True) -> dict[str, Any]:
         """Create a job. With `retry`, a connection lost mid-request is retried with the same
         idempotency key, so the job is created exactly once."""
-        key = idempotency_key or (uuid.uuid4().hex if retry else None)
+        key = idempotency_key or (os.urandom(16).hex() if retry else None)
         headers = {"Idempotency-Key": key} if key else None
         return self.transport.request("POST", "/v1/jobs", body=dict(body), headers=headers,
                                       retry_for=RESTART_GRACE if retry else 0.0)
@@ -108,6 +109,8 @@ class Client:
                  timeout: float | None = None) -> dict[str, Any]:
         """Block until the job is terminal, in server-side long polls; riding out a daemon
         restart. Raises WaitTimeout after `timeout` seconds."""
+        from noduslocal.states import TERMINAL
+
         return self._long_poll(f"/v1/jobs/{_quote(name)}/wait", project, timeout,
                                TERMINAL, f"job {name!r}")
 
@@ -127,7 +130,7 @@ class Client:
     def create_sweep(self, body: Mapping[str, Any], *,
                      idempotency_key: str | None = None) -> dict[str, Any]:
         """Create a sweep and every cell in one call, exactly once (as create_job)."""
-        key = idempotency_key or uuid.uuid4().hex
+        key = idempotency_key or os.urandom(16).hex()
         return self.transport.request("POST", "/v1/sweeps", body=dict(body),
                                       headers={"Idempotency-Key": key},
                                       retry_for=RESTART_GRACE, timeout=600.0)
@@ -154,6 +157,8 @@ class Client:
     def wait_sweep(self, name: str, project: str | None = None,
                    timeout: float | None = None) -> dict[str, Any]:
         """Block until the sweep is terminal (long polls that ride out a restart)."""
+        from noduslocal.states import SWEEP_TERMINAL
+
         return self._long_poll(f"/v1/sweeps/{_quote(name)}/wait", project, timeout,
                                SWEEP_TERMINAL, f"sweep {name!r}")
 
@@ -252,6 +257,8 @@ class Client:
 
     def download_volume_file(self, name: str, path: str,
                              dest: str | os.PathLike[str]) -> Path:
+        from pathlib import Path
+
         target = Path(dest)
         if target.is_dir():
             target = target / (path.rstrip("/").rsplit("/", 1)[-1] or "download")
@@ -268,6 +275,8 @@ class Client:
         """Save a workspace file at DEST (into it, when DEST is a directory): written to a
         temporary file beside it, checked against X-Nodus-SHA256, then renamed in. A
         mismatch leaves nothing behind and raises ChecksumMismatch."""
+        from pathlib import Path
+
         target = Path(dest)
         if target.is_dir():
             target = target / (path.rstrip("/").rsplit("/", 1)[-1] or "download")
@@ -305,6 +314,8 @@ class Client:
         if output not in listed:
             raise errors.NotFound(f"output: job {name!r} declares no output {output!r}"
                                   + ("" if index is None else f" of index {index}"))
+        from pathlib import Path
+
         target = Path(dest)
         query = {"project": project, "output": output, "index": index}
         url = f"/v1/jobs/{_quote(name)}/outputs/content"
@@ -314,6 +325,9 @@ class Client:
             return self.transport.download(url, target, query=query)
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise errors.Conflict(f"{target} exists and is not an empty directory")
+        import tarfile
+        import tempfile
+
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
             archive = self.transport.download(url, Path(tmp) / "output.tar", query=query)
