@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from noduslocal.errors import InvalidArgument
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the CLI's submit path reads this module
+    from typing import Any
 
 MAX_DURATION = 10 * 365 * 86400.0
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)

@@ -7,14 +7,12 @@ own PATH), or the named ones.
 from __future__ import annotations
 
 import os
-import re
 
-import click
+from noduslocal.cli.usage import Usage
 
 # What describes the submitting shell or reaches the daemon, never the job.
 LEFT_OUT = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PS1", "PROMPT_COMMAND"})
 LEFT_OUT_PREFIXES = ("NODUS_", "NODUSLOCAL_", "BASH_FUNC_")
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def exported(spec: str | None, image: bool) -> dict[str, str]:
@@ -23,15 +21,14 @@ def exported(spec: str | None, image: bool) -> dict[str, str]:
         return {}
     if mode.upper() == "ALL":
         return {key: value for key, value in os.environ.items()
-                if NAME.match(key) and key not in LEFT_OUT
+                if key.isascii() and key.isidentifier() and key not in LEFT_OUT
                 and not key.startswith(LEFT_OUT_PREFIXES)}
     names = [name.strip() for name in mode.split(",") if name.strip()]
     missing = [name for name in names if name not in os.environ]
     if missing or not names:
         what = ", ".join(missing) if missing else repr(mode)
-        raise click.BadParameter(
-            f"{what} is not set in your environment; use ALL, NONE or a comma-separated "
-            "list of your variables", param_hint="--export")
+        raise Usage(f"{what} is not set in your environment; use ALL, NONE or a "
+                    "comma-separated list of your variables", "--export")
     return {name: os.environ[name] for name in names}
 
 
@@ -41,6 +38,6 @@ def pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=flag)
+            raise Usage(f"{item!r} is not KEY=VALUE", flag)
         found[key] = value
     return found

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from noduslocal import errors
-from noduslocal.cli import output
-from noduslocal.cli.export import exported, pairs
+from noduslocal.cli import job_actions, output
+from noduslocal.cli.usage import as_click
 from noduslocal.client.api import Client
 from noduslocal.gang import LAUNCHERS, TRANSPORTS
 from noduslocal.states import TERMINAL, Phase
@@ -19,13 +19,6 @@ from noduslocal.units import parse_duration
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-
-
-def _exit_code(job: dict[str, Any]) -> int:
-    if job["phase"] == Phase.SUCCEEDED:
-        return 0
-    code = job.get("exit_code")
-    return code if isinstance(code, int) and code != 0 else 125
 
 
 @click.group()
@@ -92,125 +85,11 @@ def job() -> None:
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")
 @json_option
 @click.argument("command", nargs=-1)
-def run(name: str | None, project: str | None, image: str | None, as_args: bool,
-        network: str | None, checkpoint: str | None, envs: tuple[str, ...],
-        export: str | None,
-        gpus: str | None, sku: str | None, max_cost: float | None, priority: int | None,
-        expected_duration: str | None,
-        secrets: tuple[str, ...], profile: str | None, cpu: str | None,
-        memory: str | None, disk: str | None, min_disk_gb: int | None, retries: int,
-        timeout: str | None, workdir: str | None,
-        labels: tuple[str, ...], uploads: tuple[Path, ...], allow_large_source: bool,
-        volumes: tuple[str, ...],
-        outputs: tuple[str, ...], nodes: int | None, gpus_per_node: int | None,
-        launcher: str | None, transport: str | None, startup_timeout: str | None,
-        completions: int | None, parallelism: int | None, replace: bool, detach: bool,
-        as_json: bool,
-        command: tuple[str, ...]) -> None:
+def run(**o: Any) -> None:
     """Run COMMAND as a job: attached, stream its log and exit with its exit code."""
-    if timeout is not None:
-        try:
-            parse_duration(timeout, "timeout")
-        except errors.InvalidArgument as exc:
-            raise click.BadParameter(exc.message, param_hint="--timeout") from None
-    if not command and image is None:
-        raise click.UsageError("give a COMMAND to run (after --), or an --image")
-    if gpus and sku:
-        raise click.UsageError("give --gpus or --sku, not both")
-    if (as_args or network) and image is None:
-        raise click.UsageError(f"{'--as-args' if as_args else '--network'} needs --image")
-    if disk and min_disk_gb:
-        raise click.UsageError("give --disk or --min-disk-gb, not both")
-    if min_disk_gb:
-        disk = f"{min_disk_gb}GiB"
-    body: dict[str, Any] = {"args" if as_args else "command": list(command)}
-    for key, value in (("name", name), ("project", project), ("cpu", cpu),
-                       ("memory", memory), ("disk", disk), ("timeout", timeout),
-                       ("workdir", workdir),
-                       ("image", image), ("network", network), ("checkpoint", checkpoint),
-                       ("gpu", gpus or sku), ("priority", priority), ("max_cost", max_cost),
-                       ("expected_duration", expected_duration), ("profile", profile),
-                       ("completions", completions), ("parallelism", parallelism)):
-        if value is not None:
-            body[key] = value
-    given = pairs(envs, "--env")
-    secret_names = {item.partition("=")[0] for item in secrets}
-    env = {**{k: v for k, v in exported(export, image is not None).items()
-              if k not in secret_names}, **given}  # a secret is passed as a secret
-    if env:
-        body["env"] = env
-    if secrets:
-        body["secrets"] = [
-            {"env": key, "value": value} if sep else key
-            for key, sep, value in (item.partition("=") for item in secrets)]
-    if labels:
-        body["labels"] = pairs(labels, "--label")
-    if outputs:
-        body["outputs"] = pairs(outputs, "--output")
-    if volumes:
-        body["volumes"] = {mount or f"/workspace/{vol}": vol for vol, _, mount in
-                           (item.partition(":") for item in volumes)}
-    if retries:
-        body["retries"] = retries
-    gang = {key: value for key, value in (
-        ("nodes", nodes), ("gpus_per_node", gpus_per_node), ("launcher", launcher),
-        ("transport", transport), ("startup_timeout", startup_timeout)) if value is not None}
-    if gang and nodes is None:
-        raise click.UsageError(f"--{next(iter(gang)).replace('_', '-')} needs --nodes")
-    if gang:
-        body["distributed"] = gang
-    client = Client()
-    if uploads:
-        body["source"] = client.upload_source(list(uploads), contents_of_single_dir=False,
-                                              allow_large=allow_large_source)
-        if allow_large_source:
-            body["allow_large_source"] = True
-    if replace:
-        if name is None:
-            raise click.UsageError("--replace needs --name")
-        _replace(client, name, project)
-    created = client.create_job(body)
-    if detach:
-        if as_json:
-            output.print_json(created)
-        else:
-            click.echo(created["name"])
-        return
-    # With --json, stdout carries only the final document; the log goes to stderr.
-    out = sys.stderr.buffer if as_json else sys.stdout.buffer
-    try:
-        try:
-            for chunk in client.logs(created["name"], created["project"], follow=True,
-                                     rank="all" if gang else None):
-                out.write(chunk)
-                out.flush()
-        except errors.DaemonUnavailable:
-            click.echo("noduslocal: the log stream broke off (daemon restarting?); waiting "
-                       f"for {created['name']} to end", err=True)
-        final = client.wait_job(created["name"], created["project"])
-    except KeyboardInterrupt:
-        click.echo(f"\ndetached from {created['name']}; it keeps running. "
-                   f"Follow: noduslocal job logs -f {created['name']}  "
-                   f"Stop: noduslocal job kill {created['name']}", err=True)
-        sys.exit(130)
-    if as_json:
-        output.print_json(final)
-    elif final["phase"] != Phase.SUCCEEDED:
-        click.echo(f"noduslocal: {output.summary(final)}", err=True)
-    sys.exit(_exit_code(final))
-
-
-def _replace(client: Client, name: str, project: str | None) -> None:
-    """Make the name free: the job that has it is cancelled (and waited for) if it has
-    not ended, then removed."""
-    try:
-        old = client.get_job(name, project)
-    except errors.NotFound:
-        return
-    if old["phase"] not in TERMINAL:
-        client.cancel_job(name, project)
-        client.wait_job(name, project)
-    client.remove_job(name, project)
+    with as_click():
+        code = job_actions.run(o)
+    sys.exit(code)
 
 
 @job.command("list")
@@ -222,23 +101,10 @@ def _replace(client: Client, name: str, project: str | None) -> None:
 @click.option("--project", "-p", help="Only this project.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True)
 @json_option
-def list_(show_all: bool, phases: tuple[str, ...], owner: str | None, labels: tuple[str, ...],
-          project: str | None, limit: int, as_json: bool) -> None:
+def list_(**o: Any) -> None:
     """List jobs (everyone's; pending and running unless --all)."""
-    wanted = [next(p.value for p in Phase if p.value.lower() == x.lower()) for x in phases]
-    jobs = Client().list_jobs(phases=wanted or None, owner=owner, project=project,
-                              labels=pairs(labels, "--label"), all=show_all, limit=limit)
-    if as_json:
-        output.print_json(jobs)
-        return
-    rows = [
-        (j["name"], j["project"], j["owner"], j["phase"],
-         j.get("hold") or j.get("message") or j.get("reason") or "",
-         output.age(j["created_at"]), output.duration(j.get("duration_s")),
-         "" if j.get("exit_code") is None else j["exit_code"])
-        for j in jobs
-    ]
-    output.print_table(("NAME", "PROJECT", "OWNER", "PHASE", "WHY", "AGE", "RAN", "EXIT"), rows)
+    with as_click():
+        job_actions.list_jobs(o)
 
 
 @job.command("logs")
@@ -300,7 +166,7 @@ def wait(name: str, project: str | None, timeout: str | None, until: str | None,
         output.print_json(final)
     else:
         click.echo(output.summary(final))
-    sys.exit(_exit_code(final))
+    sys.exit(job_actions.exit_code(final))
 
 
 def _wait_running(client: Client, name: str, project: str | None, seconds: float | None,

@@ -14,6 +14,7 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.export import exported, pairs
 from noduslocal.cli.job import json_option, project_option
+from noduslocal.cli.usage import as_click
 from noduslocal.sweeps import expand
 
 CANARY_POLL = 0.5  # seconds between looks at a canary that runs
@@ -92,8 +93,9 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
             template[key] = value
     if retries:
         template["retries"] = retries
-    env = {**{k: v for k, v in exported(export, image is not None).items()
-              if k not in secrets}, **pairs(envs, "--env")}
+    with as_click():
+        env = {**{k: v for k, v in exported(export, image is not None).items()
+                  if k not in secrets}, **pairs(envs, "--env")}
     if env:
         template["env"] = env
     if secrets:
@@ -120,7 +122,8 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
         if value is not None:
             body[key] = value
     if labels:
-        body["labels"] = pairs(labels, "--label")
+        with as_click():
+            body["labels"] = pairs(labels, "--label")
     sweep = client.create_sweep(body)
     if no_wait or sweep["phase"] != "Canary":
         _done(sweep, as_json, "created")

@@ -1,15 +1,21 @@
-"""How the CLI shows things: JSON for scripts, rich tables for people (imported only when
-a table is drawn, to keep the other commands fast), and human times and sizes."""
+"""How the CLI shows things: JSON for scripts, aligned columns for people (as `squeue` and
+`docker ps` print them; rich is left to what draws live), and human times and sizes."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
 
 from noduslocal.timefmt import parse_iso
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+GAP = "  "  # between columns
 
 
 def print_json(value: Any) -> None:
@@ -17,15 +23,18 @@ def print_json(value: Any) -> None:
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
-    Console(soft_wrap=False).print(table)
+    """COLUMNS over ROWS, each column as wide as its widest cell; the header in bold on a
+    terminal. A cell's newlines and tabs are shown as spaces, so a row stays one line."""
+    cells = [["" if cell is None else " ".join(str(cell).split()) for cell in row]
+             for row in rows]
+    widths = [max([len(column), *(len(row[i]) for row in cells)])
+              for i, column in enumerate(columns)]
+    header = GAP.join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        header = f"\033[1m{header}\033[0m"
+    lines = [header] + [GAP.join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                        for row in cells]
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def age(stamp: str | None) -> str:

@@ -1,4 +1,4 @@
-"""The `noduslocal` command: the click group, and one place that turns API errors into a
+"""The `noduslocal` command under click: the group, and one place that turns API errors into a
 one-line message and the exit code errors.py gives them."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ COMMANDS = {
     "map": "noduslocal.cli.map:map_",
     "sweeps": "noduslocal.cli.sweeps:sweeps",
     "sweep": "noduslocal.cli.sweeps:sweep",
-    "help": "noduslocal.cli.main:help_",
+    "help": "noduslocal.cli.root:help_",
 }
 
 
