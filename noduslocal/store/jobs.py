@@ -7,6 +7,7 @@ it (writer.py), so it never leaves half its writes behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Sequence
@@ -45,11 +46,18 @@ ATTEMPT_COLUMNS = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _spec(stored: str) -> JobSpec:
+    """A spec from its stored JSON, parsed once: a listing reads every job's, and a stored
+    spec never changes (JobSpec is frozen, and nothing changes its lists in place)."""
+    return JobSpec.from_stored(json.loads(stored))
+
+
 def job_from_row(row: tuple[Any, ...]) -> JobRecord:
     return JobRecord(
         id=row[0], project=row[1], name=row[2], owner_uid=row[3], owner_gid=row[4],
         owner=row[5], phase=row[6], reason=row[7], message=row[8],
-        spec=JobSpec.from_stored(json.loads(row[9])), labels=json.loads(row[10]),
+        spec=_spec(row[9]), labels=json.loads(row[10]),
         created_at=row[11], started_at=row[12], ended_at=row[13], exit_code=row[14],
         signal=row[15], attempts=row[16], retries_used=row[17], cost=row[18],
         sweep_id=row[19], cell=row[20], metrics=json.loads(row[21]) if row[21] else {},
