@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -180,3 +181,44 @@ def test_times_parse_without_strptime() -> None:
     assert parse_iso("2026-01-02T03:04:05Z") == 1767323045.0
     with pytest.raises(ValueError):
         parse_iso("2026-01-02 03:04:05")
+
+
+@pytest.mark.parametrize("argv", [["job", "run", "-d", "--", "true"], ["job", "list"]])
+def test_the_fast_path_loads_none_of_the_heavy_modules(daemon: testing.Daemon,
+                                                       argv: list[str]) -> None:
+    """What keeps a submit near the interpreter's own start (docs/benchmarks.md): the
+    modules a call would pay for and does not need, checked by name, not by time."""
+    probe = ("import sys\nfrom noduslocal.cli import fast\n"
+             f"assert fast.run({argv!r}) == 0\n"
+             "heavy = {'click', 're', 'json', 'rich', 'pathlib', 'socket', 'http.client',\n"
+             "         'typing', 'enum', 'urllib.parse', 'datetime', 'threading', 'aiohttp'}\n"
+             "print(sorted(heavy & set(sys.modules)), file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True,
+                            text=True, timeout=60, cwd=Path(fast.__file__).parents[2],
+                            env={**os.environ, SOCKET_ENV: str(daemon.socket)})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_wire_json_is_jsons() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from noduslocal.client import wire_json
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=16)
+
+    @settings(max_examples=300, deadline=None)
+    @given(values)
+    def same(value: object) -> None:
+        assert wire_json.dumps(value) == json.dumps(value)
+        assert wire_json.loads(json.dumps(value).encode()) == value
+
+    same()
+    for bad in ("", "[1,]", "1 2", "{"):
+        with pytest.raises(ValueError):
+            wire_json.loads(bad)
+    with pytest.raises(TypeError):
+        wire_json.dumps(object())

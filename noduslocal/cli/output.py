@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -19,6 +18,8 @@ GAP = "  "  # between columns
 
 
 def print_json(value: Any) -> None:
+    import json  # for --json alone: it brings `re`
+
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 

@@ -5,13 +5,12 @@ chunked responses, and retries while a daemon restarts when the caller allows it
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from _thread import _local  # threading.local itself, without importing threading
 
 from noduslocal import errors
-from noduslocal.client import wire
+from noduslocal.client import wire, wire_json
 from noduslocal.sockets import client_socket_candidates
 
 TYPE_CHECKING = False
@@ -38,7 +37,7 @@ def unavailable(paths: list[str]) -> errors.DaemonUnavailable:
 
 
 def _decoded(status: int, payload: bytes) -> Any:
-    decoded = json.loads(payload) if payload else None
+    decoded = wire_json.loads(payload) if payload else None
     if status >= 400:
         raise errors.from_wire(status, decoded)
     return decoded
@@ -127,7 +126,7 @@ class Transport:
         """Send one request and return the decoded JSON. With `retry_for`, a daemon that is
         down or restarting is tried again until that many seconds have passed."""
         url = _url(path, query)
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else wire_json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
         hdrs.update(headers or {})
         deadline = time.monotonic() + retry_for
