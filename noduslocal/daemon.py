@@ -18,11 +18,12 @@ import socket
 import stat
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
 
-from noduslocal import errors, log_limit
+from noduslocal import errors, log_limit, systemd
 from noduslocal.config import Settings, load_settings
 
 log = logging.getLogger("noduslocald")
@@ -33,17 +34,6 @@ GC_THRESHOLD = 20_000  # allocations between collections of the youngest generat
 
 class StartupError(RuntimeError):
     pass
-
-
-def sd_notify(message: str) -> None:
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-        sock.connect(address)
-        sock.sendall(message.encode())
 
 
 def check_private(path: Path, what: str) -> None:
@@ -170,7 +160,17 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     from noduslocal.runtime.spawner import Spawner
     from noduslocal.store import Store
 
-    claim_socket(settings.socket, settings.user_mode)
+    try:
+        passed = systemd.passed_socket()
+    except systemd.ActivationError as exc:
+        raise StartupError(str(exc)) from None
+    if passed is not None:
+        # Socket activation: systemd made the socket, with its mode and group, and keeps it
+        # across our restarts; the path it is bound to is the one we serve.
+        settings = replace(settings, socket=Path(passed.getsockname()))
+    else:
+        claim_socket(settings.socket, settings.user_mode)
+    systemd.notify("STATUS=opening the database")
     fd_limit = raise_fd_limit(settings.max_open_files)
     lock_fd = lock_data_dir(settings.data_dir, settings.user_mode)
     stop = asyncio.Event()
@@ -198,6 +198,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await docker.start()
     runner: web.AppRunner | None = None
     try:
+        systemd.notify("STATUS=recovering: adopting the jobs that ran on while no daemon was up")
         await lifecycle.start()
         app = build_app(Services(settings, store, lifecycle, layout, hub, time.time()))
         # A connection that never finishes its request's headers is closed like an idle one.
@@ -208,7 +209,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         guard = ConnectionGuard(runner.server, settings.user_max_connections,
                                 total_cap(fd_limit), handler_options)
         backlog = listen_backlog(fd_limit)
-        await GuardedSite(runner, bind_socket(settings, backlog), guard, backlog).start()
+        if passed is not None:
+            passed.listen(backlog)  # systemd's Backlog= may be smaller than ours
+        listening = passed if passed is not None else bind_socket(settings, backlog)
+        await GuardedSite(runner, listening, guard, backlog).start()
         log.info("noduslocald %d serving on %s (data %s, %g CPUs, %d MiB)", os.getpid(),
                  settings.socket, settings.data_dir, settings.cpus_m / 1000,
                  settings.memory // 2**20)
@@ -217,20 +221,24 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         # 3 % of the loop's time under a stream of short jobs).
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 20, 20)
-        sd_notify("READY=1")
+        systemd.notify(f"READY=1\nSTATUS=serving on {settings.socket}")
         if ready is not None:
             ready.set()
-        refresher = asyncio.create_task(refresh_identities())
+        background = [asyncio.create_task(refresh_identities())]
+        if (interval := systemd.watchdog_interval()) is not None:
+            background.append(asyncio.create_task(systemd.keep_alive(interval)))
         await stop.wait()
-        refresher.cancel()
+        for task in background:
+            task.cancel()
         log.info("stopping: jobs keep running and will be adopted on the next start")
-        sd_notify("STOPPING=1")
+        systemd.notify("STOPPING=1\nSTATUS=stopping; the jobs run on")
     finally:
         await lifecycle.stop()
         if runner is not None:
             await runner.cleanup()
-        with contextlib.suppress(FileNotFoundError):
-            settings.socket.unlink()
+        if passed is None:  # systemd's own socket stays for the next start
+            with contextlib.suppress(FileNotFoundError):
+                settings.socket.unlink()
         await docker.close()
         await gpus.close()
         await host.close()

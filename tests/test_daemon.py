@@ -185,11 +185,15 @@ def test_sd_notify_ready_and_stopping(fresh: testing.Daemon, kind: str) -> None:
             fresh.proc = subprocess.Popen(fresh.command(), stdout=log, stderr=log,
                                           stdin=subprocess.DEVNULL,
                                           env={**os.environ, "NOTIFY_SOCKET": address})
-        assert listener.recv(4096) == b"READY=1"
+        said = [listener.recv(4096).decode() for _ in range(3)]
+        assert said[:2] == ["STATUS=opening the database",
+                            "STATUS=recovering: adopting the jobs that ran on while no "
+                            "daemon was up"]
+        assert said[2] == f"READY=1\nSTATUS=serving on {fresh.socket}"
         # Ready means ready: the API answers at once, no retrying.
         assert fresh.client().transport.request("GET", "/v1/health", timeout=5) is not None
         assert fresh.stop(timeout=10) == 0
-        assert listener.recv(4096) == b"STOPPING=1"
+        assert listener.recv(4096) == b"STOPPING=1\nSTATUS=stopping; the jobs run on"
     finally:
         listener.close()
 
