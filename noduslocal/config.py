@@ -18,6 +18,15 @@ SYSTEM_DATA_DIR = Path("/var/lib/noduslocal")
 SYSTEM_CONFIG = Path("/etc/noduslocal/config.toml")
 
 
+def default_config_path() -> Path:
+    """Where the daemon looks for its config when none is named: /etc/noduslocal as root,
+    ~/.config/noduslocal for a user's own daemon. It need not exist."""
+    if os.getuid() == 0:
+        return SYSTEM_CONFIG
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "noduslocal" / "config.toml"
+
+
 def default_data_dir() -> Path:
     if os.getuid() == 0:
         return SYSTEM_DATA_DIR
@@ -80,29 +89,30 @@ class Settings:
 
 
 _TOML_KEYS = {
-    "socket": ("socket", Path),
-    "data_dir": ("data_dir", Path),
-    "region": ("region", str),
+    "socket": ("socket", lambda v: Path(_text(v, "socket"))),
+    "data_dir": ("data_dir", lambda v: Path(_text(v, "data_dir"))),
+    "region": ("region", lambda v: _text(v, "region")),
     "cpus": ("cpus_m", lambda v: parse_cpu(v, "cpus")),
     "memory": ("memory", lambda v: parse_size(v, "memory")),
     "kill_grace": ("kill_grace", lambda v: parse_duration(v, "kill_grace")),
-    "admin_group": ("admin_group", str),
-    "socket_group": ("socket_group", str),
+    "admin_group": ("admin_group", lambda v: _text(v, "admin_group")),
+    "socket_group": ("socket_group", lambda v: _text(v, "socket_group")),
     "max_wait_poll": ("max_wait_poll", lambda v: parse_duration(v, "max_wait_poll")),
-    "docker_host": ("docker_host", str),
+    "docker_host": ("docker_host", lambda v: _text(v, "docker_host")),
     "shm_size": ("shm_size", lambda v: parse_size(v, "shm_size")),
-    "pids_limit": ("pids_limit", int),
-    "image_pull": ("image_pull", bool),
+    "pids_limit": ("pids_limit", lambda v: _positive(v, "pids_limit")),
+    "image_pull": ("image_pull", lambda v: _flag(v, "image_pull")),
     "simulate_gpus": ("simulate_gpus", lambda v: _simulated_spec(v)),
-    "nvml_library": ("nvml_library", str),
+    "nvml_library": ("nvml_library", lambda v: _text(v, "nvml_library")),
     "gpu_busy_memory": ("gpu_busy_memory", lambda v: parse_size(v, "gpu_busy_memory")),
     "gpu_poll": ("gpu_poll", lambda v: parse_duration(v, "gpu_poll")),
-    "max_user_priority": ("max_user_priority", int),
+    "max_user_priority": ("max_user_priority",
+                          lambda v: _whole(v, "max_user_priority", -1000)),
     "fair_share_half_life": ("fair_share_half_life",
                              lambda v: parse_duration(v, "fair_share_half_life")),
-    "user_max_gpus": ("user_max_gpus", int),
-    "user_max_jobs": ("user_max_jobs", int),
-    "user_max_execs": ("user_max_execs", int),
+    "user_max_gpus": ("user_max_gpus", lambda v: _whole(v, "user_max_gpus", 0)),
+    "user_max_jobs": ("user_max_jobs", lambda v: _whole(v, "user_max_jobs", 0)),
+    "user_max_execs": ("user_max_execs", lambda v: _positive(v, "user_max_execs")),
     "user_max_connections": ("user_max_connections",
                              lambda v: _positive(v, "user_max_connections")),
     "idle_timeout": ("idle_timeout", lambda v: parse_duration(v, "idle_timeout")),
@@ -112,17 +122,51 @@ _TOML_KEYS = {
     "max_job_outputs": ("max_job_outputs", lambda v: parse_size(v, "max_job_outputs")),
     "disk_reserve": ("disk_reserve", lambda v: parse_size(v, "disk_reserve")),
     "disk_poll": ("disk_poll", lambda v: parse_duration(v, "disk_poll")),
-    "energy_price_per_kwh": ("energy_price_per_kwh", float),
+    "energy_price_per_kwh": ("energy_price_per_kwh",
+                             lambda v: _price(v, "energy_price_per_kwh")),
     "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
     "host_shim": ("host_shim", lambda v: _choice(v, "host_shim", ("auto", "python"))),
     "profiles": ("profiles", lambda v: _profiles(v)),
+    "max_body": ("max_body", lambda v: _positive(v, "max_body")),
+    "commit_batch": ("commit_batch", lambda v: _positive(v, "commit_batch")),
 }
+# The settings a reload applies to the running daemon (lifecycle/coordinator.py's
+# apply_settings and the daemon's own holders take them); any other change waits for a
+# restart, and the daemon says so.
+LIVE = frozenset({
+    "kill_grace", "admin_group", "max_wait_poll", "pids_limit", "shm_size",
+    "gpu_busy_memory", "gpu_poll", "max_user_priority", "user_max_gpus", "user_max_jobs",
+    "user_max_execs", "disk_reserve", "energy_price_per_kwh", "gpu_hour_rates", "profiles",
+})
+TOML_NAME = {attr: key for key, (attr, _) in _TOML_KEYS.items()}  # cpus_m -> cpus
 
 
 def _positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{name}: expected a whole number from 1", field=name)
+    return _whole(value, name, 1)
+
+
+def _whole(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{name}: expected a whole number from {minimum}", field=name)
     return value
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{name}: expected a string in quotes", field=name)
+    return value
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name}: expected true or false", field=name)
+    return value
+
+
+def _price(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidArgument(f"{name}: expected a number from 0", field=name)
+    return float(value)
 
 
 def _profiles(value: Any) -> dict[str, dict[str, Any]]:
@@ -174,8 +218,8 @@ def load_settings(
     """Defaults, then the TOML file, then explicit arguments (the command line)."""
     values: dict[str, Any] = {}
     path = config
-    if path is None and os.getuid() == 0 and SYSTEM_CONFIG.exists():
-        path = SYSTEM_CONFIG
+    if path is None and default_config_path().exists():
+        path = default_config_path()
     if path is not None:
         try:
             raw = tomllib.loads(Path(path).read_text())

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import functools
 import gc
 import grp
 import logging
@@ -18,13 +19,15 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
 
 from noduslocal import errors, log_limit, systemd
-from noduslocal.config import Settings, load_settings
+from noduslocal.config import Settings, default_config_path, load_settings
+from noduslocal.config_reload import ConfigReloader
 
 log = logging.getLogger("noduslocald")
 IDENTITY_TTL = 60.0  # seconds a user's admin membership is cached
@@ -139,7 +142,10 @@ async def refresh_identities() -> None:
         account.cache_clear()
 
 
-async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
+async def serve(settings: Settings, ready: asyncio.Event | None = None,
+                config: tuple[Path, Callable[[], Settings]] | None = None) -> None:
+    """Serve until SIGTERM. CONFIG: the file the settings came from and how to load it
+    again, followed while the daemon runs."""
     # Imported here so `noduslocald --help` and the CLI stay fast.
     from noduslocal.api.app import build_app
     from noduslocal.api.connections import (
@@ -200,7 +206,15 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     try:
         systemd.notify("STATUS=recovering: adopting the jobs that ran on while no daemon was up")
         await lifecycle.start()
-        app = build_app(Services(settings, store, lifecycle, layout, hub, time.time()))
+        services = Services(settings, store, lifecycle, layout, hub, time.time())
+        reloader = None
+        if config is not None:
+            def apply(new: Settings) -> None:
+                services.settings = gpus.settings = docker.settings = new
+                lifecycle.apply_settings(new)
+
+            reloader = services.config = ConfigReloader(config[0], config[1], settings, apply)
+        app = build_app(services)
         # A connection that never finishes its request's headers is closed like an idle one.
         handler_options = {"access_log": None, "keepalive_timeout": settings.idle_timeout}
         runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT, **handler_options)
@@ -225,6 +239,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         if ready is not None:
             ready.set()
         background = [asyncio.create_task(refresh_identities())]
+        if reloader is not None:
+            background.append(asyncio.create_task(reloader.run()))
+            loop.add_signal_handler(signal.SIGHUP, reloader.request)
         if (interval := systemd.watchdog_interval()) is not None:
             background.append(asyncio.create_task(systemd.keep_alive(interval)))
         await stop.wait()
@@ -246,9 +263,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         os.close(lock_fd)
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, config: tuple[Path, Callable[[], Settings]] | None = None) -> int:
     try:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, config=config))
     except StartupError as exc:
         log.error("%s", exc)
         return 1
@@ -284,13 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {key: value for key, value in (
         ("cpus", args.cpus), ("memory", args.memory), ("simulate_gpus", args.simulate_gpus),
         ("nvml_library", args.nvml_library)) if value is not None}
+    load = functools.partial(load_settings, args.config, socket=args.socket,
+                             data_dir=args.data_dir, overrides=overrides)
     try:
-        settings = load_settings(args.config, socket=args.socket, data_dir=args.data_dir,
-                                 overrides=overrides)
+        settings = load()
     except errors.NodusError as exc:
         print(f"noduslocald: {exc.message}", file=sys.stderr)
         return 2
-    return run(settings)
+    return run(settings, (args.config or default_config_path(), load))
 
 
 if __name__ == "__main__":

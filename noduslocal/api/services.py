@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from noduslocal.config import Settings
+from noduslocal.config_reload import ConfigReloader
 from noduslocal.events import EventHub
 from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.coordinator import Lifecycle
@@ -23,6 +24,7 @@ class Services:
     layout: JobLayout  # workspaces, volumes and stored blobs (the data plane)
     hub: EventHub
     started_at: float
+    config: ConfigReloader | None = None  # the config file followed; None: not followed
 
 
 SERVICES = web.AppKey("services", Services)

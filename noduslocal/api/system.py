@@ -50,6 +50,7 @@ async def info(request: web.Request) -> web.Response:
                   "active": services.lifecycle.active_count()},
         "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
                    "admin": caller.admin},
+        "config": None if services.config is None else services.config.status.to_wire(),
         # Job directories the database did not know at start: for admins to look at.
         "orphans": [o.to_wire() for o in services.lifecycle.orphans] if caller.admin else [],
     })

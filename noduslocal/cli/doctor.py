@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -28,6 +29,7 @@ def _checks(client: Client) -> list[Check]:
         return [Check("daemon", False, exc.message)]
     checks.append(Check("daemon", True, f"noduslocald {info['version']} (pid {info['pid']}) "
                                         f"on {info['socket']}"))
+    checks.append(_config_check(info.get("config")))
     health = client.transport.request("GET", "/v1/health", timeout=10)
     checks.append(Check("health", health["ok"],
                         "; ".join(health.get("problems", [])) or "serving, disk has room"))
@@ -46,6 +48,19 @@ def _checks(client: Client) -> list[Check]:
                                               f"does not know: {names} (their processes "
                                               "were killed; look, then remove them)"))
     return checks
+
+
+def _config_check(config: dict[str, Any] | None) -> Check:
+    if config is None:
+        return Check("config", None, "not followed by this daemon")
+    if config["error"]:
+        return Check("config", False, f"{config['error']}; the daemon keeps the settings it "
+                                      "had: fix the file (it is read again when saved)")
+    detail = f"{config['path']}: in force"
+    if config["restart_pending"]:
+        detail += (f"; {', '.join(config['restart_pending'])} changed and take effect when "
+                   "the daemon restarts (systemctl restart noduslocal)")
+    return Check("config", True, detail)
 
 
 @click.command("doctor")

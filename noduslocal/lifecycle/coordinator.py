@@ -141,6 +141,18 @@ class Lifecycle:
     def set_inventory(self, inventory: Inventory) -> None:
         self.health.set_inventory(inventory)
 
+    def apply_settings(self, settings: Settings) -> None:
+        """A reloaded config's live settings (config.LIVE) to every part that reads them;
+        a raised limit may let a held job start now."""
+        for part in (self.admission, self.stopper, self.accounting, self.health):
+            part.settings = settings
+        self._max_execs = settings.user_max_execs
+        self.queue.limits = Limits(settings.user_max_gpus, settings.user_max_jobs)
+        if self.queue.capacity.gpus is not None:
+            self.queue.capacity.gpus.busy_memory = settings.gpu_busy_memory
+        self.disk.reserve = settings.disk_reserve
+        self.dispatch.kick()
+
     def set_drained(self, uuid: str, drained: bool) -> None:
         self.health.set_drained(uuid, drained)
 
