@@ -298,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         log_limit.install(handler)
+    # watchfiles logs every batch of file changes at INFO: the config's directory, and each
+    # job's metrics file, would fill the journal.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
     overrides = {key: value for key, value in (
         ("cpus", args.cpus), ("memory", args.memory), ("simulate_gpus", args.simulate_gpus),
         ("nvml_library", args.nvml_library)) if value is not None}
