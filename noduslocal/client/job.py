@@ -64,6 +64,10 @@ def _wire(value: Any) -> Any:
 
 
 class Job:
+    """A run-to-completion job on this box: `nodus.Job.run(command=[...], gpu="H100:2")`,
+    then `.wait()`, `.logs()`, `.files`, `.outputs`. A handle holds the job's document as
+    last read; `.status()` reads it again."""
+
     def __init__(self, obj: Mapping[str, Any]) -> None:
         self._obj = View(obj)
         self._client = default_client()
@@ -92,6 +96,11 @@ class Job:
                parallelism: int | None = None, distributed: Distributed | None = None,
                outputs: Mapping[str, str] | None = None, labels: dict[str, str] | None = None,
                allow_large_source: bool = False, project: str | None = None) -> Job:
+        """Submit a job and return its handle at once (it may wait in the queue). `source`:
+        a directory packed and uploaded (`.nodusignore` honoured); `gpu`: "H100:2", 2, or
+        {"count", "type", "min_memory"}; `cpu`, `memory`, `disk`, `timeout` as "4", "16GiB",
+        "2h"; `env` is the job's whole environment beside what the daemon sets (pass
+        `dict(os.environ)` to hand it yours). The arguments are the Nodus SDK's."""
         given = dict(locals())
         del given["cls"]
         client = default_client()
@@ -110,9 +119,11 @@ class Job:
 
     @classmethod
     def from_name(cls, name: str, project: str | None = None) -> Job:
+        """The handle of an existing job (project: default your user name)."""
         return cls(default_client().get_job(name, project))
 
     def status(self) -> View:
+        """The job's document, read now: phase, reason, hold, exit code, cost, spec."""
         self._obj = View(self._client.get_job(self.name, self.project))
         return self._obj
 
@@ -182,9 +193,11 @@ class Job:
                 yield pending.decode("utf-8", "replace")
 
     def cancel(self) -> None:
+        """SIGTERM to its processes, SIGKILL after the daemon's kill_grace; ends Cancelled."""
         self._obj = View(self._client.cancel_job(self.name, self.project))
 
     def attempts(self) -> list[View]:
+        """Each attempt: its start, end, exit code, signal and reason."""
         return [View(a) for a in self._client.attempts(self.name, self.project)]
 
     # --- estimates, exec, suspend and resume ----------------------------------------------
