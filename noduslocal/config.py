@@ -79,6 +79,7 @@ class Settings:
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
+    metrics_port: int | None = None  # /metrics also on 127.0.0.1:PORT for a scraper
     # Named presets of Job.create arguments ([profiles.NAME] tables): a job naming one gets
     # its values in every argument it left unset.
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -129,6 +130,7 @@ _TOML_KEYS = {
     "profiles": ("profiles", lambda v: _profiles(v)),
     "max_body": ("max_body", lambda v: _positive(v, "max_body")),
     "commit_batch": ("commit_batch", lambda v: _positive(v, "commit_batch")),
+    "metrics_port": ("metrics_port", lambda v: _port(v, "metrics_port")),
 }
 # The settings a reload applies to the running daemon (lifecycle/coordinator.py's
 # apply_settings and the daemon's own holders take them); any other change waits for a
@@ -148,6 +150,12 @@ def _positive(value: Any, name: str) -> int:
 def _whole(value: Any, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgument(f"{name}: expected a whole number from {minimum}", field=name)
+    return value
+
+
+def _port(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidArgument(f"{name}: expected a TCP port from 1 to 65535", field=name)
     return value
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from noduslocal import errors, log_limit, systemd
+from noduslocal import errors, log_limit, logfmt, systemd
 from noduslocal.config import Settings, default_config_path, load_settings
 from noduslocal.config_reload import ConfigReloader
 
@@ -155,6 +155,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         raise_fd_limit,
         total_cap,
     )
+    from noduslocal.api.prometheus import Metrics, scrape_app
     from noduslocal.api.services import Services
     from noduslocal.events import EventHub
     from noduslocal.gpu.service import GpuService
@@ -201,8 +202,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
                           inventory)
     gpus.watch(lifecycle.set_inventory)
     hub.listen(lifecycle.on_committed)
+    hub.listen(logfmt.log_job_events)
     await docker.start()
     runner: web.AppRunner | None = None
+    scraper: web.AppRunner | None = None
     try:
         systemd.notify("STATUS=recovering: adopting the jobs that ran on while no daemon was up")
         await lifecycle.start()
@@ -214,7 +217,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
                 lifecycle.apply_settings(new)
 
             reloader = services.config = ConfigReloader(config[0], config[1], settings, apply)
-        app = build_app(services)
+        metrics = Metrics(services)
+        app = build_app(services, metrics)
         # A connection that never finishes its request's headers is closed like an idle one.
         handler_options = {"access_log": None, "keepalive_timeout": settings.idle_timeout}
         runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT, **handler_options)
@@ -227,6 +231,11 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
             passed.listen(backlog)  # systemd's Backlog= may be smaller than ours
         listening = passed if passed is not None else bind_socket(settings, backlog)
         await GuardedSite(runner, listening, guard, backlog).start()
+        if settings.metrics_port is not None:
+            scraper = web.AppRunner(scrape_app(metrics), access_log=None)
+            await scraper.setup()
+            await web.TCPSite(scraper, "127.0.0.1", settings.metrics_port).start()
+            log.info("/metrics also on http://127.0.0.1:%d/metrics", settings.metrics_port)
         log.info("noduslocald %d serving on %s (data %s, %g CPUs, %d MiB)", os.getpid(),
                  settings.socket, settings.data_dir, settings.cpus_m / 1000,
                  settings.memory // 2**20)
@@ -253,6 +262,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         await lifecycle.stop()
         if runner is not None:
             await runner.cleanup()
+        if scraper is not None:
+            await scraper.cleanup()
         if passed is None:  # systemd's own socket stays for the next start
             with contextlib.suppress(FileNotFoundError):
                 settings.socket.unlink()
@@ -294,10 +305,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:
-        log_limit.install(handler)
+    log_limit.install(logfmt.install(args.log_level))
     # watchfiles logs every batch of file changes at INFO: the config's directory, and each
     # job's metrics file, would fill the journal.
     logging.getLogger("watchfiles").setLevel(logging.WARNING)

@@ -336,3 +336,15 @@ class Event:
             "message": self.message,
             "attempt": self.attempt,
         }
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One line of `noduslocal doctor`: OK (True), wrong (False) or not checked (None)."""
+
+    name: str
+    ok: bool | None
+    detail: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}

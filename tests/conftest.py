@@ -68,3 +68,21 @@ def docker_client():  # type: ignore[no-untyped-def]
             pytest.fail(message)
         pytest.skip(message)
     return client
+
+
+@pytest.fixture
+def lab_groups() -> Iterator[None]:
+    """The groups scripts/install.sh makes (noduslocal, noduslocal-admin), as on an installed
+    box, for tests whose `doctor` must find them; removed again if this made them."""
+    if os.getuid() != 0:
+        pytest.skip("making the groups needs root")
+    made = []
+    for group in ("noduslocal", "noduslocal-admin"):
+        if subprocess.run(["getent", "group", group], capture_output=True).returncode != 0:
+            subprocess.run(["groupadd", group], check=True)
+            made.append(group)
+    try:
+        yield
+    finally:
+        for group in made:
+            subprocess.run(["groupdel", group], check=False)

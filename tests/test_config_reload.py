@@ -37,7 +37,7 @@ def doctor(d: testing.Daemon) -> tuple[int, str]:
 
 
 @pytest.fixture
-def limited() -> testing.Daemon:
+def limited(lab_groups: None) -> testing.Daemon:
     d = testing.Daemon(cpus=4, memory="4GiB", config="# a lab box\nuser_max_jobs = 1\n")
     try:
         yield d.start()

@@ -358,3 +358,18 @@ def test_a_gpu_lost_under_a_running_job_moves_it_and_the_hold_names_who_frees_gp
                        in (big.status()["hold"] or ""), "the hold naming the holder")
     holder.cancel()
     assert big.wait(timeout=30).phase == Phase.SUCCEEDED
+
+
+def test_doctor_sees_nvml_and_a_missing_nvidia_runtime(box: Box, docker_client: Any,
+                                                       lab_groups: None) -> None:
+    """Real GPUs (through pynvml) and a dockerd without the NVIDIA runtime: GPU containers
+    would fail, and doctor says what to install."""
+    del docker_client
+    result = run_cli(box.daemon, "doctor", "--json")
+    found = {c["name"]: c for c in json.loads(result.stdout)}
+    assert found["gpus"]["ok"] is True
+    assert found["gpus"]["detail"].startswith("NVML, driver ") and "4 GPU(s)" in \
+        found["gpus"]["detail"]
+    assert found["nvidia runtime"]["ok"] is False
+    assert "nvidia-container-toolkit" in found["nvidia runtime"]["detail"]
+    assert result.returncode == 1

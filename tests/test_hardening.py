@@ -281,7 +281,7 @@ def test_container_starts_never_wait_behind_execs(docker_client: object) -> None
         d.close()
 
 
-def test_doctor_runs_the_full_integrity_check(tmp_path: Path) -> None:
+def test_doctor_runs_the_full_integrity_check(tmp_path: Path, lab_groups: None) -> None:
     """A corrupt page left the daemon saying healthy; quick_check at start catches pages,
     `noduslocal doctor` runs integrity_check too (an index that disagrees with its table)."""
     from tests.conftest import run_cli
@@ -293,7 +293,8 @@ def test_doctor_runs_the_full_integrity_check(tmp_path: Path) -> None:
         fine = run_cli(d, "doctor")
         assert fine.returncode == 0, fine.stdout + fine.stderr
         assert "OK   database: integrity_check: ok" in fine.stdout
-        assert json.loads(run_cli(d, "doctor", "--json").stdout)[0]["name"] == "daemon"
+        checks = json.loads(run_cli(d, "doctor", "--json").stdout)
+        assert [c["name"] for c in checks][:3] == ["socket", "daemon", "groups"]
         # An index whose definition no longer matches its rows: every page reads fine
         # (quick_check passes), only integrity_check compares index and table.
         db = sqlite3.connect(d.data_dir / "noduslocal.db")

@@ -71,7 +71,7 @@ def test_the_installed_units_verify(staged: Path, tmp_path: Path) -> None:
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
-def test_the_installed_daemon_runs_a_job(staged: Path) -> None:
+def test_the_installed_daemon_runs_a_job(staged: Path, lab_groups: None) -> None:
     """Everything the package needs at run time is in it (a regular install, not the
     checkout): the daemon starts, builds its host shim, and runs a job from the CLI."""
     venv = staged / PREFIX.lstrip("/")

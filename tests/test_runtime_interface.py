@@ -14,7 +14,7 @@ from typing import Any
 from noduslocal.config import load_settings
 from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.coordinator import Lifecycle
-from noduslocal.models import Handle
+from noduslocal.models import Diagnosis, Handle
 from noduslocal.runtime.attempts import AttemptState, Exited, Vanished
 from noduslocal.runtime.base import LOG_FILES, AttemptRef, Launch, Rank, Runtime
 from noduslocal.runtime.execute import ExecResult
@@ -33,6 +33,9 @@ class ListRuntime:
         self.ends: dict[str, asyncio.Future[AttemptState]] = {}
         self.alive: set[str] = set()  # refs that adopt() finds running
         self._next = 100
+
+    async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        return [Diagnosis("list", gpus, f"{len(self.calls)} calls")]
 
     def hold(self) -> str | None:
         return None

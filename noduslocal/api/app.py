@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -14,12 +15,14 @@ from aiohttp import web
 from noduslocal import errors
 from noduslocal.api import (
     admin,
+    doctor,
     estimate,
     files,
     gpus,
     identity,
     jobs,
     outputs,
+    prometheus,
     queue,
     secrets,
     sources,
@@ -28,6 +31,7 @@ from noduslocal.api import (
     system,
     volumes,
 )
+from noduslocal.api.prometheus import METRICS, Metrics
 from noduslocal.api.services import SERVICES, STREAM, Services
 
 log = logging.getLogger(__name__)
@@ -110,17 +114,36 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
     return await handler(request)
 
 
+@web.middleware
+async def request_log_middleware(request: web.Request,
+                                 handler: Handler) -> web.StreamResponse:
+    """Each request at debug level, with who asked: `--log-level DEBUG` to see them."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return await handler(request)
+    start = time.perf_counter()
+    resp = await handler(request)
+    resource = request.match_info.route.resource
+    log.debug("request", extra={
+        "user": request["caller"].name, "method": request.method,
+        "route": resource.canonical if resource is not None else request.path,
+        "status": resp.status, "ms": f"{(time.perf_counter() - start) * 1000:.1f}"})
+    return resp
+
+
 def route_tables() -> list[web.RouteTableDef]:
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
-            estimate.routes, sweeps.routes, admin.routes]
+            estimate.routes, sweeps.routes, admin.routes, doctor.routes, prometheus.routes]
 
 
-def build_app(services: Services) -> web.Application:
+def build_app(services: Services, metrics: Metrics | None = None) -> web.Application:
+    metrics = metrics or Metrics(services)
     app = web.Application(client_max_size=services.settings.max_body,
-                          middlewares=[error_middleware, body_deadline_middleware,
-                                       identity_middleware])
+                          middlewares=[metrics.middleware, error_middleware,
+                                       body_deadline_middleware, identity_middleware,
+                                       request_log_middleware])
     app[SERVICES] = services
+    app[METRICS] = metrics
     for table in route_tables():
         app.add_routes(table)
     return app

@@ -1,38 +1,109 @@
 """`noduslocal doctor`: one line per thing that must hold for the daemon to serve, OK or
-what to do, and a non-zero exit when something is wrong. The database's full integrity
-check is an admin's (the daemon runs it on its own connection)."""
+what to do, and a non-zero exit when something is wrong. What only this side sees (the
+socket, its mode and group, the groups and whether you are in them) is checked here; the
+rest is the daemon's own view (GET /v1/doctor), and the database's full integrity check is
+an admin's."""
 
 from __future__ import annotations
 
+import grp
 import json
+import os
+import stat
 from dataclasses import dataclass
-from typing import Any
 
 import click
 
 from noduslocal import errors
 from noduslocal.client.api import Client
 
+USERS, ADMINS = "noduslocal", "noduslocal-admin"
+
 
 @dataclass
 class Check:
     name: str
-    ok: bool | None  # None: not checked (and why is in `detail`)
+    ok: bool | None  # None: not checked, or nothing to check (and why is in `detail`)
     detail: str
+
+
+def socket_check(path: str) -> Check:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return Check("socket", False, f"{path} does not exist: is the daemon (or "
+                                      "noduslocal.socket) started?")
+    except PermissionError:
+        return Check("socket", False, f"{path}: its directory is closed to you")
+    mode = stat.S_IMODE(info.st_mode)
+    group = _group_name(info.st_gid)
+    detail = f"{path} {mode:04o} {_user_name(info.st_uid)}:{group}"
+    if info.st_uid == 0 and (mode & 0o006 or group != USERS or mode & 0o060 != 0o060):
+        return Check("socket", False, f"{detail}: a shared daemon's socket is 0660 "
+                                      f"root:{USERS} (check noduslocal.socket)")
+    return Check("socket", True, detail)
+
+
+def groups_check() -> Check:
+    missing = [name for name in (USERS, ADMINS) if _gid(name) is None]
+    if missing:
+        return Check("groups", False, f"no group {', '.join(missing)}: run scripts/install.sh "
+                                      "(or systemd-sysusers) to make them")
+    mine = set(os.getgroups()) | {os.getgid()}
+    if os.getuid() == 0:
+        return Check("groups", True, f"{USERS} and {ADMINS} exist; you are root")
+    if _gid(USERS) not in mine:
+        return Check("groups", False, f"you are not in {USERS}: an admin runs `usermod -aG "
+                                      f"{USERS} {_user_name(os.getuid())}`, then log in again")
+    if _gid(ADMINS) in mine:
+        return Check("groups", True, f"you are in {USERS} and {ADMINS} (an admin)")
+    return Check("groups", True, f"you are in {USERS}")
+
+
+def _gid(name: str) -> int | None:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _checks(client: Client) -> list[Check]:
     checks = []
     try:
+        path = client.transport.socket_path
+    except errors.DaemonUnavailable as exc:
+        return [Check("daemon", False, exc.message)]
+    if os.getuid() == 0 or not path.startswith(os.environ.get("XDG_RUNTIME_DIR") or "\0"):
+        checks.append(socket_check(path))  # a user's own daemon's socket is theirs, 0600
+    try:
         info = client.transport.request("GET", "/v1/info", timeout=10)
     except errors.NodusError as exc:
-        return [Check("daemon", False, exc.message)]
+        return [*checks, Check("daemon", False, exc.message)]
     checks.append(Check("daemon", True, f"noduslocald {info['version']} (pid {info['pid']}) "
                                         f"on {info['socket']}"))
-    checks.append(_config_check(info.get("config")))
+    if not info["user_mode"]:
+        checks.append(groups_check())
+    found = client.transport.request("GET", "/v1/doctor", timeout=60)
+    checks += [Check(c["name"], c["ok"], c["detail"]) for c in found["checks"]]
     health = client.transport.request("GET", "/v1/health", timeout=10)
     checks.append(Check("health", health["ok"],
-                        "; ".join(health.get("problems", [])) or "serving, disk has room"))
+                        "; ".join(health.get("problems", [])) or "serving, commits flowing"))
     if info["caller"]["admin"]:
         found = client.transport.request("GET", "/v1/admin/integrity", timeout=3600)
         checks.append(Check("database", found["ok"], "integrity_check: ok" if found["ok"] else
@@ -50,24 +121,11 @@ def _checks(client: Client) -> list[Check]:
     return checks
 
 
-def _config_check(config: dict[str, Any] | None) -> Check:
-    if config is None:
-        return Check("config", None, "not followed by this daemon")
-    if config["error"]:
-        return Check("config", False, f"{config['error']}; the daemon keeps the settings it "
-                                      "had: fix the file (it is read again when saved)")
-    detail = f"{config['path']}: in force"
-    if config["restart_pending"]:
-        detail += (f"; {', '.join(config['restart_pending'])} changed and take effect when "
-                   "the daemon restarts (systemctl restart noduslocal)")
-    return Check("config", True, detail)
-
-
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
 def doctor(as_json: bool) -> None:
-    """Check the daemon: that it answers, its health (disk, commits), the integrity of its
-    database (admins), job directories it does not know."""
+    """Check the socket, the groups, the daemon and what it needs (dockerd and the NVIDIA
+    container runtime, NVML, disk, config, clock), its health and (admins) its database."""
     checks = _checks(Client())
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
@@ -77,3 +135,4 @@ def doctor(as_json: bool) -> None:
             click.echo(f"{mark} {check.name}: {check.detail}")
     if any(check.ok is False for check in checks):
         raise click.exceptions.Exit(1)
+

@@ -16,6 +16,7 @@ COMMANDS = {
     "admin": "noduslocal.cli.admin:admin",
     "daemon": "noduslocal.cli.daemon:daemon",
     "doctor": "noduslocal.cli.doctor:doctor",
+    "events": "noduslocal.cli.events:events",
     "job": "noduslocal.cli.jobs:job",
     "ls": "noduslocal.cli.files:ls",
     "download": "noduslocal.cli.files:download",

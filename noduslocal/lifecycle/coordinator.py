@@ -40,7 +40,7 @@ from noduslocal.lifecycle.sweep_controls import SweepControls
 from noduslocal.lifecycle.sweep_reports import SweepReports
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.lifecycle.webhooks import Webhooks
-from noduslocal.models import CreateRequest, Event, JobRecord, SweepRecord
+from noduslocal.models import CreateRequest, Diagnosis, Event, JobRecord, SweepRecord
 from noduslocal.outputs import OutputLimits
 from noduslocal.runtime.base import Runtime
 from noduslocal.runtime.execute import ExecResult
@@ -140,6 +140,11 @@ class Lifecycle:
 
     def set_inventory(self, inventory: Inventory) -> None:
         self.health.set_inventory(inventory)
+
+    async def diagnose(self) -> list[Diagnosis]:
+        """Each runtime's own checks, for `noduslocal doctor`."""
+        gpus = self.inventory.source == "nvml"
+        return [d for runtime in self.runtimes.values() for d in await runtime.diagnose(gpus)]
 
     def apply_settings(self, settings: Settings) -> None:
         """A reloaded config's live settings (config.LIVE) to every part that reads them;

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from noduslocal.gpu.model import Gpu, job_env
-from noduslocal.models import Handle, JobRecord
+from noduslocal.models import Diagnosis, Handle, JobRecord
 from noduslocal.runtime.attempts import AttemptState, Exited
 from noduslocal.runtime.execute import ExecResult
 from noduslocal.runtime.launchers import RankPlan
@@ -153,6 +153,9 @@ class Runtime(Protocol):
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         """Where a rank's log (stream "all" or "stderr") is written."""
+
+    async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        """What `noduslocal doctor` says of this runtime; `gpus`: the box has real GPUs."""
 
 
 def rank_dir(directory: Path, rank: int, indexed: bool = False) -> Path:

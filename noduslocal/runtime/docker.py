@@ -15,6 +15,7 @@ from typing import Any
 from noduslocal import errors
 from noduslocal.config import Settings
 from noduslocal.layout import JobLayout
+from noduslocal.models import Diagnosis
 from noduslocal.runtime import container_spec
 from noduslocal.runtime.attempts import Alive, AttemptState, NeverStarted
 from noduslocal.runtime.base import (
@@ -66,6 +67,30 @@ class DockerRuntime:
         if self.engine.available:
             return None
         return f"dockerd unreachable: {self.engine.unavailable_reason}"
+
+    async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        if not self.engine.available:
+            return [Diagnosis("dockerd", False, f"unreachable: {self.engine.unavailable_reason}"
+                                                " (start it: systemctl start docker); jobs "
+                                                "with an image wait")]
+        try:
+            info = await self.engine.call(lambda: self.engine.client.info())
+        except DockerUnavailable as exc:
+            return [Diagnosis("dockerd", False, f"unreachable: {exc}")]
+        found = [Diagnosis("dockerd", True, f"docker {info.get('ServerVersion')}, storage "
+                                            f"{info.get('Driver')}")]
+        runtimes = sorted(info.get("Runtimes") or {})
+        if "nvidia" in runtimes:
+            found.append(Diagnosis("nvidia runtime", True, "registered with dockerd"))
+        elif gpus:
+            found.append(Diagnosis("nvidia runtime", False, "dockerd has no nvidia runtime "
+                                   f"(it has {', '.join(runtimes)}): GPU containers fail to "
+                                   "start; install nvidia-container-toolkit, then "
+                                   "`nvidia-ctk runtime configure --runtime=docker` and restart "
+                                   "docker"))
+        else:
+            found.append(Diagnosis("nvidia runtime", None, "not needed: no NVIDIA GPUs here"))
+        return found
 
     def _availability_changed(self) -> None:
         if self.engine.available:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.layout import JobLayout
+from noduslocal.models import Diagnosis
 from noduslocal.runtime.attempts import (
     Alive,
     AttemptState,
@@ -57,6 +58,13 @@ class HostRuntime:
 
     def hold(self) -> str | None:
         return None
+
+    async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        del gpus
+        if self.spawner.compiled is not None:
+            return [Diagnosis("host jobs", True, f"the compiled shim {self.spawner.compiled}")]
+        return [Diagnosis("host jobs", True, "the Python shim (host_shim = \"python\", or no C "
+                                             "compiler: apt-get install gcc for the faster one)")]
 
     def _request(self, launch: Launch, rank: int = 0) -> dict[str, Any]:
         ref = launch.ref

@@ -144,6 +144,20 @@ class Store:
             (*params, limit))
         return [ops.job_from_row(row) for row in reversed(rows)]
 
+    async def tallies(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """Jobs by (phase, owner), removed ones left out; ended attempts by (phase,
+        reason): what /metrics counts."""
+        jobs = await self._fetchall("SELECT phase, owner, count(*) FROM jobs "
+                                    "WHERE removed_at IS NULL GROUP BY phase, owner")
+        attempts = await self._fetchall(
+            "SELECT phase, COALESCE(reason, ''), count(*) FROM attempts "
+            "WHERE ended_at IS NOT NULL GROUP BY phase, reason")
+        return ({(p, o): n for p, o, n in jobs}, {(p, r): n for p, r, n in attempts})
+
+    async def newest_event_time(self) -> float | None:
+        rows = await self._fetchall("SELECT max(at) FROM events")
+        return rows[0][0]
+
     async def max_job_id(self) -> int:
         rows = await self._fetchall("SELECT COALESCE(MAX(id), 0) FROM jobs")
         return int(rows[0][0])

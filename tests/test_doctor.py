@@ -1,0 +1,61 @@
+"""Issue 13, item 7: `noduslocal doctor` on a box laid out as scripts/install.sh lays it
+out: one line per check (the socket and its mode, the groups, the daemon, dockerd, the host
+shim, GPUs, disk, config, clock, health, database), OK or what to do, and exit 1 when
+something is wrong (here: a clock behind what the database recorded)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from noduslocal import testing
+from tests.conftest import run_cli
+
+
+@pytest.fixture
+def installed(lab_groups: None, docker_client: Any) -> Iterator[testing.Daemon]:
+    del docker_client  # dockerd is one of the checks
+    d = testing.Daemon(cpus=1, memory="1GiB")
+    try:
+        yield d.start()
+    finally:
+        d.close()
+
+
+def checks(d: testing.Daemon) -> tuple[int, dict[str, dict[str, Any]]]:
+    result = run_cli(d, "doctor", "--json")
+    return result.returncode, {c["name"]: c for c in json.loads(result.stdout)}
+
+
+def test_a_healthy_box_is_all_ok(installed: testing.Daemon) -> None:
+    code, found = checks(installed)
+    assert code == 0, found
+    for name in ("socket", "daemon", "groups", "host jobs", "dockerd", "disk", "config",
+                 "clock", "health", "database"):
+        assert found[name]["ok"] is True, found[name]
+    assert found["socket"]["detail"].endswith("0660 root:noduslocal")
+    assert found["groups"]["detail"] == "noduslocal and noduslocal-admin exist; you are root"
+    assert found["dockerd"]["detail"].startswith("docker ")
+    # No GPUs here: the NVIDIA runtime is not needed, and that is no failure.
+    assert found["nvidia runtime"]["ok"] is None
+    text = run_cli(installed, "doctor").stdout.splitlines()
+    assert all(line[:4] in ("OK  ", "--  ") for line in text), text
+
+
+def test_a_clock_behind_the_database_fails(installed: testing.Daemon) -> None:
+    d = installed
+    client = d.client()
+    client.wait_job(client.create_job({"name": "once", "command": ["true"]})["name"])
+    db = sqlite3.connect(d.data_dir / "noduslocal.db", timeout=10)
+    with db:  # as if the clock was set back an hour after this job ran
+        db.execute("UPDATE events SET at = at + 3600")
+    db.close()
+    code, found = checks(d)
+    assert code == 1
+    assert found["clock"]["ok"] is False
+    assert "behind the newest event" in found["clock"]["detail"]
+    assert "timedatectl" in found["clock"]["detail"]
