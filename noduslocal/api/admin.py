@@ -29,7 +29,7 @@ def _hashed(fd: int) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _require_admin(request: web.Request, what: str) -> None:
+def require_admin(request: web.Request, what: str) -> None:
     caller: Caller = request["caller"]
     if not caller.admin:
         raise errors.PermissionDenied(f"{what}; only admins may")
@@ -37,7 +37,7 @@ def _require_admin(request: web.Request, what: str) -> None:
 
 @routes.get("/v1/admin/integrity")
 async def integrity(request: web.Request) -> web.Response:
-    _require_admin(request, "integrity: you may not check the daemon's database")
+    require_admin(request, "integrity: you may not check the daemon's database")
     store = request.app[SERVICES].store
     problems = await asyncio.to_thread(integrity_problems, store.path)
     return web.json_response({"ok": not problems, "problems": problems})
@@ -45,7 +45,7 @@ async def integrity(request: web.Request) -> web.Response:
 
 @routes.get("/v1/admin/backup")
 async def backup(request: web.Request) -> web.StreamResponse:
-    _require_admin(request, "backup: you may not copy the daemon's database")
+    require_admin(request, "backup: you may not copy the daemon's database")
     services = request.app[SERVICES]
     target = services.settings.data_dir / f".backup-{os.getpid()}-{os.urandom(6).hex()}.db"
     try:

@@ -15,6 +15,7 @@ from aiohttp import web
 from noduslocal import errors
 from noduslocal.api import (
     admin,
+    admin_users,
     doctor,
     estimate,
     files,
@@ -133,7 +134,8 @@ async def request_log_middleware(request: web.Request,
 def route_tables() -> list[web.RouteTableDef]:
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
-            estimate.routes, sweeps.routes, admin.routes, doctor.routes, prometheus.routes]
+            estimate.routes, sweeps.routes, admin.routes, admin_users.routes, doctor.routes,
+            prometheus.routes]
 
 
 def build_app(services: Services, metrics: Metrics | None = None) -> web.Application:

@@ -39,6 +39,7 @@ from noduslocal.lifecycle.sweep_admission import SweepAdmission
 from noduslocal.lifecycle.sweep_controls import SweepControls
 from noduslocal.lifecycle.sweep_reports import SweepReports
 from noduslocal.lifecycle.sweeps import SweepController
+from noduslocal.lifecycle.user_admin import UserAdmin
 from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import CreateRequest, Diagnosis, Event, JobRecord, SweepRecord
 from noduslocal.outputs import OutputLimits
@@ -98,6 +99,7 @@ class Lifecycle:
                                  self.accounting, self.runner, self.sweeps)
         self.health = GpuHealth(settings, capacity, self.accounting, self.board,
                                 self.stopper, self.dispatch.kick)
+        self.users = UserAdmin(settings, store, self.queue, self.accounting, self.dispatch)
 
     def _run(self, attempt: Attempt) -> None:
         attempt.task = asyncio.create_task(self.runner.run(attempt))
@@ -106,6 +108,7 @@ class Lifecycle:
 
     async def start(self) -> None:
         self.runtime_changed()
+        await self.users.recover()  # before any pass: a held queue stays held
         await self.recovery.recover()
         self.background.spawn(self.health.watch_costs())
         await self.disk.first_reading()
@@ -149,7 +152,7 @@ class Lifecycle:
     def apply_settings(self, settings: Settings) -> None:
         """A reloaded config's live settings (config.LIVE) to every part that reads them;
         a raised limit may let a held job start now."""
-        for part in (self.admission, self.stopper, self.accounting, self.health):
+        for part in (self.admission, self.stopper, self.accounting, self.health, self.users):
             part.settings = settings
         self._max_execs = settings.user_max_execs
         self.queue.limits = Limits(settings.user_max_gpus, settings.user_max_jobs)

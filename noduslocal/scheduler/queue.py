@@ -49,6 +49,8 @@ class Queue:
     # Runtimes that cannot start anything now, with the reason: their jobs keep their place
     # but do not hold up the jobs behind them (e.g. "docker": "dockerd unreachable: ...").
     blocked: dict[str, str] = field(default_factory=dict)
+    # Users whose queue an admin holds, with the hold their pending jobs show.
+    held_users: dict[int, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -67,6 +69,12 @@ class Queue:
 
     def request(self, job_id: int) -> Request | None:
         return self._requests.get(job_id)
+
+    def replace(self, req: Request) -> None:
+        """A queued job's request changed (its priority): the next pass orders by it."""
+        if req.job_id in self._requests:
+            self._requests[req.job_id] = req
+            self._place = None
 
     def last_order(self) -> list[Request]:
         """The order of the last pass (what the holds describe), newer arrivals last."""
@@ -99,8 +107,12 @@ class Queue:
         preempting = any(job_id in cap.running for job_id in self.stopping)
         impaired = pool is not None and any(  # some GPU unusable for now: check each job
             not g.healthy or g.mig or g.uuid in pool.drained for g in pool.inventory.gpus)
+        held_users = self.held_users
         for req in order:
             if blocked and req.runtime in blocked:
+                continue
+            if held_users and req.owner_uid in held_users:
+                holds[req.job_id] = held_users[req.owner_uid]
                 continue
             # Inlined: this loop walks every pending job on every pass.
             if limited:  # inlined: this loop walks every pending job on every pass

@@ -154,6 +154,16 @@ class Store:
             "WHERE ended_at IS NOT NULL GROUP BY phase, reason")
         return ({(p, o): n for p, o, n in jobs}, {(p, r): n for p, r, n in attempts})
 
+    async def user_holds(self) -> dict[int, tuple[str, float, str | None]]:
+        """uid -> (the admin who held the queue, when, why)."""
+        rows = await self._fetchall("SELECT uid, by_user, at, reason FROM user_holds")
+        return {uid: (by, at, reason) for uid, by, at, reason in rows}
+
+    async def owner_names(self) -> dict[int, str]:
+        """Every uid that owns a job here, with the name it had."""
+        rows = await self._fetchall("SELECT owner_uid, owner FROM jobs GROUP BY owner_uid")
+        return {uid: name for uid, name in rows}
+
     async def newest_event_time(self) -> float | None:
         rows = await self._fetchall("SELECT max(at) FROM events")
         return rows[0][0]

@@ -71,3 +71,20 @@ def set_drain(conn: sqlite3.Connection, uuid: str, drained: bool, by: str,
     else:
         conn.execute("DELETE FROM gpu_drains WHERE uuid = ?", (uuid,))
     return None, []
+
+
+def set_user_hold(conn: sqlite3.Connection, uid: int, held: bool, by: str, now: float,
+                  reason: str | None) -> tuple[None, list[Event]]:
+    if held:
+        conn.execute("INSERT OR REPLACE INTO user_holds (uid, by_user, at, reason) "
+                     "VALUES (?,?,?,?)", (uid, by, now, reason))
+    else:
+        conn.execute("DELETE FROM user_holds WHERE uid = ?", (uid,))
+    return None, []
+
+
+def set_priority(conn: sqlite3.Connection, job_id: int,
+                 priority: int) -> tuple[None, list[Event]]:
+    conn.execute("UPDATE jobs SET spec = json_set(spec, '$.priority', ?) WHERE id = ?",
+                 (priority, job_id))
+    return None, []
