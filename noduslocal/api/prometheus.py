@@ -19,6 +19,7 @@ from noduslocal.states import Phase
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 routes = web.RouteTableDef()
 # Seconds: a submit is about a millisecond, a listing of thousands tens of them.
+TALLY_EVERY = 1.0  # seconds a tally of jobs and attempts is served again
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -105,6 +106,7 @@ class Metrics:
 
     def __init__(self, services: Services) -> None:
         self.services = services
+        self._tallied_at = -TALLY_EVERY
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = DaemonCollector(services)
         self.registry.register(self.collector)
@@ -114,7 +116,11 @@ class Metrics:
                                  buckets=BUCKETS, registry=self.registry)
 
     async def text(self) -> bytes:
-        self.collector.tallies = await self.services.store.tallies()
+        # The tallies are a query over every job: at most one a second, however often
+        # anyone scrapes, so a scraper cannot slow everyone's reads.
+        if time.monotonic() - self._tallied_at >= TALLY_EVERY:
+            self.collector.tallies = await self.services.store.tallies()
+            self._tallied_at = time.monotonic()
         return generate_latest(self.registry)
 
     @web.middleware

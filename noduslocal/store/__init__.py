@@ -165,7 +165,10 @@ class Store:
         return {uid: name for uid, name in rows}
 
     async def newest_event_time(self) -> float | None:
-        rows = await self._fetchall("SELECT max(at) FROM events")
+        """The latest time among the last events recorded: bounded, as the table is not
+        indexed by time (after a clock jump back, the newest rows are not the latest)."""
+        rows = await self._fetchall("SELECT max(at) FROM (SELECT at FROM events "
+                                    "ORDER BY seq DESC LIMIT 10000)")
         return rows[0][0]
 
     async def max_job_id(self) -> int:
