@@ -1,102 +1,105 @@
-"""Issue 13, item 5: Prometheus text at /metrics on the socket, and on the optional
-127.0.0.1 port, parsed with prometheus-client's own parser; its job counts match
-`job list`, and the TCP port serves /metrics alone."""
+"""What jobs report ($NODUS_METRICS_FILE, noduslocal.report): folded to the last value of
+each number, read without following links or trusting files the owner does not own, live
+while a job runs, kept when it ends, and a sweep's best cell."""
 
 from __future__ import annotations
 
 import json
-import socket
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from noduslocal import testing
-from noduslocal.client import wire
-from tests.conftest import run_cli
+import noduslocal as nodus
+from noduslocal import metrics, testing
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def write(workspace: Path, *lines: object) -> None:
+    with open(workspace / metrics.METRICS_FILE, "a") as file:
+        for line in lines:
+            file.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
 
 
-PORT = free_port()
+def test_last_value_of_each_number_wins(tmp_path: Path) -> None:
+    write(tmp_path, {"throughput": 10, "loss": 2.5}, "not json", [1, 2],
+          {"throughput": 12.5, "flag": True, "name": "x", "nan": float("nan")}, {"": 1})
+    assert metrics.read(tmp_path, 0) == {"throughput": 12.5, "loss": 2.5}
 
 
-@pytest.fixture
-def box() -> Iterator[testing.Daemon]:
-    d = testing.Daemon(cpus=1, memory="2GiB",
-                       config=f'simulate_gpus = "2xL4"\nmetrics_port = {PORT}\n')
-    try:
-        yield d.start()
-    finally:
-        d.close()
+def test_only_the_recent_tail_is_read_and_keys_are_capped(tmp_path: Path) -> None:
+    write(tmp_path, *({"old": i} for i in range(20_000)), {"new": 1})
+    assert metrics.read(tmp_path, 0) == {"new": 1.0, "old": 19_999.0}
+    other = tmp_path / "many"
+    other.mkdir()
+    write(other, {f"k{i}": i for i in range(100)})
+    assert len(metrics.read(other, 0)) == metrics.MAX_KEYS
 
 
-def scrape(d: testing.Daemon) -> dict[str, list[tuple[dict[str, str], float]]]:
-    conn = wire.Connection(str(d.socket), 10)
-    try:
-        conn.send("GET", "/metrics", {})
-        resp = conn.response("GET")
-        assert resp.status == 200
-        assert resp.header("Content-Type", ).startswith("text/plain")  # type: ignore[union-attr]
-        text = resp.read().decode()
-    finally:
-        conn.close()
-    return samples(text)
+def test_links_fifos_and_strangers_files_are_not_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"password_digits": 1234}\n')
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / metrics.METRICS_FILE).symlink_to(secret)
+    assert metrics.read(linked, 0) == {}
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / metrics.METRICS_FILE)
+    assert metrics.read(fifo, 0) == {}  # and does not block
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    write(owned, {"x": 1})
+    assert metrics.read(owned, 0) == {"x": 1.0}
+    assert metrics.read(owned, 4242) == {}, "a file the job's owner does not own was read"
+    assert metrics.read(tmp_path / "missing", 0) == {}
 
 
-def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return found
+def test_report_appends_a_line_and_warns_outside_a_job(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(metrics.ENV, raising=False)
+    with pytest.warns(UserWarning, match="not inside a noduslocal job"):
+        nodus.report(throughput=1.0)
+    monkeypatch.setenv(metrics.ENV, str(tmp_path / metrics.METRICS_FILE))
+    nodus.report(throughput=3, loss=0.25)
+    assert metrics.read(tmp_path, 0) == {"throughput": 3.0, "loss": 0.25}
+    with pytest.raises(TypeError, match="loss must be a finite number"):
+        nodus.report(loss=float("inf"))
 
 
-def value(found: dict[str, list[tuple[dict[str, str], float]]], name: str,
-          **labels: str) -> float:
-    return sum(v for have, v in found.get(name, [])
-               if all(have.get(k) == want for k, want in labels.items()))
+def test_a_job_reports_live_and_keeps_its_last_values(daemon: testing.Daemon,
+                                                      tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    script = ("import os, time, noduslocal\n"
+              "noduslocal.report(throughput=100.0, loss=1.0)\n"
+              f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+              "noduslocal.report(throughput=250.0)\n")
+    job = nodus.Job.run(command=[sys.executable, "-c", script])
+    testing.wait_until(lambda: job.status()["metrics"] == {"throughput": 100.0, "loss": 1.0},
+                       "the first report to show while the job runs")
+    gate.touch()
+    done = job.wait(timeout=60)
+    assert done["metrics"] == {"throughput": 250.0, "loss": 1.0}
+    again = nodus.Job.from_name(job.name).status()
+    assert again["metrics"] == {"throughput": 250.0, "loss": 1.0}
 
 
-def test_metrics_parse_and_match_job_list(box: testing.Daemon) -> None:
-    d = box
-    client = d.client()
-    client.wait_job(client.create_job({"name": "ok", "command": ["true"]})["name"])
-    client.wait_job(client.create_job({"name": "bad", "command": ["false"]})["name"])
-    client.create_job({"name": "runs", "command": ["sleep", "60"], "gpu": "1"})
-    testing.wait_until(lambda: client.get_job("runs")["phase"] == "Running", "runs")
-    client.create_job({"name": "waits", "command": ["true"]})  # the one CPU is taken
-    assert run_cli(d, "gpus", "drain", "1").returncode == 0
-    listed = json.loads(run_cli(d, "job", "list", "-a", "--json").stdout)
-    found = scrape(d)
-    for phase in ("Pending", "Running", "Succeeded", "Failed", "Cancelled"):
-        assert value(found, "noduslocal_jobs", phase=phase) == \
-            sum(1 for j in listed if j["phase"] == phase), phase
-    assert value(found, "noduslocal_queue_length", user="root") == 1
-    assert value(found, "noduslocal_gpu_state", gpu="0", state="allocated") == 1
-    assert value(found, "noduslocal_gpu_state", gpu="1", state="drained") == 1
-    assert value(found, "noduslocal_gpu_state", state="free") == 0
-    assert value(found, "noduslocal_gpu_memory_total_bytes", gpu="0") == 24 * 2**30
-    assert value(found, "noduslocal_attempts_total", phase="Exited", reason="Completed") == 1
-    assert value(found, "noduslocal_attempts_total", phase="Exited", reason="Error") == 1
-    assert value(found, "noduslocal_api_request_seconds_count", method="POST",
-                 route="/v1/jobs") == 4
-    # A long poll is no latency: waits are left out, as streams are.
-    assert value(found, "noduslocal_api_request_seconds_count",
-                 route="/v1/jobs/{name}/wait") == 0
-    assert value(found, "noduslocal_disk_free_bytes") > 0
+def test_the_best_cell_has_the_highest_throughput(daemon: testing.Daemon) -> None:
+    sweep = nodus.Sweep({"command": [
+        "sh", "-c", 'echo "{\\"throughput\\": $((X % 3))}" >> "$NODUS_METRICS_FILE"']},
+        grid={"X": [1, 2, 4, 5, 3]}, name="fastest").run()
+    status = sweep.wait(timeout=60)
+    assert status["phase"] == "Succeeded"
+    assert [c["throughput"] for c in sweep.cells()] == [1.0, 2.0, 1.0, 2.0, 0.0]
+    # cells 1 and 3 tie at 2.0 with the same cost: the lower index wins.
+    assert (status["best"]["index"], status["best"]["params"]) == (1, {"X": "2"})
+    out = subprocess.run([sys.executable, "-m", "noduslocal.cli", "sweep", "status",
+                          "fastest"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "NODUSLOCAL_SOCKET": str(daemon.socket)})
+    assert "best   cell 1 (X=2): throughput 2" in out.stdout
 
 
-def test_the_tcp_port_serves_metrics_alone(box: testing.Daemon) -> None:
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10) as resp:
-        found = samples(resp.read().decode())
-    assert "noduslocal_jobs" in found and "noduslocal_disk_free_bytes" in found
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"http://127.0.0.1:{PORT}/v1/jobs", timeout=10)
-    assert refused.value.code == 404
+def test_a_sweep_without_reports_has_no_best(daemon: testing.Daemon) -> None:
+    sweep = nodus.Sweep({"command": ["true"]}, grid={"X": [1, 2]}, name="quiet").run()
+    assert sweep.wait(timeout=60)["best"] is None
