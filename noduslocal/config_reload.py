@@ -73,6 +73,7 @@ class ConfigReloader:
         self.path = path
         self._load = load
         self._loaded = load_or(running, load)  # what the file gave, before any override
+        self._at_start = self._loaded  # what the settings that wait for a restart came from
         self._running = running
         self._apply = apply
         self._wake = asyncio.Event()
@@ -121,15 +122,17 @@ class ConfigReloader:
                    if getattr(loaded, f.name) != getattr(self._loaded, f.name)]
         self._loaded = loaded
         live = {name: getattr(loaded, name) for name in changed if name in LIVE}
-        waiting = sorted({*self.status.restart_pending,
-                          *(TOML_NAME.get(n, n) for n in changed if n not in LIVE)})
+        # Against the start, not the last reload: a change undone waits for nothing.
+        waiting = sorted(TOML_NAME.get(f.name, f.name) for f in fields(Settings)
+                         if f.name not in LIVE
+                         and getattr(loaded, f.name) != getattr(self._at_start, f.name))
         self.status = ConfigStatus(str(self.path), time.time(), None, waiting)
         if live:
             self._running = replace(self._running, **live)
             self._apply(self._running)
             log.info("config %s reloaded: %s applied", self.path,
                      ", ".join(TOML_NAME.get(n, n) for n in live))
-        if waiting:
+        if waiting and any(n not in LIVE for n in changed):
             log.warning("config %s: %s changed; that takes effect when the daemon restarts",
                         self.path, ", ".join(waiting))
 

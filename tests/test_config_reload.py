@@ -98,6 +98,8 @@ def test_a_change_that_needs_a_restart_says_so(limited: testing.Daemon) -> None:
     code, line = doctor(d)
     assert code == 0 and "when the daemon restarts" in line, line
     assert "commit_batch changed; that takes effect when the daemon restarts" in d.log()
+    edit(d.config_path, "user_max_jobs = 1\n")  # undone: nothing waits any more
+    testing.wait_until(lambda: "changed" not in doctor(d)[1], "doctor forgets it", timeout=15)
 
 
 def test_sighup_reads_the_file_again(limited: testing.Daemon) -> None:

@@ -122,13 +122,20 @@ async def request_log_middleware(request: web.Request,
     if not log.isEnabledFor(logging.DEBUG):
         return await handler(request)
     start = time.perf_counter()
-    resp = await handler(request)
-    resource = request.match_info.route.resource
-    log.debug("request", extra={
-        "user": request["caller"].name, "method": request.method,
-        "route": resource.canonical if resource is not None else request.path,
-        "status": resp.status, "ms": f"{(time.perf_counter() - start) * 1000:.1f}"})
-    return resp
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except errors.NodusError as exc:  # answered by the error middleware, outside this one
+        status = exc.http_status
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        log.debug("request", extra={
+            "user": request["caller"].name, "method": request.method,
+            "route": resource.canonical if resource is not None else request.path,
+            "status": status, "ms": f"{(time.perf_counter() - start) * 1000:.1f}"})
 
 
 def route_tables() -> list[web.RouteTableDef]:
