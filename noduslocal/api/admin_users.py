@@ -19,9 +19,11 @@ routes = web.RouteTableDef()
 
 
 def _uid(name: str) -> int:
+    if not name or len(name) > 256:
+        raise errors.InvalidArgument("user: expected a user name of this host", field="user")
     try:
         return pwd.getpwnam(name).pw_uid
-    except KeyError:
+    except (KeyError, ValueError, UnicodeError):  # ValueError: a NUL in the name
         raise errors.NotFound(f"there is no user {name!r} on this host") from None
 
 
