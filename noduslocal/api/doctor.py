@@ -14,6 +14,7 @@ from aiohttp import web
 
 from noduslocal.api.services import SERVICES, Services
 from noduslocal.models import Diagnosis
+from noduslocal.store import reports
 from noduslocal.units import fmt_bytes
 
 routes = web.RouteTableDef()
@@ -67,7 +68,7 @@ def config(services: Services) -> Diagnosis:
 
 
 async def clock(services: Services) -> Diagnosis:
-    newest = await services.store.newest_event_time()
+    newest = await reports.newest_event_time(services.store)
     now = time.time()
     if newest is not None and newest > now + CLOCK_SLACK:
         return Diagnosis("clock", False, f"the clock is {newest - now:.0f}s behind the newest "

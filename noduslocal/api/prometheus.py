@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from noduslocal.api.services import STREAM, Services
 from noduslocal.states import Phase
+from noduslocal.store import reports
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 routes = web.RouteTableDef()
@@ -119,7 +120,7 @@ class Metrics:
         # The tallies are a query over every job: at most one a second, however often
         # anyone scrapes, so a scraper cannot slow everyone's reads.
         if time.monotonic() - self._tallied_at >= TALLY_EVERY:
-            self.collector.tallies = await self.services.store.tallies()
+            self.collector.tallies = await reports.tallies(self.services.store)
             self._tallied_at = time.monotonic()
         return generate_latest(self.registry)
 

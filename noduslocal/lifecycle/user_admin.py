@@ -17,7 +17,7 @@ from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.models import JobRecord
 from noduslocal.scheduler.queue import Queue
 from noduslocal.states import TERMINAL
-from noduslocal.store import Store, resources
+from noduslocal.store import Store, reports, resources
 
 log = logging.getLogger("noduslocald")
 
@@ -37,7 +37,7 @@ class UserAdmin:
 
     async def recover(self) -> None:
         """The holds in force when the daemon stopped, before any job may start."""
-        for uid, (by, _, reason) in (await self.store.user_holds()).items():
+        for uid, (by, _, reason) in (await reports.user_holds(self.store)).items():
             self.queue.held_users[uid] = hold_reason(by, reason)
 
     async def hold(self, uid: int, name: str, by: str, reason: str | None) -> None:
@@ -75,8 +75,8 @@ class UserAdmin:
     async def report(self) -> list[dict[str, Any]]:
         """Each user who has work here or a hold: what they run, hold and wait for, their
         fair-share use, and the limits that apply to them."""
-        names = await self.store.owner_names()
-        holds = await self.store.user_holds()
+        names = await reports.owner_names(self.store)
+        holds = await reports.user_holds(self.store)
         pending: dict[int, int] = {}
         for req in self.queue.last_order():
             pending[req.owner_uid] = pending.get(req.owner_uid, 0) + 1

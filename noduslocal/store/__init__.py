@@ -105,18 +105,19 @@ class Store:
 
     # --- reads: one statement each on the reader connection -------------------------------
 
-    async def _fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """One statement on the reader connection (store/reports.py's queries use it)."""
         assert self._reader is not None, "store is not open"
         return list(await self._reader.execute_fetchall(sql, params))
 
     async def job(self, project: str, name: str) -> JobRecord | None:
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE project = ? AND name = ?",
             (project, name))
         return ops.job_from_row(rows[0]) if rows else None
 
     async def job_by_id(self, job_id: int) -> JobRecord | None:
-        rows = await self._fetchall(f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE id = ?",
+        rows = await self.fetchall(f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE id = ?",
                                     (job_id,))
         return ops.job_from_row(rows[0]) if rows else None
 
@@ -139,65 +140,38 @@ class Store:
             where.append("json_extract(labels, ?) = ?")
             params.extend([f'$."{key}"', value])
         clause = f"WHERE {' AND '.join(where)}"
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             f"SELECT {ops.JOB_COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ?",
             (*params, limit))
         return [ops.job_from_row(row) for row in reversed(rows)]
 
-    async def tallies(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-        """Jobs by (phase, owner), removed ones left out; ended attempts by (phase,
-        reason): what /metrics counts."""
-        jobs = await self._fetchall("SELECT phase, owner, count(*) FROM jobs "
-                                    "WHERE removed_at IS NULL GROUP BY phase, owner")
-        attempts = await self._fetchall(
-            "SELECT phase, COALESCE(reason, ''), count(*) FROM attempts "
-            "WHERE ended_at IS NOT NULL GROUP BY phase, reason")
-        return ({(p, o): n for p, o, n in jobs}, {(p, r): n for p, r, n in attempts})
-
-    async def user_holds(self) -> dict[int, tuple[str, float, str | None]]:
-        """uid -> (the admin who held the queue, when, why)."""
-        rows = await self._fetchall("SELECT uid, by_user, at, reason FROM user_holds")
-        return {uid: (by, at, reason) for uid, by, at, reason in rows}
-
-    async def owner_names(self) -> dict[int, str]:
-        """Every uid that owns a job here, with the name it had."""
-        rows = await self._fetchall("SELECT owner_uid, owner FROM jobs GROUP BY owner_uid")
-        return {uid: name for uid, name in rows}
-
-    async def newest_event_time(self) -> float | None:
-        """The latest time among the last events recorded: bounded, as the table is not
-        indexed by time (after a clock jump back, the newest rows are not the latest)."""
-        rows = await self._fetchall("SELECT max(at) FROM (SELECT at FROM events "
-                                    "ORDER BY seq DESC LIMIT 10000)")
-        return rows[0][0]
-
     async def max_job_id(self) -> int:
-        rows = await self._fetchall("SELECT COALESCE(MAX(id), 0) FROM jobs")
+        rows = await self.fetchall("SELECT COALESCE(MAX(id), 0) FROM jobs")
         return int(rows[0][0])
 
     async def active_jobs(self) -> list[JobRecord]:
         return await self.jobs(active_only=True, limit=-1)
 
     async def attempts(self, job_id: int) -> list[AttemptRecord]:
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             f"SELECT {ops.ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY number",
             (job_id,))
         return [ops.attempt_from_row(row) for row in rows]
 
     async def attempt_ended(self, job_id: int, number: int) -> bool:
         """Whether that attempt's end is committed (exited, lost or never started)."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT phase FROM attempts WHERE job_id = ? AND number = ?", (job_id, number))
         return bool(rows) and rows[0][0] in ATTEMPT_ENDED
 
     async def jobs_by_ids(self, ids: list[int]) -> list[JobRecord]:
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE id IN ({','.join('?' * len(ids))})",
             tuple(ids))
         return [ops.job_from_row(row) for row in rows]
 
     async def sweep(self, project: str, name: str) -> SweepRecord | None:
-        rows = await self._fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps "
+        rows = await self.fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps "
                                     "WHERE project = ? AND name = ?", (project, name))
         return sweep_ops.sweep_from_row(rows[0]) if rows else None
 
@@ -210,32 +184,32 @@ class Store:
             where.append("project = ?")
             params.append(project)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = await self._fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps {clause} "
+        rows = await self.fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps {clause} "
                                     "ORDER BY id DESC LIMIT ?", (*params, limit))
         return [sweep_ops.sweep_from_row(row) for row in reversed(rows)]
 
     async def sweep_cells(self, sweep_id: int) -> list[tuple[int, int, str]]:
         """(job id, cell, phase) of every cell, in cell order."""
-        return [tuple(row) for row in await self._fetchall(
+        return [tuple(row) for row in await self.fetchall(
             f"SELECT id, cell, phase FROM jobs WHERE {CURRENT} ORDER BY cell", (sweep_id,))]
 
     async def sweep_cell_jobs(self, sweep_id: int, offset: int = 0,
                               limit: int = -1) -> list[JobRecord]:
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND cell >= ? "
             "ORDER BY cell LIMIT ?", (sweep_id, offset, limit))
         return [ops.job_from_row(row) for row in rows]
 
     async def sweep_failed(self, sweep_id: int, limit: int) -> list[JobRecord]:
         """Failed cells, in cell order, at most `limit`."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Failed' "
             "ORDER BY cell LIMIT ?", (sweep_id, limit))
         return [ops.job_from_row(row) for row in rows]
 
     async def sweep_best(self, sweep_id: int) -> JobRecord | None:
         """The succeeded cell that reported the highest throughput; ties: the lower cost."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Succeeded' "
             "AND json_extract(metrics, '$.throughput') IS NOT NULL ORDER BY "
             "json_extract(metrics, '$.throughput') DESC, cost, cell LIMIT 1", (sweep_id,))
@@ -244,14 +218,14 @@ class Store:
     async def sweep_costs(self, sweep_id: int) -> tuple[float, float]:
         """The cost of every ended attempt of the sweep, and a typical cell's: the mean over
         cells that ran and ended (0 before any has)."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT SUM(cost), AVG(CASE WHEN phase IN ('Succeeded', 'Failed', 'Cancelled') "
             "AND attempts > 0 THEN cost END) FROM jobs WHERE sweep_id = ?", (sweep_id,))
         return float(rows[0][0] or 0.0), float(rows[0][1] or 0.0)
 
     async def sweep_phase_before_suspend(self, sweep_id: int) -> str | None:
         """The phase a suspended sweep had when it was suspended (Canary or Running)."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT phase FROM sweep_events WHERE sweep_id = ? AND phase NOT IN "
             "('Suspended', 'Pending') ORDER BY seq DESC LIMIT 1", (sweep_id,))
         return str(rows[0][0]) if rows else None
@@ -259,7 +233,7 @@ class Store:
     async def sweep_cell_groups(self, sweep_id: int, now: float) -> list[CellGroup]:
         """Each cell's latest job, grouped by phase and GPU request: what an estimate
         needs, without reading every cell (one not started yet counts as starting `now`)."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT phase, COALESCE(json_extract(spec, '$.gpu.count'), 0), "
             "json_extract(spec, '$.gpu.type'), json_extract(spec, '$.expected_duration'), "
             "COUNT(*), COALESCE(SUM(CASE WHEN ended_at IS NOT NULL THEN ended_at - "
@@ -270,14 +244,14 @@ class Store:
 
     async def sweep_running(self, sweep_id: int) -> list[int]:
         """The job ids of the cells that start or run now."""
-        return [row[0] for row in await self._fetchall(
+        return [row[0] for row in await self.fetchall(
             f"SELECT id FROM jobs WHERE {CURRENT} AND phase IN ('Starting', 'Running')",
             (sweep_id,))]
 
     async def sweep_totals(self, sweep_id: int) -> tuple[dict[str, int], float]:
         """Cells per phase (as each cell's latest job stands), and the cost of every ended
         attempt of the sweep, retried ones too."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT phase, SUM(superseded_by IS NULL), SUM(cost) FROM jobs "
             "WHERE sweep_id = ? GROUP BY phase", (sweep_id,))
         return ({row[0]: row[1] for row in rows if row[1]},
@@ -292,7 +266,7 @@ class Store:
         if project is not None:
             where.append("j.project = ?")
             params.append(project)
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT e.seq, e.job_id, j.project, j.name, e.at, e.phase, e.reason, e.message, "
             f"e.attempt FROM events e JOIN jobs j ON j.id = e.job_id WHERE {' AND '.join(where)} "
             "ORDER BY e.seq LIMIT ?",
@@ -301,14 +275,14 @@ class Store:
 
     async def secrets(self, owner_uid: int) -> list[tuple[str, float, float]]:
         """(name, created_at, updated_at) of a user's secrets; never their values."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT name, created_at, updated_at FROM secrets WHERE owner_uid = ? "
             "ORDER BY name", (owner_uid,))
         return [tuple(row) for row in rows]  # type: ignore[misc]
 
     async def gpu_usage(self, since: float) -> list[tuple[int, int, float, float]]:
         """(owner uid, GPUs, started, ended) of attempts with GPUs that ended since."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT j.owner_uid, a.gpus, a.started_at, a.ended_at FROM attempts a "
             "JOIN jobs j ON j.id = a.job_id WHERE a.gpus IS NOT NULL "
             "AND a.started_at IS NOT NULL AND a.ended_at >= ? ORDER BY a.ended_at", (since,))
@@ -317,23 +291,23 @@ class Store:
 
     async def past_runs(self, owner_uid: int, limit: int = 500) -> list[tuple[str, float, float]]:
         """(spec JSON, run seconds, cost) of the user's latest succeeded jobs."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT spec, ended_at - started_at, cost FROM jobs WHERE owner_uid = ? AND "
             "phase = 'Succeeded' AND started_at IS NOT NULL ORDER BY id DESC LIMIT ?",
             (owner_uid, limit))
         return [(spec, float(run), float(cost or 0)) for spec, run, cost in rows]
 
     async def drained_gpus(self) -> set[str]:
-        return {row[0] for row in await self._fetchall("SELECT uuid FROM gpu_drains", ())}
+        return {row[0] for row in await self.fetchall("SELECT uuid FROM gpu_drains", ())}
 
     async def job_secret_values(self, job_id: int) -> dict[str, str]:
-        rows = await self._fetchall("SELECT env, value FROM job_secrets WHERE job_id = ?",
+        rows = await self.fetchall("SELECT env, value FROM job_secrets WHERE job_id = ?",
                                     (job_id,))
         return {env: value for env, value in rows}
 
     async def outputs(self, job_id: int, index: int = -1) -> dict[str, dict[str, Any]]:
         """The job's collected outputs by name (an indexed job's: that index's)."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT name, attempt, path, kind, size, sha256, collected_at, skipped "
             "FROM outputs WHERE job_id = ? AND idx = ?", (job_id, index))
         return {row[0]: {"name": row[0], "attempt": row[1], "path": row[2], "kind": row[3],
@@ -342,7 +316,7 @@ class Store:
                 for row in rows}
 
     async def volumes(self, name: str | None = None) -> list[dict[str, Any]]:
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT name, owner_uid, owner, created_at FROM volumes "
             + ("WHERE name = ? " if name is not None else "") + "ORDER BY name",
             (name,) if name is not None else ())
@@ -351,6 +325,6 @@ class Store:
 
     async def source(self, sha256: str, owner_uid: int) -> int | None:
         """The size of a source this user uploaded, or None."""
-        rows = await self._fetchall(
+        rows = await self.fetchall(
             "SELECT size FROM sources WHERE sha256 = ? AND owner_uid = ?", (sha256, owner_uid))
         return rows[0][0] if rows else None
