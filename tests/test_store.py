@@ -19,6 +19,7 @@ from noduslocal import errors
 from noduslocal.models import CreateRequest, Event, Handle, JobRecord, JobSpec
 from noduslocal.states import AttemptPhase, IllegalTransition, Phase, Reason
 from noduslocal.store import Store, ops
+from noduslocal.store import rows as records
 from noduslocal.store.migrate import available, migrate, split_statements
 
 # `noduslocal.store` re-exports the function `migrate`, which shadows the submodule of the
@@ -319,8 +320,8 @@ def test_attempt_handles_are_carried_over_from_the_runtime_columns(
                      "VALUES (3, 1, 'Starting', 0)")
         monkeypatch.setattr(migrate_module, "available", lambda: shipped)
         assert migrate(conn) == len(shipped)
-        rows = conn.execute(f"SELECT {ops.ATTEMPT_COLUMNS} FROM attempts ORDER BY job_id")
-        handles = [ops.attempt_from_row(row).handles for row in rows]
+        rows = conn.execute(f"SELECT {records.ATTEMPT_COLUMNS} FROM attempts ORDER BY job_id")
+        handles = [records.attempt_from_row(row).handles for row in rows]
         assert handles == [[Handle("process", "4242", 0, "boot-a")],
                            [Handle("docker", "c0ffee", 0, None)], []]
         columns = {row[1] for row in conn.execute("PRAGMA table_info(attempts)")}

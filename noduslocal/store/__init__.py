@@ -17,6 +17,7 @@ import aiosqlite
 from noduslocal.models import AttemptRecord, Event, JobRecord, SweepRecord
 from noduslocal.states import ATTEMPT_ENDED
 from noduslocal.store import jobs as ops
+from noduslocal.store import rows as records
 from noduslocal.store import sweeps as sweep_ops
 from noduslocal.store.integrity import check_intact
 from noduslocal.store.migrate import migrate
@@ -112,14 +113,14 @@ class Store:
 
     async def job(self, project: str, name: str) -> JobRecord | None:
         rows = await self.fetchall(
-            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE project = ? AND name = ?",
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE project = ? AND name = ?",
             (project, name))
-        return ops.job_from_row(rows[0]) if rows else None
+        return records.job_from_row(rows[0]) if rows else None
 
     async def job_by_id(self, job_id: int) -> JobRecord | None:
-        rows = await self.fetchall(f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE id = ?",
+        rows = await self.fetchall(f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE id = ?",
                                     (job_id,))
-        return ops.job_from_row(rows[0]) if rows else None
+        return records.job_from_row(rows[0]) if rows else None
 
     async def jobs(self, *, phases: list[str] | None = None, owner: str | None = None,
                    project: str | None = None, labels: dict[str, str] | None = None,
@@ -129,7 +130,7 @@ class Store:
             where.append(f"phase IN ({','.join('?' * len(phases))})")
             params.extend(phases)
         if active_only:
-            where.append(f"phase NOT IN ({ops.TERMINAL_SQL})")
+            where.append(f"phase NOT IN ({records.TERMINAL_SQL})")
         if owner is not None:
             where.append("owner = ?")
             params.append(owner)
@@ -141,9 +142,9 @@ class Store:
             params.extend([f'$."{key}"', value])
         clause = f"WHERE {' AND '.join(where)}"
         rows = await self.fetchall(
-            f"SELECT {ops.JOB_COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ?",
+            f"SELECT {records.JOB_COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ?",
             (*params, limit))
-        return [ops.job_from_row(row) for row in reversed(rows)]
+        return [records.job_from_row(row) for row in reversed(rows)]
 
     async def max_job_id(self) -> int:
         rows = await self.fetchall("SELECT COALESCE(MAX(id), 0) FROM jobs")
@@ -154,9 +155,9 @@ class Store:
 
     async def attempts(self, job_id: int) -> list[AttemptRecord]:
         rows = await self.fetchall(
-            f"SELECT {ops.ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY number",
+            f"SELECT {records.ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY number",
             (job_id,))
-        return [ops.attempt_from_row(row) for row in rows]
+        return [records.attempt_from_row(row) for row in rows]
 
     async def attempt_ended(self, job_id: int, number: int) -> bool:
         """Whether that attempt's end is committed (exited, lost or never started)."""
@@ -166,9 +167,9 @@ class Store:
 
     async def jobs_by_ids(self, ids: list[int]) -> list[JobRecord]:
         rows = await self.fetchall(
-            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE id IN ({','.join('?' * len(ids))})",
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE id IN ({','.join('?' * len(ids))})",
             tuple(ids))
-        return [ops.job_from_row(row) for row in rows]
+        return [records.job_from_row(row) for row in rows]
 
     async def sweep(self, project: str, name: str) -> SweepRecord | None:
         rows = await self.fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps "
@@ -179,7 +180,7 @@ class Store:
                      limit: int = 1000) -> list[SweepRecord]:
         where, params = [], []
         if active_only:
-            where.append(f"phase NOT IN ({ops.TERMINAL_SQL})")
+            where.append(f"phase NOT IN ({records.TERMINAL_SQL})")
         if project is not None:
             where.append("project = ?")
             params.append(project)
@@ -196,24 +197,24 @@ class Store:
     async def sweep_cell_jobs(self, sweep_id: int, offset: int = 0,
                               limit: int = -1) -> list[JobRecord]:
         rows = await self.fetchall(
-            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND cell >= ? "
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND cell >= ? "
             "ORDER BY cell LIMIT ?", (sweep_id, offset, limit))
-        return [ops.job_from_row(row) for row in rows]
+        return [records.job_from_row(row) for row in rows]
 
     async def sweep_failed(self, sweep_id: int, limit: int) -> list[JobRecord]:
         """Failed cells, in cell order, at most `limit`."""
         rows = await self.fetchall(
-            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Failed' "
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Failed' "
             "ORDER BY cell LIMIT ?", (sweep_id, limit))
-        return [ops.job_from_row(row) for row in rows]
+        return [records.job_from_row(row) for row in rows]
 
     async def sweep_best(self, sweep_id: int) -> JobRecord | None:
         """The succeeded cell that reported the highest throughput; ties: the lower cost."""
         rows = await self.fetchall(
-            f"SELECT {ops.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Succeeded' "
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Succeeded' "
             "AND json_extract(metrics, '$.throughput') IS NOT NULL ORDER BY "
             "json_extract(metrics, '$.throughput') DESC, cost, cell LIMIT 1", (sweep_id,))
-        return ops.job_from_row(rows[0]) if rows else None
+        return records.job_from_row(rows[0]) if rows else None
 
     async def sweep_costs(self, sweep_id: int) -> tuple[float, float]:
         """The cost of every ended attempt of the sweep, and a typical cell's: the mean over

@@ -8,7 +8,8 @@ import sqlite3
 
 from noduslocal import errors
 from noduslocal.models import Event
-from noduslocal.store.jobs import TERMINAL_SQL, Owner
+from noduslocal.store.jobs import Owner
+from noduslocal.store.rows import TERMINAL_SQL
 
 
 def set_secret(conn: sqlite3.Connection, owner_uid: int, name: str, value: str,
