@@ -59,3 +59,30 @@ def test_a_clock_behind_the_database_fails(installed: testing.Daemon) -> None:
     assert found["clock"]["ok"] is False
     assert "behind the newest event" in found["clock"]["detail"]
     assert "timedatectl" in found["clock"]["detail"]
+
+
+def test_doctor_checks_the_groups_the_daemon_was_configured_with(docker_client: Any) -> None:
+    """A box whose config names other groups: doctor holds the socket and the groups to
+    those, not to the defaults (it asked the daemon)."""
+    del docker_client
+    import os
+    import subprocess
+
+    if os.getuid() != 0:
+        pytest.skip("making groups needs root")
+    groups = ("nl-test-users", "nl-test-admins")
+    for group in groups:
+        subprocess.run(["groupadd", "-f", group], check=True)
+    d = testing.Daemon(cpus=1, memory="1GiB", config='socket_group = "nl-test-users"\n'
+                                                     'admin_group = "nl-test-admins"\n')
+    try:
+        d.start()
+        _, found = checks(d)
+        assert found["socket"]["ok"] is True, found["socket"]
+        assert found["socket"]["detail"].endswith("0660 root:nl-test-users")
+        assert found["groups"]["detail"] == \
+            "nl-test-users and nl-test-admins exist; you are root"
+    finally:
+        d.close()
+        for group in groups:
+            subprocess.run(["groupdel", group], check=False)

@@ -46,7 +46,8 @@ def disk(services: Services) -> Diagnosis:
               f"{reading.path} (reserve {fmt_bytes(services.settings.disk_reserve)})")
     if reading.low:
         return Diagnosis("disk", False, f"{reading.describe()}: new work is refused; free "
-                                        "space there (`noduslocal gc`), or lower disk_reserve")
+                                        "space there (`noduslocal job rm` ended jobs, `noduslocal "
+                                        "sweep gc`), or lower disk_reserve")
     return Diagnosis("disk", True, detail)
 
 

@@ -48,6 +48,7 @@ async def info(request: web.Request) -> web.Response:
         },
         "queue": {"pending": len(services.lifecycle.queue),
                   "active": services.lifecycle.active_count()},
+        "groups": {"users": settings.socket_group, "admins": settings.admin_group},
         "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
                    "admin": caller.admin},
         "config": None if services.config is None else services.config.status.to_wire(),

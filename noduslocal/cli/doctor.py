@@ -17,6 +17,7 @@ import click
 from noduslocal import errors
 from noduslocal.client.api import Client
 
+# The daemon's defaults; a running daemon says the ones it was configured with.
 USERS, ADMINS = "noduslocal", "noduslocal-admin"
 
 
@@ -27,7 +28,7 @@ class Check:
     detail: str
 
 
-def socket_check(path: str) -> Check:
+def socket_check(path: str, users: str) -> Check:
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -38,26 +39,26 @@ def socket_check(path: str) -> Check:
     mode = stat.S_IMODE(info.st_mode)
     group = _group_name(info.st_gid)
     detail = f"{path} {mode:04o} {_user_name(info.st_uid)}:{group}"
-    if info.st_uid == 0 and (mode & 0o006 or group != USERS or mode & 0o060 != 0o060):
+    if info.st_uid == 0 and (mode & 0o006 or group != users or mode & 0o060 != 0o060):
         return Check("socket", False, f"{detail}: a shared daemon's socket is 0660 "
-                                      f"root:{USERS} (check noduslocal.socket)")
+                                      f"root:{users} (check noduslocal.socket)")
     return Check("socket", True, detail)
 
 
-def groups_check() -> Check:
-    missing = [name for name in (USERS, ADMINS) if _gid(name) is None]
+def groups_check(users: str, admins: str) -> Check:
+    missing = [name for name in (users, admins) if _gid(name) is None]
     if missing:
         return Check("groups", False, f"no group {', '.join(missing)}: run scripts/install.sh "
                                       "(or systemd-sysusers) to make them")
     mine = set(os.getgroups()) | {os.getgid()}
     if os.getuid() == 0:
-        return Check("groups", True, f"{USERS} and {ADMINS} exist; you are root")
-    if _gid(USERS) not in mine:
-        return Check("groups", False, f"you are not in {USERS}: an admin runs `usermod -aG "
-                                      f"{USERS} {_user_name(os.getuid())}`, then log in again")
-    if _gid(ADMINS) in mine:
-        return Check("groups", True, f"you are in {USERS} and {ADMINS} (an admin)")
-    return Check("groups", True, f"you are in {USERS}")
+        return Check("groups", True, f"{users} and {admins} exist; you are root")
+    if _gid(users) not in mine:
+        return Check("groups", False, f"you are not in {users}: an admin runs `usermod -aG "
+                                      f"{users} {_user_name(os.getuid())}`, then log in again")
+    if _gid(admins) in mine:
+        return Check("groups", True, f"you are in {users} and {admins} (an admin)")
+    return Check("groups", True, f"you are in {users}")
 
 
 def _gid(name: str) -> int | None:
@@ -89,16 +90,19 @@ def _checks(client: Client) -> list[Check]:
         path = client.transport.socket_path
     except errors.DaemonUnavailable as exc:
         return [Check("daemon", False, exc.message)]
-    if os.getuid() == 0 or not path.startswith(os.environ.get("XDG_RUNTIME_DIR") or "\0"):
-        checks.append(socket_check(path))  # a user's own daemon's socket is theirs, 0600
     try:
         info = client.transport.request("GET", "/v1/info", timeout=10)
     except errors.NodusError as exc:
-        return [*checks, Check("daemon", False, exc.message)]
+        info, unreachable = None, exc.message
+    groups = info["groups"] if info else {"users": USERS, "admins": ADMINS}
+    if os.getuid() == 0 or not path.startswith(os.environ.get("XDG_RUNTIME_DIR") or "\0"):
+        checks.append(socket_check(path, groups["users"]))  # a user's own is 0600, theirs
+    if info is None:
+        return [*checks, Check("daemon", False, unreachable)]
     checks.append(Check("daemon", True, f"noduslocald {info['version']} (pid {info['pid']}) "
                                         f"on {info['socket']}"))
     if not info["user_mode"]:
-        checks.append(groups_check())
+        checks.append(groups_check(groups["users"], groups["admins"]))
     found = client.transport.request("GET", "/v1/doctor", timeout=60)
     checks += [Check(c["name"], c["ok"], c["detail"]) for c in found["checks"]]
     health = client.transport.request("GET", "/v1/health", timeout=10)
