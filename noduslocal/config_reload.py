@@ -68,11 +68,13 @@ class ConfigReloader:
     """Loads the config again on a change or SIGHUP and hands the live part of what changed
     to `apply`; `status` is what it did last."""
 
-    def __init__(self, path: Path, load: Callable[[], Settings], running: Settings,
-                 apply: Callable[[Settings], None]) -> None:
+    def __init__(self, path: Path, load: Callable[[], Settings], loaded: Settings,
+                 running: Settings, apply: Callable[[Settings], None]) -> None:
+        """LOADED: what LOAD gave at start; RUNNING: that as the daemon runs it (a socket
+        passed by systemd in place of the configured one)."""
         self.path = path
         self._load = load
-        self._loaded = load_or(running, load)  # what the file gave, before any override
+        self._loaded = loaded
         self._at_start = self._loaded  # what the settings that wait for a restart came from
         self._running = running
         self._apply = apply
@@ -136,9 +138,3 @@ class ConfigReloader:
             log.warning("config %s: %s changed; that takes effect when the daemon restarts",
                         self.path, ", ".join(waiting))
 
-
-def load_or(fallback: Settings, load: Callable[[], Settings]) -> Settings:
-    try:
-        return load()
-    except InvalidArgument:
-        return fallback

@@ -171,6 +171,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         passed = systemd.passed_socket()
     except systemd.ActivationError as exc:
         raise StartupError(str(exc)) from None
+    loaded = settings  # as the config file and the command line gave it
     if passed is not None:
         # Socket activation: systemd made the socket, with its mode and group, and keeps it
         # across our restarts; the path it is bound to is the one we serve.
@@ -216,7 +217,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
                 services.settings = gpus.settings = docker.settings = new
                 lifecycle.apply_settings(new)
 
-            reloader = services.config = ConfigReloader(config[0], config[1], settings, apply)
+            reloader = services.config = ConfigReloader(config[0], config[1], loaded, settings,
+                                                      apply)
         metrics = Metrics(services)
         app = build_app(services, metrics)
         # A connection that never finishes its request's headers is closed like an idle one.
