@@ -161,7 +161,7 @@ def test_output_log_interleaves_stdout_and_stderr_in_order(tmp_path: Path,
     # each line waits until the shim has logged it, so the order of arrival is fixed
     script = (
         'emit() { if [ "$2" = err ]; then echo "$1" >&2; else echo "$1"; fi\n'
-        '  n=0; until grep -qx "$1" output.log; do\n'
+        '  n=0; until grep -qx "$1" output.log 2>/dev/null; do\n'
         '    n=$((n+1)); [ "$n" -gt 1000 ] && exit 99; sleep 0.01; done; }\n'
         "emit out-1 out; emit err-1 err; emit out-2 out; emit err-2 err; emit out-3 out\n"
     )
