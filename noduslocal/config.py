@@ -80,6 +80,16 @@ class Settings:
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
     metrics_port: int | None = None  # /metrics also on 127.0.0.1:PORT for a scraper
+    # Retention: an ended job's directory (workspace, logs) and outputs are kept this long
+    # after it (or its sweep) ended; None keeps them forever. Per user: keep_ended_users.
+    keep_ended: float | None = 14 * 24 * 3600.0
+    keep_ended_users: dict[str, float | None] = field(default_factory=dict)
+    gc_every: float = 3600.0  # seconds between retention passes
+    # Bytes of workspaces, logs, volumes and blobs a user may hold before new work is
+    # refused (None: no quota); per user: user_disk_quotas. Measured every du_every.
+    user_disk_quota: int | None = None
+    user_disk_quotas: dict[str, int | None] = field(default_factory=dict)
+    du_every: float = 300.0
     # Named presets of Job.create arguments ([profiles.NAME] tables): a job naming one gets
     # its values in every argument it left unset.
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -87,6 +97,14 @@ class Settings:
     @property
     def user_mode(self) -> bool:
         return os.getuid() != 0
+
+    def keep_for(self, user: str) -> float | None:
+        """How long `user`'s ended jobs keep their files (None: forever)."""
+        return self.keep_ended_users.get(user, self.keep_ended)
+
+    def quota_for(self, user: str) -> int | None:
+        """The bytes `user` may hold on the data dir (None: no quota)."""
+        return self.user_disk_quotas.get(user, self.user_disk_quota)
 
 
 _TOML_KEYS = {
@@ -131,6 +149,14 @@ _TOML_KEYS = {
     "max_body": ("max_body", lambda v: _positive(v, "max_body")),
     "commit_batch": ("commit_batch", lambda v: _positive(v, "commit_batch")),
     "metrics_port": ("metrics_port", lambda v: _port(v, "metrics_port")),
+    "keep_ended": ("keep_ended", lambda v: _keep(v, "keep_ended")),
+    "keep_ended_users": ("keep_ended_users",
+                         lambda v: _per_user(v, "keep_ended_users", _keep)),
+    "gc_every": ("gc_every", lambda v: _interval(v, "gc_every")),
+    "user_disk_quota": ("user_disk_quota", lambda v: _quota(v, "user_disk_quota")),
+    "user_disk_quotas": ("user_disk_quotas",
+                         lambda v: _per_user(v, "user_disk_quotas", _quota)),
+    "du_every": ("du_every", lambda v: _interval(v, "du_every")),
 }
 # The settings a reload applies to the running daemon (lifecycle/coordinator.py's
 # apply_settings and the daemon's own holders take them); any other change waits for a
@@ -139,6 +165,8 @@ LIVE = frozenset({
     "kill_grace", "admin_group", "max_wait_poll", "pids_limit", "shm_size",
     "gpu_busy_memory", "gpu_poll", "max_user_priority", "user_max_gpus", "user_max_jobs",
     "user_max_execs", "disk_reserve", "energy_price_per_kwh", "gpu_hour_rates", "profiles",
+    "keep_ended", "keep_ended_users", "gc_every", "user_disk_quota", "user_disk_quotas",
+    "du_every",
 })
 TOML_NAME = {attr: key for key, (attr, _) in _TOML_KEYS.items()}  # cpus_m -> cpus
 
@@ -157,6 +185,41 @@ def _port(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise InvalidArgument(f"{name}: expected a TCP port from 1 to 65535", field=name)
     return value
+
+
+def _keep(value: Any, name: str) -> float | None:
+    """A duration, or "forever"."""
+    if value == "forever":
+        return None
+    try:
+        return parse_duration(value, name)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f'{exc.message}; or "forever"', field=name) from None
+
+
+def _quota(value: Any, name: str) -> int | None:
+    """A size, or "none"."""
+    if value == "none":
+        return None
+    try:
+        return parse_size(value, name)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f'{exc.message}; or "none"', field=name) from None
+
+
+def _interval(value: Any, name: str) -> float:
+    seconds = parse_duration(value, name)
+    if not 1 <= seconds <= 7 * 24 * 3600:
+        raise InvalidArgument(f"{name}: expected a duration from 1s to 7d", field=name)
+    return seconds
+
+
+def _per_user(value: Any, name: str, convert: Any) -> dict[str, Any]:
+    """A table of user name = value, each checked as the setting for everyone is."""
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{name}: expected a [{name}] table of user = value",
+                              field=name)
+    return {user: convert(each, f"{name}.{user}") for user, each in value.items()}
 
 
 def _text(value: Any, name: str) -> str:

@@ -64,6 +64,14 @@ def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
     return entry.pw_dir, entry.pw_shell, groups
 
 
+def user_name(uid: int) -> str:
+    """The login name of `uid`, or the number where it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 class WorkspaceFailed(RuntimeError):
     """The job's own input could not be laid out (a source that is not a tar, a path its
     owner may not make): the job's failure, not the daemon's."""

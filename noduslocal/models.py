@@ -168,6 +168,15 @@ class JobRecord:
     sweep_id: int | None = None  # a sweep's cell: the sweep, and the cell's index
     cell: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # as of its last attempt's end
+    collected_at: float | None = None  # retention removed its directory and outputs
+
+    def collected_note(self) -> str | None:
+        """Why its workspace, logs and outputs are gone, once retention removed them."""
+        if self.collected_at is None:
+            return None
+        return (f"job {self.name!r}'s workspace, logs and outputs were removed by retention "
+                f"at {iso(self.collected_at)}, past the time ended jobs keep them "
+                "(keep_ended); its history stays")
 
     def to_wire(self, hold: str | None = None, *, redact: bool = False,
                 running_cost: float = 0.0,
@@ -193,6 +202,7 @@ class JobRecord:
             "created_at": iso(self.created_at),
             "started_at": iso(self.started_at),
             "ended_at": iso(self.ended_at),
+            "collected_at": iso(self.collected_at),
             "duration_s": None if not self.started_at or not end
             else round(end - self.started_at, 3),
             "attempts": self.attempts,
@@ -348,3 +358,42 @@ class Diagnosis:
 
     def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class GcReport:
+    """What a retention pass removed (or, dry, would remove)."""
+
+    dry_run: bool
+    at: float
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # project, name, owner, bytes
+    sources: int = 0  # uploads no unfinished job names, past their keep
+    blobs: int = 0
+    blob_bytes: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "at": iso(self.at), "jobs": self.jobs,
+                "job_bytes": sum(job["bytes"] for job in self.jobs),
+                "sources": self.sources, "blobs": self.blobs, "blob_bytes": self.blob_bytes}
+
+
+@dataclass
+class UserUsage:
+    """What one user holds on the data dir's disk, in bytes allocated (blobs: their size,
+    each counted once per user however many jobs name it)."""
+
+    uid: int
+    user: str
+    jobs: int = 0  # job directories (unfinished jobs, and ended ones retention keeps)
+    workspaces: int = 0  # those directories: workspaces, logs, checkpoints
+    volumes: int = 0
+    blobs: int = 0  # collected outputs and uploaded sources
+
+    @property
+    def total(self) -> int:
+        return self.workspaces + self.volumes + self.blobs
+
+    def to_wire(self, quota: int | None, keep: float | None) -> dict[str, Any]:
+        return {"user": self.user, "uid": self.uid, "jobs": self.jobs,
+                "workspaces": self.workspaces, "volumes": self.volumes, "blobs": self.blobs,
+                "total": self.total, "quota": quota, "keep_ended_s": keep}

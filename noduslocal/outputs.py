@@ -6,12 +6,16 @@ following any link, as workspace.py does.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
 import os
 import stat
 import tarfile
+import threading
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,8 +134,14 @@ def copy_sparse(fd: int, writer: HashingWriter, size: int) -> None:
 
 
 class BlobStore:
+    """Blobs by sha256. A blob just kept is pinned until its keeper has recorded it in the
+    database (release()), so a retention pass that read the rows before that commit never
+    deletes it: keep() and discard() take one lock around the file's name."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._lock = threading.Lock()
+        self._pins: Counter[str] = Counter()
 
     def path(self, sha256: str) -> Path:
         return self.root / sha256[:2] / sha256
@@ -150,9 +160,62 @@ class BlobStore:
         digest = writer.digest.hexdigest()
         final = self.path(digest)
         final.parent.mkdir(mode=0o700, exist_ok=True)
-        os.replace(tmp, final)  # same content, same name: a second copy just replaces it
+        with self._lock:
+            os.replace(tmp, final)  # same content, same name: a second copy just replaces it
+            self._pins[digest] += 1
         os.close(writer.fd)
         return writer.size, digest
+
+    def release(self, digests: Iterable[str]) -> None:
+        """The kept blobs `digests` are recorded (or given up): retention may judge them."""
+        with self._lock:
+            for digest in digests:
+                if digest and self._pins[digest] > 0:
+                    self._pins[digest] -= 1
+                    if not self._pins[digest]:
+                        del self._pins[digest]
+
+    def stored(self) -> list[tuple[str, int, float]]:
+        """Every blob on disk: (sha256, bytes it takes, mtime)."""
+        found = []
+        for shelf in _entries(self.root):
+            if len(shelf.name) != 2 or not shelf.is_dir(follow_symlinks=False):
+                continue
+            for entry in _entries(Path(shelf.path)):
+                with contextlib.suppress(FileNotFoundError):
+                    info = entry.stat(follow_symlinks=False)
+                    found.append((entry.name, info.st_blocks * 512, info.st_mtime))
+        return found
+
+    def discard(self, digests: Iterable[str], older_than: float) -> tuple[int, int]:
+        """Delete the blobs `digests` that nobody has pinned and whose file is older than
+        `older_than` (epoch seconds); (how many, bytes freed)."""
+        count = freed = 0
+        for digest in digests:
+            path = self.path(digest)
+            with self._lock:
+                if self._pins[digest] > 0:
+                    continue
+                try:
+                    info = path.stat(follow_symlinks=False)
+                    if info.st_mtime >= older_than:
+                        continue
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+            count, freed = count + 1, freed + info.st_blocks * 512
+        self._clear_tmp(older_than)
+        return count, freed
+
+    def _clear_tmp(self, older_than: float) -> None:
+        """Temporary files a daemon before this one left (this one's are in use)."""
+        mine = f"{os.getpid()}-"
+        for entry in _entries(self.root / "tmp"):
+            if entry.name.startswith(mine):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if entry.stat(follow_symlinks=False).st_mtime < older_than:
+                    os.unlink(entry.path)
 
     def collect(self, workspace: Path, name: str, rel: str, owner_uid: int,
                 limit: int | None = None, cap: str = "") -> Collected | None:
@@ -207,6 +270,14 @@ class BlobStore:
             if not kept:
                 os.close(out)
                 tmp.unlink(missing_ok=True)
+
+
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as entries:
+            return list(entries)
+    except FileNotFoundError:
+        return []
 
 
 def _owned(info: os.stat_result, owner_uid: int) -> bool:

@@ -120,6 +120,7 @@ class Reason(StrEnum):
     DISK_FULL = "DiskFull"  # stopped: it grew most on a disk the database needs
     DISK_EXCEEDED = "DiskExceeded"  # stopped: its directory grew past its `disk`
     REMOVED = "Removed"  # `job rm`: out of listings, its name free, its history kept
+    COLLECTED = "Collected"  # retention removed its directory and outputs; history stays
 
 
 class IllegalTransition(RuntimeError):

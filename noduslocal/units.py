@@ -109,3 +109,14 @@ def fmt_bytes(size: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{size} B"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A duration as config takes it back ("14d", "36h", "90s"); None is "forever"."""
+    if seconds is None:
+        return "forever"
+    whole = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if whole >= size and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s" if whole == seconds else f"{seconds:g}s"

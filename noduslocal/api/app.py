@@ -25,6 +25,7 @@ from noduslocal.api import (
     outputs,
     prometheus,
     queue,
+    retention,
     secrets,
     sources,
     streams,
@@ -142,7 +143,7 @@ def route_tables() -> list[web.RouteTableDef]:
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
             estimate.routes, sweeps.routes, admin.routes, admin_users.routes, doctor.routes,
-            prometheus.routes]
+            prometheus.routes, retention.routes]
 
 
 def build_app(services: Services, metrics: Metrics | None = None) -> web.Application:

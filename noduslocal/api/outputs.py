@@ -44,6 +44,11 @@ def _listed(job: JobRecord, collected: dict[str, dict[str, Any]],
             path = output_path(path, index)
         row = collected.get(name)
         where = {} if index is None else {"index": index}
+        if job.collected_at is not None:
+            listed.append({"name": name, **where, "path": path, "collected": False,
+                           "skipped": f"removed by retention at {iso(job.collected_at)} "
+                                      "(keep_ended)"})
+            continue
         if row is not None and row["skipped"]:
             listed.append({"name": name, **where, "path": path, "collected": False,
                            "skipped": row["skipped"], "size": row["size"],
@@ -81,6 +86,8 @@ async def download_output(request: web.Request) -> web.StreamResponse:
         raise errors.NotFound(f"output: job {job.name!r} declares no output {name!r}")
     index = _index_param(request, job)
     row = (await services.store.outputs(job.id, index)).get(name)
+    if (note := job.collected_note()) is not None:
+        raise errors.NotFound(note)
     if row is None:
         raise errors.NotFound(f"output {name!r} of job {job.name!r} was not collected "
                               f"(nothing at {job.spec.outputs[name]} when an attempt ended)")

@@ -36,7 +36,9 @@ def source_sha(request: web.Request) -> str:
 async def get_source(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     sha = source_sha(request)
-    size = await request.app[SERVICES].store.source(sha, caller.uid)
+    now = time.time()
+    size = await request.app[SERVICES].store.write(
+        lambda c: resources.touch_source(c, sha, caller.uid, now))
     if size is None:
         raise errors.NotFound(f"you have uploaded no source {sha}")
     return web.json_response({"sha256": sha, "size": size})
@@ -48,7 +50,7 @@ async def put_source(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     sha = source_sha(request)
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
-    services.lifecycle.disk.require_room("uploads")
+    services.lifecycle.require_room("uploads", caller.owner)
     blobs = services.layout.blobs
     fd, tmp = blobs.new()
     writer = HashingWriter(fd)
@@ -70,8 +72,11 @@ async def put_source(request: web.Request) -> web.Response:
         if not kept:
             os.close(fd)
             tmp.unlink(missing_ok=True)
-    await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
-                                                           time.time()))
+    try:
+        await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
+                                                               time.time()))
+    finally:
+        blobs.release([sha])
     return web.json_response({"sha256": sha, "size": size}, status=201)
 
 
@@ -87,12 +92,16 @@ async def snapshot_job(request: web.Request) -> web.Response:
         raise errors.Conflict(f"from: job {job.name!r} is {job.phase}; stop it first "
                               f"(noduslocal job cancel {job.name}) so its workspace is final",
                               field="from")
+    services.lifecycle.require_room("uploads", caller.owner)
     root, _ = await job_workspace(request)
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
     sha, size = await asyncio.to_thread(snapshot.pack, root, job, services.layout.blobs,
                                         limit)
-    await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
-                                                           time.time()))
+    try:
+        await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
+                                                               time.time()))
+    finally:
+        services.layout.blobs.release([sha])
     return web.json_response({"sha256": sha, "size": size, "job": job.name,
                               "image": job.spec.image, "runtime": job.spec.runtime},
                              status=201)

@@ -123,6 +123,8 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
     job = await lookup(request)
     require_control(request, job, "read the logs of")
+    if (note := job.collected_note()) is not None:
+        raise errors.NotFound(note)
     follow = _flag(request, "follow")
     stream = request.query.get("stream", "all")
     if stream not in ("all", "stderr"):

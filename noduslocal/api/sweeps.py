@@ -178,6 +178,7 @@ async def gc_sweep(request: web.Request) -> web.Response:
                               f"({live[0]} first); gc once they have")
     await asyncio.to_thread(lambda: [services.layout.free(job.id) for job in made])
     await services.store.write(lambda c: sweep_ops.mark_freed(c, sweep.id, time.time()))
+    services.lifecycle.usage.refresh_soon()
     return web.json_response(await status_doc(request, await fresh(request, sweep)))
 
 

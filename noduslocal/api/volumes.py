@@ -46,6 +46,7 @@ async def create_volume(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or set(body) != {"name"}:
         raise errors.InvalidArgument('body: expected {"name": ...}', field="body")
     name = validate_name(body["name"], "name")
+    services.lifecycle.require_room("new volumes", caller.owner)
     # The row first: its unique key decides between two creates of one name, and only the
     # winner touches the directory.
     await services.store.write(lambda c: resources.create_volume(c, name, caller.owner,
@@ -90,6 +91,7 @@ async def delete_volume(request: web.Request) -> web.Response:
     directory = services.layout.volume_dir(volume["name"])
     if directory.exists():
         await asyncio.to_thread(discard, directory)
+    services.lifecycle.usage.refresh_soon()
     return web.json_response({"name": volume["name"], "deleted": True})
 
 

@@ -26,7 +26,8 @@ def outputs(job: str, project: str | None, as_json: bool) -> None:
     output.print_table(
         ("NAME", *(("INDEX",) if indexed else ()), "PATH", "KIND", "SIZE", "SHA256", "ATTEMPT"),
         [(o["name"], *((o["index"],) if indexed else ()), o["path"],
-          o.get("kind", "not collected"), o.get("size"), (o.get("sha256") or "")[:16],
+          o.get("kind") or (f"not collected: {o['skipped']}" if o.get("skipped")
+                            else "not collected"), o.get("size"), (o.get("sha256") or "")[:16],
           o.get("attempt")) for o in rows])
 
 

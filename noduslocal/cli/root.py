@@ -16,6 +16,8 @@ COMMANDS = {
     "admin": "noduslocal.cli.admin:admin",
     "daemon": "noduslocal.cli.daemon:daemon",
     "doctor": "noduslocal.cli.doctor:doctor",
+    "du": "noduslocal.cli.retention:du",
+    "gc": "noduslocal.cli.retention:gc",
     "events": "noduslocal.cli.events:events",
     "job": "noduslocal.cli.jobs:job",
     "ls": "noduslocal.cli.files:ls",

@@ -22,6 +22,7 @@ from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.controls import OwnerControls
 from noduslocal.lifecycle.disk import DiskWatch
+from noduslocal.lifecycle.disk_usage import DiskUsage
 from noduslocal.lifecycle.dispatch import Dispatch
 from noduslocal.lifecycle.gang_logs import merged_path
 from noduslocal.lifecycle.gpu_health import GpuHealth
@@ -33,6 +34,7 @@ from noduslocal.lifecycle.indexed_run import (
 )
 from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
+from noduslocal.lifecycle.retention import Retention
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.lifecycle.sweep_admission import SweepAdmission
@@ -41,7 +43,14 @@ from noduslocal.lifecycle.sweep_reports import SweepReports
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.lifecycle.user_admin import UserAdmin
 from noduslocal.lifecycle.webhooks import Webhooks
-from noduslocal.models import CreateRequest, Diagnosis, Event, JobRecord, SweepRecord
+from noduslocal.models import (
+    CreateRequest,
+    Diagnosis,
+    Event,
+    GcReport,
+    JobRecord,
+    SweepRecord,
+)
 from noduslocal.outputs import OutputLimits
 from noduslocal.runtime.base import Runtime
 from noduslocal.runtime.execute import ExecResult
@@ -100,6 +109,8 @@ class Lifecycle:
         self.health = GpuHealth(settings, capacity, self.accounting, self.board,
                                 self.stopper, self.dispatch.kick)
         self.users = UserAdmin(settings, store, self.queue, self.accounting, self.dispatch)
+        self.usage = DiskUsage(settings, store, layout)
+        self.retention = Retention(settings, store, layout, self.board, self.usage)
 
     def _run(self, attempt: Attempt) -> None:
         attempt.task = asyncio.create_task(self.runner.run(attempt))
@@ -113,6 +124,8 @@ class Lifecycle:
         self.background.spawn(self.health.watch_costs())
         await self.disk.first_reading()
         self.background.spawn(self.disk.follow())
+        self.background.spawn(self.usage.follow())
+        self.background.spawn(self.retention.follow())
 
     async def stop(self) -> None:
         """Stop supervising; jobs keep running and are adopted by the next daemon."""
@@ -152,7 +165,8 @@ class Lifecycle:
     def apply_settings(self, settings: Settings) -> None:
         """A reloaded config's live settings (config.LIVE) to every part that reads them;
         a raised limit may let a held job start now."""
-        for part in (self.admission, self.stopper, self.accounting, self.health, self.users):
+        for part in (self.admission, self.stopper, self.accounting, self.health, self.users,
+                     self.usage, self.retention):
             part.settings = settings
         self._max_execs = settings.user_max_execs
         self.queue.limits = Limits(settings.user_max_gpus, settings.user_max_jobs)
@@ -168,8 +182,14 @@ class Lifecycle:
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
-        self.disk.require_room("new jobs")
+        self.require_room("new jobs", owner)
         return await self.admission.create(req, owner, idempotency_key, request_hash)
+
+    def require_room(self, what: str, owner: ops.Owner) -> None:
+        """Refuse new work (`what`: "new jobs") while the disk is low or its owner is over
+        their disk quota."""
+        self.disk.require_room(what)
+        self.usage.require_under_quota(owner.uid, owner.name, what)
 
     async def cancel(self, job: JobRecord) -> None:
         await self.controls.cancel(job)
@@ -182,10 +202,15 @@ class Lifecycle:
 
     async def remove(self, job: JobRecord, by: str) -> None:
         await self.controls.remove(job, by)
+        self.usage.refresh_soon()
+
+    async def gc(self, dry_run: bool) -> GcReport:
+        """A retention pass now (`noduslocal gc`)."""
+        return await self.retention.run(dry_run)
 
     async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
                            request_hash: str | None) -> tuple[SweepRecord, bool]:
-        self.disk.require_room("new sweeps")
+        self.require_room("new sweeps", owner)
         return await self.sweep_admission.create(plan, owner, idempotency_key, request_hash)
 
     async def cancel_sweep(self, sweep: SweepRecord, remaining_only: bool = False) -> None:
@@ -201,6 +226,7 @@ class Lifecycle:
 
     async def retry_sweep(self, sweep: SweepRecord, include_cancelled: bool = False) -> None:
         self.disk.require_room("new jobs")
+        self.usage.require_under_quota(sweep.owner_uid, sweep.owner, "new jobs")
         await self.sweep_controls.retry(sweep, include_cancelled)
 
     async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:

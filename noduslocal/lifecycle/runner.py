@@ -194,6 +194,9 @@ class AttemptRunner:
         ended = self.store.write(lambda c: ops.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
             indexed=job.spec.indexed is not None))
+        # Recorded (or given up): retention may judge the blobs now.
+        ended.add_done_callback(
+            lambda _: self.layout.blobs.release(out.sha256 for out in collected))
         if outcome.job_phase == Phase.PENDING:
             # Back in the queue at its old place before its share is handed on; any start
             # this allows is committed after the end above (the writer keeps order).

@@ -59,9 +59,22 @@ def delete_volume(conn: sqlite3.Connection, name: str) -> tuple[None, list[Event
 
 def record_source(conn: sqlite3.Connection, sha256: str, owner_uid: int, size: int,
                   now: float) -> tuple[None, list[Event]]:
-    conn.execute("INSERT OR IGNORE INTO sources (sha256, owner_uid, size, created_at) "
-                 "VALUES (?,?,?,?)", (sha256, owner_uid, size, now))
+    """An upload; uploading it again keeps it from retention for keep_ended anew."""
+    conn.execute("INSERT INTO sources (sha256, owner_uid, size, created_at) VALUES (?,?,?,?) "
+                 "ON CONFLICT (sha256, owner_uid) DO UPDATE SET created_at = excluded.created_at",
+                 (sha256, owner_uid, size, now))
     return None, []
+
+
+def touch_source(conn: sqlite3.Connection, sha256: str, owner_uid: int,
+                 now: float) -> tuple[int | None, list[Event]]:
+    """A client found its source uploaded and will name it: kept for keep_ended from now
+    (in the writer, so a retention pass sees it before or not at all). Its size, or None
+    when it is not (any more) there."""
+    cur = conn.execute("UPDATE sources SET created_at = ? WHERE sha256 = ? AND owner_uid = ? "
+                       "RETURNING size", (now, sha256, owner_uid))
+    rows = cur.fetchall()
+    return (rows[0][0] if rows else None), []
 
 
 def set_drain(conn: sqlite3.Connection, uuid: str, drained: bool, by: str,

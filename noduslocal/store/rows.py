@@ -13,7 +13,7 @@ from noduslocal.states import TERMINAL
 JOB_COLUMNS = (
     "id, project, name, owner_uid, owner_gid, owner, phase, reason, message, spec, labels, "
     "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used, cost, "
-    "sweep_id, cell, metrics"
+    "sweep_id, cell, metrics, collected_at"
 )
 TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
 ATTEMPT_COLUMNS = (
@@ -37,6 +37,7 @@ def job_from_row(row: tuple[Any, ...]) -> JobRecord:
         created_at=row[11], started_at=row[12], ended_at=row[13], exit_code=row[14],
         signal=row[15], attempts=row[16], retries_used=row[17], cost=row[18],
         sweep_id=row[19], cell=row[20], metrics=json.loads(row[21]) if row[21] else {},
+        collected_at=row[22],
     )
 
 

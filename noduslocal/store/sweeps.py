@@ -221,6 +221,7 @@ def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool
     if not cells:
         raise errors.Conflict(f"sweep {sweep_name!r} has no failed cell to retry"
                               + ("" if include_cancelled else " (--all: cancelled ones too)"))
+    _require_sources(conn, sweep_name, [r[0] for r in cells])
     first = next_job_id(conn)
     ids, events, canary = [], [], None
     for new, (old, cell, _, _, project) in enumerate(cells, first):
@@ -261,6 +262,19 @@ def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool
                     f"{len(ids)} cells run again" + (", the canary first" if canary else ""))
     conn.execute("UPDATE sweeps SET ended_at = NULL WHERE id = ?", (sweep_id,))
     return RetriedCells(ids, canary), events
+
+
+def _require_sources(conn: sqlite3.Connection, sweep_name: str, job_ids: list[int]) -> None:
+    """A retry copies its cells' specs: the source they name must still be uploaded (the
+    retention pass drops a source no unfinished job names, after keep_ended)."""
+    for sha, uid in conn.execute(
+            f"SELECT DISTINCT json_extract(spec, '$.source'), owner_uid FROM jobs WHERE id IN "
+            f"({','.join('?' * len(job_ids))}) AND json_extract(spec, '$.source') IS NOT NULL",
+            job_ids).fetchall():
+        if not conn.execute("SELECT 1 FROM sources WHERE sha256 = ? AND owner_uid = ?",
+                            (sha, uid)).fetchone():
+            raise errors.Conflict(f"sweep {sweep_name!r}: its source {sha[:12]} was removed "
+                                  "by retention (keep_ended); run the sweep anew")
 
 
 def _copy_smoke(conn: sqlite3.Connection, old: int, sweep_name: str,

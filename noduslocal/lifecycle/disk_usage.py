@@ -1,0 +1,122 @@
+"""Each user's use of the data dir: job directories (workspaces, logs), volumes and blobs,
+measured every du_every on a thread, and the quota check new work passes at create. An
+ended job's directory no longer changes, so its size is kept until its directory does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from noduslocal import errors
+from noduslocal.config import Settings
+from noduslocal.layout import JobLayout, user_name
+from noduslocal.lifecycle.disk import allocated
+from noduslocal.models import UserUsage
+from noduslocal.states import TERMINAL
+from noduslocal.store import Store
+from noduslocal.units import fmt_bytes
+
+log = logging.getLogger(__name__)
+
+
+class DiskUsage:
+    def __init__(self, settings: Settings, store: Store, layout: JobLayout) -> None:
+        self.settings = settings
+        self.store = store
+        self.layout = layout
+        self.users: dict[int, UserUsage] = {}
+        self.measured_at: float | None = None
+        self._ended: dict[int, tuple[int, int]] = {}  # job id -> (dir's mtime_ns, bytes)
+        self._wanted = asyncio.Event()
+        self._running: asyncio.Task[None] | None = None
+
+    async def follow(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("measuring the users' disk use failed")
+            self._wanted.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wanted.wait(), self.settings.du_every)
+
+    def refresh_soon(self) -> None:
+        """Something was freed (a job removed, a volume deleted, a retention pass): measure
+        again now rather than at the next interval, so a quota lifts at once."""
+        self._wanted.set()
+
+    async def refresh(self) -> None:
+        """Measure now; a measurement under way is joined, not repeated."""
+        if self._running is None or self._running.done():
+            self._running = asyncio.create_task(self._measure())
+        await asyncio.shield(self._running)
+
+    async def _measure(self) -> None:
+        jobs = await self.store.fetchall(
+            "SELECT id, owner_uid, owner, phase FROM jobs "
+            "WHERE collected_at IS NULL AND removed_at IS NULL")
+        volumes = await self.store.fetchall("SELECT name, owner_uid, owner FROM volumes")
+        blobs = await self.store.fetchall(
+            "SELECT j.owner_uid, o.sha256, o.size FROM outputs o JOIN jobs j ON j.id = o.job_id "
+            "WHERE o.sha256 != '' UNION SELECT owner_uid, sha256, size FROM sources")
+        self.users = await asyncio.to_thread(self._sizes, jobs, volumes, blobs)
+        self.measured_at = time.time()
+
+    def _sizes(self, jobs: list[Any], volumes: list[Any],
+               blobs: list[Any]) -> dict[int, UserUsage]:
+        users: dict[int, UserUsage] = {}
+
+        def of(uid: int, name: str) -> UserUsage:
+            return users.setdefault(uid, UserUsage(uid, name))
+
+        kept: dict[int, tuple[int, int]] = {}
+        for job_id, uid, name, phase in jobs:
+            directory = self.layout.job_dir(job_id)
+            try:
+                mtime = os.stat(directory).st_mtime_ns
+            except FileNotFoundError:
+                continue
+            cached = self._ended.get(job_id)
+            if cached is not None and cached[0] == mtime:
+                size = cached[1]
+            else:
+                size, _ = allocated(directory, sys.maxsize)
+            if phase in TERMINAL:
+                kept[job_id] = (mtime, size)
+            usage = of(uid, name)
+            usage.jobs += 1
+            usage.workspaces += size
+        self._ended = kept
+        for volume, uid, name in volumes:
+            of(uid, name).volumes += allocated(self.layout.volume_dir(volume), sys.maxsize)[0]
+        for uid, _, size in blobs:
+            if uid in users:
+                users[uid].blobs += size
+            else:
+                of(uid, user_name(uid)).blobs += size
+        return users
+
+    def used(self, uid: int) -> UserUsage | None:
+        return self.users.get(uid)
+
+    def require_under_quota(self, uid: int, user: str, what: str) -> None:
+        """Refuse new work (`what`: "new jobs") of a user at or over their disk quota, as
+        last measured."""
+        quota = self.settings.quota_for(user)
+        usage = self.users.get(uid)
+        if quota is None or usage is None or usage.total < quota:
+            return
+        ago = round(time.time() - (self.measured_at or time.time()))
+        raise errors.ResourceExhausted(
+            f"disk quota: {what} of {user} are refused: {user} holds {fmt_bytes(usage.total)} "
+            f"here, over the quota of {fmt_bytes(quota)} (job directories "
+            f"{fmt_bytes(usage.workspaces)}, volumes {fmt_bytes(usage.volumes)}, blobs "
+            f"{fmt_bytes(usage.blobs)}; measured {ago}s ago); free some with `noduslocal job "
+            "rm`, `noduslocal sweep gc` or `noduslocal volume rm` (see `noduslocal du`), or "
+            "ask an admin")

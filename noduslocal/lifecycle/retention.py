@@ -1,0 +1,87 @@
+"""The retention pass, every gc_every and on `noduslocal gc`: ended jobs past keep_ended
+lose their directory and outputs (one transaction with their events, then the files), and
+blobs no row names any more are deleted. Never a job with an attempt on the board, a cell
+of a sweep that still runs, nor a blob kept but not yet recorded (BlobStore pins it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+
+from noduslocal.config import Settings
+from noduslocal.layout import JobLayout
+from noduslocal.lifecycle.attempt import Board
+from noduslocal.lifecycle.disk import allocated
+from noduslocal.lifecycle.disk_usage import DiskUsage
+from noduslocal.models import GcReport
+from noduslocal.store import Store
+from noduslocal.store import retention as ops
+from noduslocal.units import fmt_bytes
+
+log = logging.getLogger(__name__)
+
+# A blob file younger than this is never deleted, whatever the rows say: a second guard,
+# beside the pins, for a blob written just before the pass read the rows.
+BLOB_GRACE = 600.0
+
+
+class Retention:
+    def __init__(self, settings: Settings, store: Store, layout: JobLayout, board: Board,
+                 usage: DiskUsage) -> None:
+        self.settings = settings
+        self.store = store
+        self.layout = layout
+        self.board = board
+        self.usage = usage
+        self._one_at_a_time = asyncio.Lock()
+
+    async def follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.gc_every)
+            try:
+                await self.run(dry_run=False)
+            except Exception:
+                log.exception("the retention pass failed")
+
+    async def run(self, dry_run: bool) -> GcReport:
+        async with self._one_at_a_time:
+            now = time.time()
+            active = frozenset(self.board.active)
+            on_disk = frozenset(await asyncio.to_thread(self.layout.job_ids_on_disk))
+            keep_for = self.settings.keep_for
+            found: ops.Collection = await self.store.write(
+                lambda c: ops.collect(c, now, keep_for, active, on_disk, dry_run))
+            report = await asyncio.to_thread(self._files, found, dry_run, now)
+        if not dry_run and (report.jobs or report.blobs or found.gone):
+            log.info("retention: removed %d ended jobs' directories (%s) and %d blobs (%s), "
+                     "and forgot %d uploads", len(report.jobs),
+                     fmt_bytes(sum(j["bytes"] for j in report.jobs)), report.blobs,
+                     fmt_bytes(report.blob_bytes), report.sources)
+            self.usage.refresh_soon()
+        return report
+
+    def _files(self, found: ops.Collection, dry_run: bool, now: float) -> GcReport:
+        """On a thread: the collected jobs' directories (measured, then removed), those a
+        crash left of jobs collected or removed before, and the blobs nobody names."""
+        report = GcReport(dry_run, now, sources=len(found.sources))
+        for job in found.jobs:
+            directory = self.layout.job_dir(job.id)
+            size = allocated(directory, sys.maxsize)[0] if directory.exists() else 0
+            report.jobs.append({"project": job.project, "name": job.name, "owner": job.owner,
+                                "bytes": size})
+            if not dry_run:
+                self.layout.remove(job.id)
+        if not dry_run:
+            for job_id in found.gone:
+                self.layout.remove(job_id)
+        unnamed = [(sha, size) for sha, size, mtime in self.layout.blobs.stored()
+                   if sha not in found.referenced and mtime < now - BLOB_GRACE]
+        if dry_run:
+            report.blobs, report.blob_bytes = len(unnamed), sum(s for _, s in unnamed)
+        else:
+            report.blobs, report.blob_bytes = self.layout.blobs.discard(
+                [sha for sha, _ in unnamed], now - BLOB_GRACE)
+        return report
