@@ -14,6 +14,7 @@ import os
 import stat
 import tarfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -135,13 +136,15 @@ def copy_sparse(fd: int, writer: HashingWriter, size: int) -> None:
 
 class BlobStore:
     """Blobs by sha256. A blob just kept is pinned until its keeper has recorded it in the
-    database (release()), so a retention pass that read the rows before that commit never
-    deletes it: keep() and discard() take one lock around the file's name."""
+    database (release()), and a retention pass deletes no blob released after it began to
+    read the rows (it may not have seen that record): keep() and discard() take one lock
+    around the file's name."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()
+        self._released: dict[str, float] = {}  # digest -> monotonic time of its release
 
     def path(self, sha256: str) -> Path:
         return self.root / sha256[:2] / sha256
@@ -168,8 +171,11 @@ class BlobStore:
 
     def release(self, digests: Iterable[str]) -> None:
         """The kept blobs `digests` are recorded (or given up): retention may judge them."""
+        now = time.monotonic()
         with self._lock:
             for digest in digests:
+                if digest:
+                    self._released[digest] = now
                 if digest and self._pins[digest] > 0:
                     self._pins[digest] -= 1
                     if not self._pins[digest]:
@@ -187,14 +193,16 @@ class BlobStore:
                     found.append((entry.name, info.st_blocks * 512, info.st_mtime))
         return found
 
-    def discard(self, digests: Iterable[str], older_than: float) -> tuple[int, int]:
-        """Delete the blobs `digests` that nobody has pinned and whose file is older than
+    def discard(self, digests: Iterable[str], read_since: float,
+                older_than: float) -> tuple[int, int]:
+        """Delete the blobs `digests` that nobody has pinned nor released since the pass
+        began to read the rows (`read_since`, monotonic) and whose file is older than
         `older_than` (epoch seconds); (how many, bytes freed)."""
         count = freed = 0
         for digest in digests:
             path = self.path(digest)
             with self._lock:
-                if self._pins[digest] > 0:
+                if self._pins[digest] > 0 or self._released.get(digest, -1.0) >= read_since:
                     continue
                 try:
                     info = path.stat(follow_symlinks=False)
@@ -204,6 +212,8 @@ class BlobStore:
                 except FileNotFoundError:
                     continue
             count, freed = count + 1, freed + info.st_blocks * 512
+        with self._lock:  # passes run one at a time: the next one reads after this one
+            self._released = {d: at for d, at in self._released.items() if at >= read_since}
         self._clear_tmp(older_than)
         return count, freed
 

@@ -52,9 +52,10 @@ class Retention:
             active = frozenset(self.board.active)
             on_disk = frozenset(await asyncio.to_thread(self.layout.job_ids_on_disk))
             keep_for = self.settings.keep_for
+            read_since = time.monotonic()  # blobs released after this may be unseen
             found: ops.Collection = await self.store.write(
                 lambda c: ops.collect(c, now, keep_for, active, on_disk, dry_run))
-            report = await asyncio.to_thread(self._files, found, dry_run, now)
+            report = await asyncio.to_thread(self._files, found, dry_run, now, read_since)
         if not dry_run and (report.jobs or report.blobs or found.gone):
             log.info("retention: removed %d ended jobs' directories (%s) and %d blobs (%s), "
                      "and forgot %d uploads", len(report.jobs),
@@ -63,7 +64,8 @@ class Retention:
             self.usage.refresh_soon()
         return report
 
-    def _files(self, found: ops.Collection, dry_run: bool, now: float) -> GcReport:
+    def _files(self, found: ops.Collection, dry_run: bool, now: float,
+               read_since: float) -> GcReport:
         """On a thread: the collected jobs' directories (measured, then removed), those a
         crash left of jobs collected or removed before, and the blobs nobody names."""
         report = GcReport(dry_run, now, sources=len(found.sources))
@@ -83,5 +85,5 @@ class Retention:
             report.blobs, report.blob_bytes = len(unnamed), sum(s for _, s in unnamed)
         else:
             report.blobs, report.blob_bytes = self.layout.blobs.discard(
-                [sha for sha, _ in unnamed], now - BLOB_GRACE)
+                [sha for sha, _ in unnamed], read_since, now - BLOB_GRACE)
         return report
