@@ -702,3 +702,30 @@ def test_admin_group_member_may_control_other_users_jobs(box: Box) -> None:
         _run("gpasswd", "-d", ALICE, ADMIN_GROUP, check=False)
         if made_admin_group:
             _run("groupdel", ADMIN_GROUP, check=False)
+
+
+def test_disk_use_is_per_user_and_a_quota_refuses_only_its_user(box: Box) -> None:
+    """Issue 13, item 4: `du` shows each user's own use to anyone; bob's quota refuses
+    bob's new work and not alice's; only admins run the retention pass."""
+    quotas = testing.Daemon(cpus=2, memory="4GiB",
+                            config='gc_every = "7d"\n[user_disk_quotas]\nnlbob = "128KiB"\n')
+    quotas.start()
+    try:
+        sock = quotas.socket
+        for user in (ALICE, BOB):
+            wrote = box.cli(user, "job", "run", "--cpu", SMALL, "--", "/bin/sh", "-c",
+                            "head -c 300000 /dev/urandom > f", socket=sock)
+            assert wrote.returncode == 0, wrote.stderr
+        use = {u["user"]: u for u in box.cli_json(BOB, "du", "--json", socket=sock)["users"]}
+        assert set(use) == {ALICE, BOB}
+        assert use[ALICE]["uid"] == box.alice.uid and use[BOB]["uid"] == box.bob.uid
+        assert use[ALICE]["workspaces"] >= 300_000 and use[BOB]["workspaces"] >= 300_000
+        assert use[ALICE]["quota"] is None and use[BOB]["quota"] == 128 * 1024
+        refused = box.cli(BOB, "job", "run", "--cpu", SMALL, "--", "/bin/true", socket=sock)
+        assert refused.returncode != 0 and "disk quota: new jobs of nlbob" in refused.stderr
+        assert box.cli(ALICE, "job", "run", "--cpu", SMALL, "--", "/bin/true",
+                       socket=sock).returncode == 0
+        assert_denied(box.cli(ALICE, "gc", "--dry-run", socket=sock))
+        assert box.cli("root", "gc", "--dry-run", socket=sock).returncode == 0
+    finally:
+        quotas.close()

@@ -91,6 +91,10 @@ def test_metrics_parse_and_match_job_list(box: testing.Daemon) -> None:
     assert value(found, "noduslocal_api_request_seconds_count",
                  route="/v1/jobs/{name}/wait") == 0
     assert value(found, "noduslocal_disk_free_bytes") > 0
+    run_cli(d, "du")  # measured now: the scrape shows what du shows
+    found = scrape(d)
+    assert value(found, "noduslocal_user_disk_bytes", user="root", kind="workspaces") > 0
+    assert value(found, "noduslocal_user_disk_bytes", user="root", kind="volumes") == 0
 
 
 def test_the_tcp_port_serves_metrics_alone(box: testing.Daemon) -> None:

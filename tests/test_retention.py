@@ -140,6 +140,8 @@ def test_running_pending_and_fresh_work_keeps_everything(two_cpus: testing.Daemo
     report = gc(box)
     assert sorted(j["name"] for j in report["jobs"]) == ["runs", "sw-0", "sw-1", "waits"]
     assert report["sources"] == 1 and report["blobs"] == 1  # the upload, named by nobody
+    status = run_cli(box, "sweep", "status", "sw")  # its report needs no cell's files
+    assert status.returncode == 0 and "Succeeded" in status.stdout, status.stderr
     with pytest.raises(errors.NotFound):
         client.transport.request("GET", f"/v1/sources/{source['sha256']}")
 

@@ -45,9 +45,10 @@ def disk(services: Services) -> Diagnosis:
     detail = (f"{fmt_bytes(reading.free)} free of {fmt_bytes(reading.total)} at "
               f"{reading.path} (reserve {fmt_bytes(services.settings.disk_reserve)})")
     if reading.low:
-        return Diagnosis("disk", False, f"{reading.describe()}: new work is refused; free "
-                                        "space there (`noduslocal job rm` ended jobs, `noduslocal "
-                                        "sweep gc`), or lower disk_reserve")
+        return Diagnosis("disk", False, (
+            f"{reading.describe()}: new work is refused; free space there (`noduslocal du` "
+            "says who holds what; `noduslocal gc` removes what is past keep_ended, "
+            "`noduslocal job rm` ended jobs), or lower disk_reserve"))
     return Diagnosis("disk", True, detail)
 
 

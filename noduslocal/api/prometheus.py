@@ -98,7 +98,13 @@ class DaemonCollector(Collector):
         if reading is not None:
             free.add_metric([str(reading.path)], reading.free)
             size.add_metric([str(reading.path)], reading.total)
-        yield from (free, size)
+        used = GaugeMetricFamily("noduslocal_user_disk_bytes",
+                                 "What each user holds on the data dir, as `noduslocal du` "
+                                 "last measured it", labels=["user", "kind"])
+        for usage in self.services.lifecycle.usage.users.values():
+            for kind in ("workspaces", "volumes", "blobs"):
+                used.add_metric([usage.user, kind], getattr(usage, kind))
+        yield from (free, size, used)
 
 
 class Metrics:
