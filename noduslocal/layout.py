@@ -64,12 +64,14 @@ def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
     return entry.pw_dir, entry.pw_shell, groups
 
 
+@lru_cache(maxsize=1024)
 def user_name(uid: int) -> str:
-    """The login name of `uid`, or the number where it has none."""
+    """The login name of `uid` (`uid1234` where it has none), as jobs record their owner;
+    cached, and cleared with the identity caches."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(uid)
+        return f"uid{uid}"
 
 
 class WorkspaceFailed(RuntimeError):

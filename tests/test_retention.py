@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ import pytest
 
 from noduslocal import errors, testing
 from noduslocal.config import load_settings
+from noduslocal.store import retention
+from noduslocal.store.migrate import migrate
 from tests.conftest import run_cli
 
 HOUR = 3600.0
@@ -339,3 +342,43 @@ def test_retention_settings_parse_and_name_what_is_wrong(tmp_path: Path) -> None
         path.write_text(text + "\n")
         with pytest.raises(errors.InvalidArgument, match=message.replace("[", r"\[")):
             load_settings(path, socket=tmp_path / "s", data_dir=tmp_path / "d")
+
+
+def test_a_pass_goes_through_many_jobs_in_small_transactions(tmp_path: Path) -> None:
+    """Past one batch: every due job collected once, each with its event; jobs of a user
+    who keeps forever, and jobs not yet due, untouched (SQLite on disk, the real schema)."""
+    conn = sqlite3.connect(tmp_path / "db", isolation_level=None)
+    migrate(conn)
+    now, day = time.time(), 86400.0
+    for i in range(1, 2 * retention.BATCH + 51):
+        owner = "keeper" if i % 5 == 0 else "user"
+        ended = now - (day if i % 7 == 0 else 20 * day)
+        conn.execute("INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, "
+                     "spec, labels, created_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                     (i, "p", f"j{i}", 1000, 1000, owner, "Succeeded",
+                      json.dumps({"command": ["true"]}), "{}", ended - 1, ended))
+
+    def keep(user: str) -> float | None:
+        return None if user == "keeper" else 14 * day
+
+    seen, after, batches = [], (-1.0, 0), 0
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        found, events = retention.collect(conn, now, keep, 14 * day, frozenset({3}), False,
+                                          after)
+        conn.execute("COMMIT")
+        batches += 1
+        seen += [job.id for job in found.jobs]
+        assert len(events) == len(found.jobs)
+        if found.after is None:
+            break
+        after = found.after
+    expected = [i for i in range(1, 2 * retention.BATCH + 51)
+                if i % 5 and i % 7 and i != 3]
+    assert sorted(seen) == expected and len(set(seen)) == len(seen)
+    assert batches >= 2
+    collected = {i for (i,) in conn.execute(
+        "SELECT id FROM jobs WHERE collected_at IS NOT NULL")}
+    assert collected == set(expected)
+    assert conn.execute("SELECT count(*) FROM events WHERE reason = 'Collected'").fetchone()[0] \
+        == len(expected)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import grp
 import os
-import pwd
 import socket
 import struct
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from functools import lru_cache
 from aiohttp import web
 
 from noduslocal import errors
+from noduslocal.layout import user_name
 from noduslocal.store.jobs import Owner
 
 
@@ -41,14 +41,6 @@ class Caller:
 
 
 @lru_cache(maxsize=256)
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid{uid}"
-
-
-@lru_cache(maxsize=256)
 def _is_admin(uid: int, gid: int, admin_group: str) -> bool:
     if uid == 0:
         return True
@@ -58,7 +50,7 @@ def _is_admin(uid: int, gid: int, admin_group: str) -> bool:
         return False
     if gid == group.gr_gid:
         return True
-    name = _user_name(uid)
+    name = user_name(uid)
     try:
         return group.gr_gid in os.getgrouplist(name, gid)
     except OSError:
@@ -72,10 +64,10 @@ def peer(request: web.Request, admin_group: str) -> Caller:
         raise errors.PermissionDenied("requests are only accepted on the Unix socket")
     pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                         struct.calcsize("3i")))
-    return Caller(pid, uid, gid, _user_name(uid), _is_admin(uid, gid, admin_group))
+    return Caller(pid, uid, gid, user_name(uid), _is_admin(uid, gid, admin_group))
 
 
 def clear_caches() -> None:
     """Group membership can change; the daemon calls this every IDENTITY_TTL seconds."""
-    _user_name.cache_clear()
+    user_name.cache_clear()
     _is_admin.cache_clear()

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import sys
 import time
+from functools import partial
+from typing import Any
 
 from noduslocal.config import Settings
 from noduslocal.layout import JobLayout
@@ -50,13 +53,26 @@ class Retention:
         async with self._one_at_a_time:
             now = time.time()
             active = frozenset(self.board.active)
-            on_disk = frozenset(await asyncio.to_thread(self.layout.job_ids_on_disk))
-            keep_for = self.settings.keep_for
-            read_since = time.monotonic()  # blobs released after this may be unseen
-            found: ops.Collection = await self.store.write(
-                lambda c: ops.collect(c, now, keep_for, active, on_disk, dry_run))
-            report = await asyncio.to_thread(self._files, found, dry_run, now, read_since)
-        if not dry_run and (report.jobs or report.blobs or found.gone):
+            keep_for, shortest = self.settings.keep_for, self._shortest_keep()
+            found, after = ops.Collection(), (-1.0, 0)
+
+            def batch(c: sqlite3.Connection, at: ops.Cursor) -> tuple[ops.Collection, Any]:
+                return ops.collect(c, now, keep_for, shortest, active, dry_run, at)
+
+            while True:  # in batches, each its own transaction with its events
+                done: ops.Collection = await self.store.write(partial(batch, at=after))
+                found.add(done)
+                if done.after is None:
+                    break
+                after = done.after
+            # Blobs released from here on may be recorded where the read below misses them.
+            read_since = time.monotonic()
+            referenced = await asyncio.to_thread(ops.blob_refs, self.store, found)
+            gone = await ops.gone_dirs(self.store,
+                                       await asyncio.to_thread(self.layout.job_ids_on_disk))
+            report = await asyncio.to_thread(self._files, found, referenced, gone, dry_run,
+                                             now, read_since)
+        if not dry_run and (report.jobs or report.blobs or gone):
             log.info("retention: removed %d ended jobs' directories (%s) and %d blobs (%s), "
                      "and forgot %d uploads", len(report.jobs),
                      fmt_bytes(sum(j["bytes"] for j in report.jobs)), report.blobs,
@@ -64,8 +80,13 @@ class Retention:
             self.usage.refresh_soon()
         return report
 
-    def _files(self, found: ops.Collection, dry_run: bool, now: float,
-               read_since: float) -> GcReport:
+    def _shortest_keep(self) -> float | None:
+        keeps = [k for k in (self.settings.keep_ended, *self.settings.keep_ended_users.values())
+                 if k is not None]
+        return min(keeps, default=None)
+
+    def _files(self, found: ops.Collection, referenced: set[str], gone: list[int],
+               dry_run: bool, now: float, read_since: float) -> GcReport:
         """On a thread: the collected jobs' directories (measured, then removed), those a
         crash left of jobs collected or removed before, and the blobs nobody names."""
         report = GcReport(dry_run, now, sources=len(found.sources))
@@ -77,10 +98,10 @@ class Retention:
             if not dry_run:
                 self.layout.remove(job.id)
         if not dry_run:
-            for job_id in found.gone:
+            for job_id in gone:
                 self.layout.remove(job_id)
         unnamed = [(sha, size) for sha, size, mtime in self.layout.blobs.stored()
-                   if sha not in found.referenced and mtime < now - BLOB_GRACE]
+                   if sha not in referenced and mtime < now - BLOB_GRACE]
         if dry_run:
             report.blobs, report.blob_bytes = len(unnamed), sum(s for _, s in unnamed)
         else:

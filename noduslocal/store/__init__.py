@@ -106,6 +106,17 @@ class Store:
 
     # --- reads: one statement each on the reader connection -------------------------------
 
+    def read_apart(self, queries: list[str]) -> list[list[Any]]:
+        """Each query's rows, from one snapshot on a read-only connection of its own (call
+        it on a thread): a long scan (`du`, the retention pass's references) holds up
+        neither the writer nor the API's reads."""
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            return [conn.execute(sql).fetchall() for sql in queries]
+        finally:
+            conn.close()
+
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         """One statement on the reader connection (store/reports.py's queries use it)."""
         assert self._reader is not None, "store is not open"
