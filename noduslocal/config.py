@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -188,23 +189,21 @@ def _port(value: Any, name: str) -> int:
 
 
 def _keep(value: Any, name: str) -> float | None:
-    """A duration, or "forever"."""
-    if value == "forever":
-        return None
-    try:
-        return parse_duration(value, name)
-    except InvalidArgument as exc:
-        raise InvalidArgument(f'{exc.message}; or "forever"', field=name) from None
+    return _unless(value, name, "forever", parse_duration)
 
 
 def _quota(value: Any, name: str) -> int | None:
-    """A size, or "none"."""
-    if value == "none":
+    return _unless(value, name, "none", parse_size)
+
+
+def _unless(value: Any, name: str, word: str, parse: Callable[[Any, str], Any]) -> Any:
+    """`parse(value)`, or None for `word`, which means no limit ("forever", "none")."""
+    if value == word:
         return None
     try:
-        return parse_size(value, name)
+        return parse(value, name)
     except InvalidArgument as exc:
-        raise InvalidArgument(f'{exc.message}; or "none"', field=name) from None
+        raise InvalidArgument(f'{exc.message}; or "{word}"', field=name) from None
 
 
 def _interval(value: Any, name: str) -> float:

@@ -103,6 +103,8 @@ def test_an_ended_job_past_its_time_loses_its_files_and_keeps_its_history(
             read()
     (listed,) = client.list_outputs("done")
     assert listed["collected"] is False and "removed by retention" in listed["skipped"]
+    shown = run_cli(box, "job", "status", "done").stdout
+    assert f"files:      removed by retention at {doc['collected_at']}" in shown
     logs = run_cli(box, "job", "logs", "done")
     assert logs.returncode != 0 and "removed by retention" in logs.stderr
     assert gc(box)["jobs"] == []  # once

@@ -30,6 +30,8 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("hold", doc.get("hold")), ("exit code", doc.get("exit_code")),
         ("signal", doc.get("signal")), ("created", doc["created_at"]),
         ("started", doc.get("started_at")), ("ended", doc.get("ended_at")),
+        ("files", f"removed by retention at {doc['collected_at']} (keep_ended)"
+         if doc.get("collected_at") else None),
         ("ran for", output.duration(doc.get("duration_s"))),
         ("attempts", f"{doc['attempts']} (retries used {doc['retries_used']}/{doc['retries']})"),
         ("cost", f"{doc['cost']:.4f}" + (f" (max {spec['max_cost']:g})" if spec.get("max_cost")
