@@ -218,6 +218,10 @@ def _per_user(value: Any, name: str, convert: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidArgument(f"{name}: expected a [{name}] table of user = value",
                               field=name)
+    if misplaced := sorted(set(value) & set(_TOML_KEYS)):
+        raise InvalidArgument(f"{name}.{misplaced[0]}: {misplaced[0]} is a setting, not a user; "
+                              f"settings go above the first [table] of the file",
+                              field=f"{name}.{misplaced[0]}")
     return {user: convert(each, f"{name}.{user}") for user, each in value.items()}
 
 

@@ -6,6 +6,7 @@ following any link, as workspace.py does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import hashlib
@@ -19,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from noduslocal import errors
 from noduslocal.workspace import DIR_FLAGS, components, open_parent
@@ -180,6 +182,14 @@ class BlobStore:
                     self._pins[digest] -= 1
                     if not self._pins[digest]:
                         del self._pins[digest]
+
+    async def recorded(self, write: asyncio.Future[Any], digests: Iterable[str]) -> Any:
+        """Await `write` (the commit that records the kept blobs `digests`) and release them
+        once it is done: a waiter cancelled meanwhile (a shutdown) does not cancel the
+        commit, which still lands, so the blobs stay pinned until it has."""
+        kept = [d for d in digests if d]
+        write.add_done_callback(lambda _: self.release(kept))
+        return await asyncio.shield(write)
 
     def stored(self) -> list[tuple[str, int, float]]:
         """Every blob on disk: (sha256, bytes it takes, mtime)."""

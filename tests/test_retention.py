@@ -9,6 +9,7 @@ blob uploaded long ago would be): then only the rows and the pins keep a blob.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -23,7 +24,8 @@ import pytest
 
 from noduslocal import errors, testing
 from noduslocal.config import load_settings
-from noduslocal.store import retention
+from noduslocal.outputs import BlobStore, HashingWriter
+from noduslocal.store import Store, resources, retention
 from noduslocal.store.migrate import migrate
 from tests.conftest import run_cli
 
@@ -340,7 +342,9 @@ def test_retention_settings_parse_and_name_what_is_wrong(tmp_path: Path) -> None
                           ('[keep_ended_users]\nbob = "x"', "keep_ended_users.bob:"),
                           ('[user_disk_quotas]\nbob = 0', "user_disk_quotas.bob:"),
                           ('keep_ended_users = 3', "expected a [keep_ended_users] table"),
-                          ('gc_every = "30d"', "gc_every: expected a duration from 1s")):
+                          ('gc_every = "30d"', "gc_every: expected a duration from 1s"),
+                          ('[keep_ended_users]\ngc_every = "1h"',
+                           "keep_ended_users.gc_every: gc_every is a setting, not a user")):
         path.write_text(text + "\n")
         with pytest.raises(errors.InvalidArgument, match=message.replace("[", r"\[")):
             load_settings(path, socket=tmp_path / "s", data_dir=tmp_path / "d")
@@ -384,3 +388,112 @@ def test_a_pass_goes_through_many_jobs_in_small_transactions(tmp_path: Path) -> 
     assert collected == set(expected)
     assert conn.execute("SELECT count(*) FROM events WHERE reason = 'Collected'").fetchone()[0] \
         == len(expected)
+
+
+def test_a_blob_is_spared_while_pinned_released_late_or_young(tmp_path: Path) -> None:
+    """BlobStore.discard, on real files: a pin, a release at or after the pass began
+    reading, and a file younger than the grace each keep a blob; an old release does not."""
+    blobs = BlobStore(tmp_path / "blobs")
+    digests = []
+    for content in (b"pinned", b"released late", b"young", b"old"):
+        fd, tmp = blobs.new()
+        writer = HashingWriter(fd)
+        writer.write(content)
+        digests.append(blobs.keep(tmp, writer)[1])
+    pinned, late, young, old = digests
+    blobs.release([late, young, old])  # `pinned` keeps its pin
+    read_since = time.monotonic()
+    blobs.release([late])  # a second keeper recorded it after the pass began reading
+    then = time.time() - HOUR
+    for digest in (pinned, late, old):
+        os.utime(blobs.path(digest), (then, then))
+    with blobs._lock:  # as if `old` and `young` were released before the pass began
+        blobs._released[old] = blobs._released[young] = read_since - 1
+    count, freed = blobs.discard(digests, read_since, time.time() - 600)
+    assert count == 1 and freed > 0
+    assert [blobs.path(d).exists() for d in digests] == [True, True, True, False]
+    blobs.release([pinned])
+    assert blobs.discard([pinned], time.monotonic(), time.time() - 600)[0] == 1
+
+
+def test_a_cancelled_recorder_keeps_its_blob_pinned_until_the_commit(tmp_path: Path) -> None:
+    """A shutdown cancels the handler that waits for its upload's row; the writer still
+    commits it, so the pin holds until then (a real store on disk, its commit held back)."""
+    store = Store(tmp_path / "db")
+    blobs = BlobStore(tmp_path / "blobs")
+
+    async def scenario() -> tuple[bool, bool]:
+        await store.open(lambda events: None)
+        try:
+            fd, tmp = blobs.new()
+            writer = HashingWriter(fd)
+            writer.write(b"source")
+            _, digest = blobs.keep(tmp, writer)
+
+            def slow_record(conn: sqlite3.Connection) -> tuple[None, list[Any]]:
+                time.sleep(0.3)
+                return resources.record_source(conn, digest, 0, 6, time.time())
+
+            waiter = asyncio.ensure_future(blobs.recorded(store.write(slow_record), [digest]))
+            await asyncio.sleep(0.05)
+            waiter.cancel()
+            await asyncio.sleep(0)
+            pinned_while_committing = blobs._pins[digest] > 0
+            await asyncio.sleep(0.6)
+            return pinned_while_committing, blobs._pins[digest] == 0
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == (True, True)
+    conn = sqlite3.connect(tmp_path / "db")
+    assert conn.execute("SELECT count(*) FROM sources").fetchone()[0] == 1
+
+
+def test_a_dry_run_past_one_batch_counts_every_upload_the_pass_would_forget(
+        tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "db", isolation_level=None)
+    migrate(conn)
+    now, day = time.time(), 86400.0
+    for i in range(1, retention.BATCH + 51):
+        sha = f"{i:064x}"
+        conn.execute("INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, "
+                     "spec, labels, created_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                     (i, "p", f"j{i}", 0, 0, "root", "Succeeded",
+                      json.dumps({"command": ["true"], "source": sha}), "{}", now - 20 * day,
+                      now - 20 * day))
+        conn.execute("INSERT INTO sources (sha256, owner_uid, size, created_at) "
+                     "VALUES (?,?,?,?)", (sha, 0, 10, now - 20 * day))
+
+    def keep(user: str) -> float | None:
+        return 14 * day
+
+    for dry_run in (True, False):
+        total, after = retention.Collection(), (-1.0, 0)
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            found, _ = retention.collect(conn, now, keep, 14 * day, frozenset(), dry_run,
+                                         after, frozenset(j.id for j in total.jobs))
+            conn.execute("ROLLBACK" if dry_run else "COMMIT")
+            total.add(found)
+            if found.after is None:
+                break
+            after = found.after
+        assert (len(total.jobs), len(total.sources)) == (retention.BATCH + 50,) * 2, dry_run
+
+
+def test_a_sweep_whose_source_was_forgotten_is_not_retried_half_made(
+        box: testing.Daemon, tmp_path: Path) -> None:
+    client = box.client()
+    source = client.upload_source([source_dir(tmp_path, "src", "x")],
+                                  contents_of_single_dir=True)
+    client.create_sweep({"name": "fails", "canary": "none",
+                         "template": {"command": ["sh", "-c", '[ "$X" = 0 ]'],
+                                      "source": source},
+                         "grid": {"X": [0, 1]}})
+    assert client.wait_sweep("fails", timeout=60)["phase"] == "Failed"
+    time.sleep(1.1)
+    assert gc(box)["sources"] == 1
+    before = len(client.list_jobs(all=True))
+    with pytest.raises(errors.Conflict, match="was removed by retention"):
+        client.retry_sweep("fails")
+    assert len(client.list_jobs(all=True)) == before

@@ -72,11 +72,8 @@ async def put_source(request: web.Request) -> web.Response:
         if not kept:
             os.close(fd)
             tmp.unlink(missing_ok=True)
-    try:
-        await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
-                                                               time.time()))
-    finally:
-        blobs.release([sha])
+    await blobs.recorded(services.store.write(
+        lambda c: resources.record_source(c, sha, caller.uid, size, time.time())), [sha])
     return web.json_response({"sha256": sha, "size": size}, status=201)
 
 
@@ -97,11 +94,8 @@ async def snapshot_job(request: web.Request) -> web.Response:
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
     sha, size = await asyncio.to_thread(snapshot.pack, root, job, services.layout.blobs,
                                         limit)
-    try:
-        await services.store.write(lambda c: resources.record_source(c, sha, caller.uid, size,
-                                                               time.time()))
-    finally:
-        services.layout.blobs.release([sha])
+    await services.layout.blobs.recorded(services.store.write(
+        lambda c: resources.record_source(c, sha, caller.uid, size, time.time())), [sha])
     return web.json_response({"sha256": sha, "size": size, "job": job.name,
                               "image": job.spec.image, "runtime": job.spec.runtime},
                              status=201)

@@ -54,12 +54,14 @@ class Attempt:
 
 
 class Board:
-    """The attempts that hold resources, by job id, and the jobs whose end is being
-    recorded right now (a future that resolves once it is committed)."""
+    """The attempts that hold resources, by job id; the jobs whose end is being recorded
+    right now (a future that resolves once it is committed); and the jobs whose runner
+    still uses their directory after letting go of the resources (retention waits)."""
 
     def __init__(self) -> None:
         self.active: dict[int, Attempt] = {}
         self.finishing: dict[int, asyncio.Future[None]] = {}
+        self.settling: set[int] = set()
 
     def holds(self, attempt: Attempt) -> bool:
         return self.active.get(attempt.job.id) is attempt

@@ -279,16 +279,18 @@ class Lifecycle:
         return None if attempt is None else attempt.metrics
 
     def rank_view(self, job: JobRecord) -> list[dict[str, Any]] | None:
-        """A gang's ranks: state, exit code and GPUs; None for a job that is no gang."""
-        if job.spec.gang is None:
+        """A gang's ranks: state, exit code and GPUs; None for a job that is no gang, or
+        whose directory (where they are recorded) retention removed."""
+        if job.spec.gang is None or job.collected_at is not None:
             return None
         directory = self.layout.attempt_dir(job.id, job.attempts) if job.attempts else None
         return gang_view.rank_view(job, self.board.active.get(job.id), directory,
                                    self.accounting.inventory)
 
     def index_view(self, job: JobRecord) -> dict[str, Any] | None:
-        """An indexed job's indexes: succeeded, running, failed; None for any other job."""
-        if job.spec.indexed is None:
+        """An indexed job's indexes: succeeded, running, failed; None for any other job, or
+        one whose directory (where they are recorded) retention removed."""
+        if job.spec.indexed is None or job.collected_at is not None:
             return None
         return index_view(self.layout, job, self.board.active.get(job.id))
 

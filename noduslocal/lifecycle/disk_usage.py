@@ -22,6 +22,7 @@ from noduslocal.store import Store
 from noduslocal.units import fmt_bytes
 
 log = logging.getLogger(__name__)
+WAKE_EVERY = 30.0  # seconds between looks at whether a measurement is due
 
 
 class DiskUsage:
@@ -37,13 +38,17 @@ class DiskUsage:
 
     async def follow(self) -> None:
         while True:
+            self._wanted.clear()  # before: a wish made while measuring is kept for after
             try:
                 await self.refresh()
             except Exception:
                 log.exception("measuring the users' disk use failed")
-            self._wanted.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wanted.wait(), self.settings.du_every)
+            while not self._wanted.is_set() and (
+                    time.time() - (self.measured_at or 0) < self.settings.du_every):
+                # In short steps, so a reloaded du_every applies at once.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wanted.wait(),
+                                           min(self.settings.du_every, WAKE_EVERY))
 
     def refresh_soon(self) -> None:
         """Something was freed (a job removed, a volume deleted, a retention pass): measure

@@ -211,11 +211,9 @@ class IndexedRun:
         if isinstance(state, Exited) and attempt.job.spec.outputs:
             collected = await self.collect(attempt.job, index)
             job_id, number = attempt.job.id, attempt.number
-            try:
-                await self.store.write(lambda c: ops.record_outputs(c, job_id, number,
-                                                                    collected, time.time()))
-            finally:
-                self.layout.blobs.release(out.sha256 for out in collected)
+            await self.layout.blobs.recorded(self.store.write(
+                lambda c: ops.record_outputs(c, job_id, number, collected, time.time())),
+                [out.sha256 for out in collected])
         return state if failed(state) else None
 
     @staticmethod

@@ -22,13 +22,14 @@ from noduslocal.lifecycle.disk_usage import DiskUsage
 from noduslocal.models import GcReport
 from noduslocal.store import Store
 from noduslocal.store import retention as ops
-from noduslocal.units import fmt_bytes
+from noduslocal.units import fmt_bytes, fmt_duration
 
 log = logging.getLogger(__name__)
 
 # A blob file younger than this is never deleted, whatever the rows say: a second guard,
 # beside the pins, for a blob written just before the pass read the rows.
 BLOB_GRACE = 600.0
+WAKE_EVERY = 30.0  # seconds between looks at whether a pass is due
 
 
 class Retention:
@@ -42,8 +43,18 @@ class Retention:
         self._one_at_a_time = asyncio.Lock()
 
     async def follow(self) -> None:
+        log.info("retention: ended jobs keep their files for %s (keep_ended%s); the first "
+                 "pass runs in %s (gc_every); `noduslocal gc --dry-run` shows what it would "
+                 "remove", fmt_duration(self.settings.keep_ended),
+                 ", with per-user overrides" if self.settings.keep_ended_users else "",
+                 fmt_duration(self.settings.gc_every))
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.settings.gc_every)
+            # In short steps, so a reloaded gc_every counts from the last pass at once.
+            await asyncio.sleep(min(self.settings.gc_every, WAKE_EVERY))
+            if time.monotonic() - last < self.settings.gc_every:
+                continue
+            last = time.monotonic()
             try:
                 await self.run(dry_run=False)
             except Exception:
@@ -52,15 +63,18 @@ class Retention:
     async def run(self, dry_run: bool) -> GcReport:
         async with self._one_at_a_time:
             now = time.time()
-            active = frozenset(self.board.active)
+            active = frozenset(self.board.active) | self.board.settling
             keep_for, shortest = self.settings.keep_for, self._shortest_keep()
             found, after = ops.Collection(), (-1.0, 0)
 
-            def batch(c: sqlite3.Connection, at: ops.Cursor) -> tuple[ops.Collection, Any]:
-                return ops.collect(c, now, keep_for, shortest, active, dry_run, at)
+            def batch(c: sqlite3.Connection, at: ops.Cursor,
+                      due: frozenset[int]) -> tuple[ops.Collection, Any]:
+                return ops.collect(c, now, keep_for, shortest, active, dry_run, at, due)
 
             while True:  # in batches, each its own transaction with its events
-                done: ops.Collection = await self.store.write(partial(batch, at=after))
+                due = frozenset(job.id for job in found.jobs)
+                done: ops.Collection = await self.store.write(partial(batch, at=after,
+                                                                      due=due))
                 found.add(done)
                 if done.after is None:
                     break

@@ -194,9 +194,9 @@ class AttemptRunner:
         ended = self.store.write(lambda c: ops.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
             indexed=job.spec.indexed is not None))
-        # Recorded (or given up): retention may judge the blobs now.
+        # Its outputs' blobs stay pinned until this commit lands, even if we are cancelled.
         ended.add_done_callback(
-            lambda _: self.layout.blobs.release(out.sha256 for out in collected))
+            lambda _: self.layout.blobs.release([out.sha256 for out in collected]))
         if outcome.job_phase == Phase.PENDING:
             # Back in the queue at its old place before its share is handed on; any start
             # this allows is committed after the end above (the writer keeps order).
@@ -211,19 +211,23 @@ class AttemptRunner:
         # this end share one commit instead of waiting for each other.
         recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.board.finishing[job.id] = recorded
+        self.board.settling.add(job.id)
         self._on_end(job.id, outcome.job_phase)
         self.dispatch.release(attempt)
         try:
-            if running is not None:
-                await running
-            await ended
+            try:
+                if running is not None:
+                    await running
+                await asyncio.shield(ended)
+            finally:
+                self.board.finishing.pop(job.id, None)
+                recorded.set_result(None)
+            if attempt.handles and attempt.directory is not None:
+                await runtime.release(attempt.ref, attempt.handles)
+            if job.spec.ephemeral and outcome.job_phase in TERMINAL:
+                await asyncio.to_thread(self.layout.free, job.id)  # its volumes, log stay
         finally:
-            self.board.finishing.pop(job.id, None)
-            recorded.set_result(None)
-        if attempt.handles and attempt.directory is not None:
-            await runtime.release(attempt.ref, attempt.handles)
-        if job.spec.ephemeral and outcome.job_phase in TERMINAL:
-            await asyncio.to_thread(self.layout.free, job.id)  # its volumes and log stay
+            self.board.settling.discard(job.id)
 
     async def give_up(self, attempt: Attempt, message: str) -> None:
         """End a job whose attempt broke in the daemon itself, so it is never left

@@ -110,7 +110,8 @@ class Store:
         """Each query's rows, from one snapshot on a read-only connection of its own (call
         it on a thread): a long scan (`du`, the retention pass's references) holds up
         neither the writer nor the API's reads."""
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        conn = sqlite3.connect(f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True,
+                               isolation_level=None)
         try:
             conn.execute("BEGIN")
             return [conn.execute(sql).fetchall() for sql in queries]

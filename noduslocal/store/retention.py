@@ -50,10 +50,13 @@ class Collection:
 
 def collect(conn: sqlite3.Connection, now: float, keep_for: Callable[[str], float | None],
             shortest: float | None, active: frozenset[int], dry_run: bool,
-            after: Cursor = (-1.0, 0)) -> tuple[Collection, list[Event]]:
+            after: Cursor = (-1.0, 0),
+            due_before: frozenset[int] = frozenset()) -> tuple[Collection, list[Event]]:
     """One batch: the ended jobs after `after` (in order of their end) that are past their
     keep, and with the last batch the uploads nobody needs. `shortest`: the least keep of
-    anyone (None: everyone keeps forever); `active`: jobs with an attempt on the board."""
+    anyone (None: everyone keeps forever); `active`: jobs whose attempt or runner still
+    uses their directory; `due_before`: what earlier batches found (a dry run left them
+    uncollected, and they name no upload any more)."""
     found, events = Collection(), []
     if shortest is None:
         return found, events
@@ -76,7 +79,7 @@ def collect(conn: sqlite3.Connection, now: float, keep_for: Callable[[str], floa
             None))
     if found.after is not None:
         return found, events
-    due = {job.id for job in found.jobs}
+    due = due_before | {job.id for job in found.jobs}
     for sha, uid, size, at in conn.execute(
             "SELECT sha256, owner_uid, size, created_at FROM sources WHERE created_at <= ?",
             (now - shortest,)).fetchall():
