@@ -19,6 +19,7 @@ from noduslocal.config import LIVE, TOML_NAME, Settings
 from noduslocal.errors import InvalidArgument
 
 log = logging.getLogger("noduslocald")
+DIRECTORY_POLL = 5.0  # seconds between looks for a config directory that is not there yet
 SETTLE = 0.2  # seconds of quiet after a change before the file is read (an editor's writes)
 
 
@@ -101,8 +102,10 @@ class ConfigReloader:
         import watchfiles
 
         directory = self.path.parent
-        while not directory.is_dir():  # /etc/noduslocal made after the daemon started
-            await asyncio.sleep(5)
+        if not directory.is_dir():  # /etc/noduslocal made after the daemon started
+            while not directory.is_dir():
+                await asyncio.sleep(DIRECTORY_POLL)
+            self._wake.set()  # the file may be there already: written before the watch
         async for changes in watchfiles.awatch(directory, debounce=100, step=50,
                                                recursive=False):
             if any(Path(changed).name == self.path.name for _, changed in changes):

@@ -174,8 +174,8 @@ class JobRecord:
         """Why its workspace, logs and outputs are gone, once retention removed them."""
         if self.collected_at is None:
             return None
-        return (f"job {self.name!r}'s workspace, logs and outputs were removed by retention "
-                f"at {iso(self.collected_at)}, past the time ended jobs keep them "
+        return (f"the workspace, logs and outputs of job {self.name!r} were removed by "
+                f"retention at {iso(self.collected_at)}, past the time ended jobs keep them "
                 "(keep_ended); its history stays")
 
     def to_wire(self, hold: str | None = None, *, redact: bool = False,

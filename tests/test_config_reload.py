@@ -5,9 +5,11 @@ documents every setting with its default."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
+import time
 import tomllib
 from dataclasses import fields
 from importlib import resources
@@ -17,7 +19,7 @@ import pytest
 
 from noduslocal import testing
 from noduslocal.config import _TOML_KEYS, LIVE, TOML_NAME, Settings, load_settings
-from noduslocal.config_reload import _line_of
+from noduslocal.config_reload import ConfigReloader, _line_of
 from tests.conftest import run_cli
 
 DEFAULT_CONFIG = resources.files("noduslocal").joinpath("default_config.toml").read_text()
@@ -158,3 +160,32 @@ def test_the_shipped_defaults_are_the_defaults(tmp_path: Path) -> None:
                          if line.startswith("# e.g. "))
     path.write_text(examples.replace("4xH100-80GB", "2xL4"))
     assert load_settings(path).profiles["small"]["memory"] == "8GiB"
+
+
+def test_a_config_written_with_its_new_directory_is_read(tmp_path: Path) -> None:
+    """Found running the quickstart's daemon: /etc/noduslocal made, and config.toml written
+    in it at once, after the daemon started. The watch begins only once the directory is
+    there, so the file written before it began must be read then, not at its next edit."""
+    path = tmp_path / "etc" / "config.toml"
+    applied: list[Settings] = []
+
+    def load() -> Settings:
+        return load_settings(path, socket=tmp_path / "s", data_dir=tmp_path / "d")
+
+    start = load_settings(None, socket=tmp_path / "s", data_dir=tmp_path / "d")
+
+    async def scenario() -> None:
+        reloader = ConfigReloader(path, load, start, start, applied.append)
+        task = asyncio.create_task(reloader.run())
+        try:
+            await asyncio.sleep(0.5)  # the daemon runs; the directory does not exist yet
+            path.parent.mkdir()
+            path.write_text("user_max_jobs = 3\n")
+            deadline = time.monotonic() + 15
+            while not applied and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert applied and applied[-1].user_max_jobs == 3

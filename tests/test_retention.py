@@ -497,3 +497,8 @@ def test_a_sweep_whose_source_was_forgotten_is_not_retried_half_made(
     with pytest.raises(errors.Conflict, match="was removed by retention"):
         client.retry_sweep("fails")
     assert len(client.list_jobs(all=True)) == before
+
+
+def test_du_with_nothing_held_says_so(box: testing.Daemon) -> None:
+    empty = run_cli(box, "du")
+    assert empty.returncode == 0 and empty.stdout == "nobody holds anything here yet\n"

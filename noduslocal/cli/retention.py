@@ -28,8 +28,8 @@ def du(user: str | None, cached: bool, as_json: bool) -> None:
     if as_json:
         output.print_json({"measured_at": doc["measured_at"], "users": rows})
         return
-    if user is not None and not rows:
-        click.echo(f"{user} holds nothing here")
+    if not rows:
+        click.echo(f"{user} holds nothing here" if user else "nobody holds anything here yet")
         return
     output.print_table(
         ("USER", "JOBS", "JOB DIRS", "VOLUMES", "BLOBS", "TOTAL", "QUOTA", "KEEP ENDED"),
