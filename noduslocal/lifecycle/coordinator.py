@@ -182,7 +182,7 @@ class Lifecycle:
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
-        self.require_room("new jobs", owner)
+        await self._require_room("new jobs", owner, "jobs", idempotency_key)
         return await self.admission.create(req, owner, idempotency_key, request_hash)
 
     def require_room(self, what: str, owner: ops.Owner) -> None:
@@ -190,6 +190,18 @@ class Lifecycle:
         their disk quota."""
         self.disk.require_room(what)
         self.usage.require_under_quota(owner.uid, owner.name, what)
+
+    async def _require_room(self, what: str, owner: ops.Owner, table: str,
+                            idempotency_key: str | None) -> None:
+        """As require_room, except for a retry of a create that was made (its idempotency
+        key is known): that one is answered with what it made, as ever."""
+        try:
+            self.require_room(what, owner)
+        except errors.ResourceExhausted:
+            if idempotency_key is None or not await self.store.fetchall(
+                    f"SELECT 1 FROM {table} WHERE owner_uid = ? AND idempotency_key = ?",
+                    (owner.uid, idempotency_key)):
+                raise
 
     async def cancel(self, job: JobRecord) -> None:
         await self.controls.cancel(job)
@@ -210,7 +222,7 @@ class Lifecycle:
 
     async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
                            request_hash: str | None) -> tuple[SweepRecord, bool]:
-        self.require_room("new sweeps", owner)
+        await self._require_room("new sweeps", owner, "sweeps", idempotency_key)
         return await self.sweep_admission.create(plan, owner, idempotency_key, request_hash)
 
     async def cancel_sweep(self, sweep: SweepRecord, remaining_only: bool = False) -> None:
