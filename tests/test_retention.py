@@ -284,8 +284,11 @@ def test_du_shows_job_dirs_volumes_and_blobs(box: testing.Daemon, tmp_path: Path
         "name": "writes", "volumes": {"/workspace/data": "data"},
         "command": ["sh", "-c", "head -c 300000 /dev/urandom > big; "
                                 "head -c 200000 /dev/urandom > data/v"]})["name"])
-    root = du(box)["root"]
+    first = box.client().transport.request("GET", "/v1/du", query={"refresh": "true"})
+    root = {u["user"]: u for u in first["users"]}["root"]
     assert root["jobs"] == 1 and root["workspaces"] >= 300_000
+    again = box.client().transport.request("GET", "/v1/du", query={"refresh": "true"})
+    assert again["measured_at"] == first["measured_at"]  # one walk per user per 5 s
     assert root["volumes"] >= 200_000 and root["blobs"] > 10_000
     assert root["total"] == root["workspaces"] + root["volumes"] + root["blobs"]
     table = run_cli(box, "du")

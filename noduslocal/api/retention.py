@@ -27,7 +27,7 @@ async def disk_use(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     usage, settings = services.lifecycle.usage, services.lifecycle.usage.settings
     if _flag(request, "refresh") or usage.measured_at is None:
-        await usage.refresh()
+        await usage.refresh_for(request["caller"].uid)
     users = sorted(usage.users.values(), key=lambda u: (-u.total, u.user))
     return web.json_response({
         "measured_at": iso(usage.measured_at),

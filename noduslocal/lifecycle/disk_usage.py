@@ -23,6 +23,7 @@ from noduslocal.units import fmt_bytes
 
 log = logging.getLogger(__name__)
 WAKE_EVERY = 30.0  # seconds between looks at whether a measurement is due
+REFRESH_EVERY = 5.0  # seconds between measurements one user's `du` may ask for
 
 
 class DiskUsage:
@@ -35,6 +36,7 @@ class DiskUsage:
         self._ended: dict[int, tuple[int, int]] = {}  # job id -> (dir's mtime_ns, bytes)
         self._wanted = asyncio.Event()
         self._running: asyncio.Task[None] | None = None
+        self._asked: dict[int, float] = {}  # uid -> when it last had `du` measure (monotonic)
 
     async def follow(self) -> None:
         while True:
@@ -54,6 +56,14 @@ class DiskUsage:
         """Something was freed (a job removed, a volume deleted, a retention pass): measure
         again now rather than at the next interval, so a quota lifts at once."""
         self._wanted.set()
+
+    async def refresh_for(self, uid: int) -> None:
+        """A user's `du`: measured now, at most once per REFRESH_EVERY for each user (a loop
+        of `du` does not keep the disk walked); otherwise the last measurement stands."""
+        now = time.monotonic()
+        if now - self._asked.get(uid, -REFRESH_EVERY) >= REFRESH_EVERY:
+            self._asked[uid] = now
+            await self.refresh()
 
     async def refresh(self) -> None:
         """Measure now; a measurement under way is joined, not repeated."""
