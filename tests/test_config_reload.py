@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from noduslocal import testing
+from noduslocal import config_reload, testing
 from noduslocal.config import _TOML_KEYS, LIVE, TOML_NAME, Settings, load_settings
 from noduslocal.config_reload import ConfigReloader, _line_of
 from tests.conftest import run_cli
@@ -162,10 +162,12 @@ def test_the_shipped_defaults_are_the_defaults(tmp_path: Path) -> None:
     assert load_settings(path).profiles["small"]["memory"] == "8GiB"
 
 
-def test_a_config_written_with_its_new_directory_is_read(tmp_path: Path) -> None:
+def test_a_config_written_with_its_new_directory_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found running the quickstart's daemon: /etc/noduslocal made, and config.toml written
     in it at once, after the daemon started. The watch begins only once the directory is
     there, so the file written before it began must be read then, not at its next edit."""
+    monkeypatch.setattr(config_reload, "DIRECTORY_POLL", 0.1)
     path = tmp_path / "etc" / "config.toml"
     applied: list[Settings] = []
 

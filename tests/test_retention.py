@@ -435,16 +435,21 @@ def test_a_cancelled_recorder_keeps_its_blob_pinned_until_the_commit(tmp_path: P
             writer.write(b"source")
             _, digest = blobs.keep(tmp, writer)
 
-            def slow_record(conn: sqlite3.Connection) -> tuple[None, list[Any]]:
-                time.sleep(0.3)
+            go_on = threading.Event()
+
+            def held_record(conn: sqlite3.Connection) -> tuple[None, list[Any]]:
+                go_on.wait(30)  # the commit is held back until the waiter was cancelled
                 return resources.record_source(conn, digest, 0, 6, time.time())
 
-            waiter = asyncio.ensure_future(blobs.recorded(store.write(slow_record), [digest]))
+            write = store.write(held_record)
+            waiter = asyncio.ensure_future(blobs.recorded(write, [digest]))
             await asyncio.sleep(0.05)
             waiter.cancel()
             await asyncio.sleep(0)
             pinned_while_committing = blobs._pins[digest] > 0
-            await asyncio.sleep(0.6)
+            go_on.set()
+            await asyncio.wait_for(asyncio.shield(write), 30)
+            await asyncio.sleep(0)  # the done callbacks
             return pinned_while_committing, blobs._pins[digest] == 0
         finally:
             await store.close()

@@ -23,6 +23,8 @@ async def job_workspace(request: web.Request) -> tuple[Path, int]:
     job = await lookup(request)
     require_control(request, job, "read the files of")
     root = request.app[SERVICES].layout.workspace(job.id)
+    if (note := job.collected_note()) is not None:
+        raise errors.NotFound(note)
     if not root.exists():
         # Re-read: retention may have collected it since it was looked up.
         job = await request.app[SERVICES].store.job_by_id(job.id) or job

@@ -5,6 +5,7 @@ and the board of attempts that hold resources, which every part of the lifecycle
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,7 @@ class Board:
     def __init__(self) -> None:
         self.active: dict[int, Attempt] = {}
         self.finishing: dict[int, asyncio.Future[None]] = {}
-        self.settling: set[int] = set()
+        self.settling: Counter[int] = Counter()  # by job id: runners still in their tail
 
     def holds(self, attempt: Attempt) -> bool:
         return self.active.get(attempt.job.id) is attempt

@@ -41,12 +41,16 @@ class DiskUsage:
     async def follow(self) -> None:
         while True:
             self._wanted.clear()  # before: a wish made while measuring is kept for after
+            tried = time.monotonic()
+            if self._running is not None and not self._running.done():
+                # Under way for a `du`, begun before the wish: wait for it, then measure.
+                await asyncio.wait([self._running])
             try:
                 await self.refresh()
             except Exception:
                 log.exception("measuring the users' disk use failed")
-            while not self._wanted.is_set() and (
-                    time.time() - (self.measured_at or 0) < self.settings.du_every):
+            while not self._wanted.is_set() and \
+                    time.monotonic() - tried < self.settings.du_every:
                 # In short steps, so a reloaded du_every applies at once.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wanted.wait(),

@@ -63,7 +63,7 @@ class Retention:
     async def run(self, dry_run: bool) -> GcReport:
         async with self._one_at_a_time:
             now = time.time()
-            active = frozenset(self.board.active) | self.board.settling
+            active = frozenset(self.board.active) | frozenset(self.board.settling)
             keep_for, shortest = self.settings.keep_for, self._shortest_keep()
             found, after = ops.Collection(), (-1.0, 0)
 
@@ -72,7 +72,8 @@ class Retention:
                 return ops.collect(c, now, keep_for, shortest, active, dry_run, at, due)
 
             while True:  # in batches, each its own transaction with its events
-                due = frozenset(job.id for job in found.jobs)
+                # What earlier batches found is collected already, unless this is a dry run.
+                due = frozenset(job.id for job in found.jobs) if dry_run else frozenset()
                 done: ops.Collection = await self.store.write(partial(batch, at=after,
                                                                       due=due))
                 found.add(done)

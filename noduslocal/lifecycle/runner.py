@@ -211,11 +211,11 @@ class AttemptRunner:
         # this end share one commit instead of waiting for each other.
         recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.board.finishing[job.id] = recorded
-        self.board.settling.add(job.id)
-        self._on_end(job.id, outcome.job_phase)
-        self.dispatch.release(attempt)
+        self.board.settling[job.id] += 1
         try:
             try:
+                self._on_end(job.id, outcome.job_phase)
+                self.dispatch.release(attempt)
                 if running is not None:
                     await running
                 await asyncio.shield(ended)
@@ -227,7 +227,9 @@ class AttemptRunner:
             if job.spec.ephemeral and outcome.job_phase in TERMINAL:
                 await asyncio.to_thread(self.layout.free, job.id)  # its volumes, log stay
         finally:
-            self.board.settling.discard(job.id)
+            self.board.settling[job.id] -= 1
+            if not self.board.settling[job.id]:
+                del self.board.settling[job.id]
 
     async def give_up(self, attempt: Attempt, message: str) -> None:
         """End a job whose attempt broke in the daemon itself, so it is never left
