@@ -512,3 +512,19 @@ def test_a_sweep_whose_source_was_forgotten_is_not_retried_half_made(
 def test_du_with_nothing_held_says_so(box: testing.Daemon) -> None:
     empty = run_cli(box, "du")
     assert empty.returncode == 0 and empty.stdout == "nobody holds anything here yet\n"
+
+
+def test_a_reloaded_gc_every_applies_without_a_restart() -> None:
+    """The daemon's own pass, not one asked for: a week apart at start, a second after an
+    edit of the config, and the ended job is collected by it."""
+    d = testing.Daemon(config='keep_ended = "1s"\ngc_every = "7d"\n')
+    try:
+        client = d.start().client()
+        client.wait_job(client.create_job({"name": "ended", "command": ["true"]})["name"])
+        assert d.config_path is not None
+        d.config_path.write_text('keep_ended = "1s"\ngc_every = "1s"\n')
+        testing.wait_until(lambda: client.get_job("ended")["collected_at"] is not None,
+                           "the daemon's own pass", timeout=30)
+        assert "retention: removed 1 ended jobs' directories" in d.log()
+    finally:
+        d.close()

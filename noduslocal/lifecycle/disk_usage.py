@@ -22,7 +22,7 @@ from noduslocal.store import Store
 from noduslocal.units import fmt_bytes
 
 log = logging.getLogger(__name__)
-WAKE_EVERY = 30.0  # seconds between looks at whether a measurement is due
+WAKE_EVERY = 5.0  # seconds between looks at whether a measurement is due
 REFRESH_EVERY = 5.0  # seconds between measurements one user's `du` may ask for
 
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # A blob file younger than this is never deleted, whatever the rows say: a second guard,
 # beside the pins, for a blob written just before the pass read the rows.
 BLOB_GRACE = 600.0
-WAKE_EVERY = 30.0  # seconds between looks at whether a pass is due
+WAKE_EVERY = 5.0  # seconds between looks at whether a pass is due
 
 
 class Retention:
