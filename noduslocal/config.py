@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from noduslocal import config_values as check
 from noduslocal.errors import InvalidArgument
 from noduslocal.sockets import default_socket_path
 from noduslocal.units import parse_cpu, parse_duration, parse_size
@@ -109,55 +109,57 @@ class Settings:
 
 
 _TOML_KEYS = {
-    "socket": ("socket", lambda v: Path(_text(v, "socket"))),
-    "data_dir": ("data_dir", lambda v: Path(_text(v, "data_dir"))),
-    "region": ("region", lambda v: _text(v, "region")),
+    "socket": ("socket", lambda v: Path(check.text(v, "socket"))),
+    "data_dir": ("data_dir", lambda v: Path(check.text(v, "data_dir"))),
+    "region": ("region", lambda v: check.text(v, "region")),
     "cpus": ("cpus_m", lambda v: parse_cpu(v, "cpus")),
     "memory": ("memory", lambda v: parse_size(v, "memory")),
     "kill_grace": ("kill_grace", lambda v: parse_duration(v, "kill_grace")),
-    "admin_group": ("admin_group", lambda v: _text(v, "admin_group")),
-    "socket_group": ("socket_group", lambda v: _text(v, "socket_group")),
+    "admin_group": ("admin_group", lambda v: check.text(v, "admin_group")),
+    "socket_group": ("socket_group", lambda v: check.text(v, "socket_group")),
     "max_wait_poll": ("max_wait_poll", lambda v: parse_duration(v, "max_wait_poll")),
-    "docker_host": ("docker_host", lambda v: _text(v, "docker_host")),
+    "docker_host": ("docker_host", lambda v: check.text(v, "docker_host")),
     "shm_size": ("shm_size", lambda v: parse_size(v, "shm_size")),
-    "pids_limit": ("pids_limit", lambda v: _positive(v, "pids_limit")),
-    "image_pull": ("image_pull", lambda v: _flag(v, "image_pull")),
-    "simulate_gpus": ("simulate_gpus", lambda v: _simulated_spec(v)),
-    "nvml_library": ("nvml_library", lambda v: _text(v, "nvml_library")),
+    "pids_limit": ("pids_limit", lambda v: check.positive(v, "pids_limit")),
+    "image_pull": ("image_pull", lambda v: check.flag(v, "image_pull")),
+    "simulate_gpus": ("simulate_gpus", lambda v: check.simulated_spec(v)),
+    "nvml_library": ("nvml_library", lambda v: check.text(v, "nvml_library")),
     "gpu_busy_memory": ("gpu_busy_memory", lambda v: parse_size(v, "gpu_busy_memory")),
     "gpu_poll": ("gpu_poll", lambda v: parse_duration(v, "gpu_poll")),
     "max_user_priority": ("max_user_priority",
-                          lambda v: _whole(v, "max_user_priority", -1000)),
+                          lambda v: check.whole(v, "max_user_priority", -1000)),
     "fair_share_half_life": ("fair_share_half_life",
                              lambda v: parse_duration(v, "fair_share_half_life")),
-    "user_max_gpus": ("user_max_gpus", lambda v: _whole(v, "user_max_gpus", 0)),
-    "user_max_jobs": ("user_max_jobs", lambda v: _whole(v, "user_max_jobs", 0)),
-    "user_max_execs": ("user_max_execs", lambda v: _positive(v, "user_max_execs")),
+    "user_max_gpus": ("user_max_gpus", lambda v: check.whole(v, "user_max_gpus", 0)),
+    "user_max_jobs": ("user_max_jobs", lambda v: check.whole(v, "user_max_jobs", 0)),
+    "user_max_execs": ("user_max_execs", lambda v: check.positive(v, "user_max_execs")),
     "user_max_connections": ("user_max_connections",
-                             lambda v: _positive(v, "user_max_connections")),
+                             lambda v: check.positive(v, "user_max_connections")),
     "idle_timeout": ("idle_timeout", lambda v: parse_duration(v, "idle_timeout")),
     "body_timeout": ("body_timeout", lambda v: parse_duration(v, "body_timeout")),
-    "max_open_files": ("max_open_files", lambda v: _positive(v, "max_open_files")),
+    "max_open_files": ("max_open_files", lambda v: check.positive(v, "max_open_files")),
     "max_output_size": ("max_output_size", lambda v: parse_size(v, "max_output_size")),
     "max_job_outputs": ("max_job_outputs", lambda v: parse_size(v, "max_job_outputs")),
     "disk_reserve": ("disk_reserve", lambda v: parse_size(v, "disk_reserve")),
     "disk_poll": ("disk_poll", lambda v: parse_duration(v, "disk_poll")),
     "energy_price_per_kwh": ("energy_price_per_kwh",
-                             lambda v: _price(v, "energy_price_per_kwh")),
-    "gpu_hour_rates": ("gpu_hour_rates", lambda v: _rates(v)),
-    "host_shim": ("host_shim", lambda v: _choice(v, "host_shim", ("auto", "python"))),
-    "profiles": ("profiles", lambda v: _profiles(v)),
-    "max_body": ("max_body", lambda v: _positive(v, "max_body")),
-    "commit_batch": ("commit_batch", lambda v: _positive(v, "commit_batch")),
-    "metrics_port": ("metrics_port", lambda v: _port(v, "metrics_port")),
-    "keep_ended": ("keep_ended", lambda v: _keep(v, "keep_ended")),
+                             lambda v: check.price(v, "energy_price_per_kwh")),
+    "gpu_hour_rates": ("gpu_hour_rates", lambda v: check.rates(v)),
+    "host_shim": ("host_shim", lambda v: check.choice(v, "host_shim", ("auto", "python"))),
+    "profiles": ("profiles", lambda v: check.profiles(v)),
+    "max_body": ("max_body", lambda v: check.positive(v, "max_body")),
+    "commit_batch": ("commit_batch", lambda v: check.positive(v, "commit_batch")),
+    "metrics_port": ("metrics_port", lambda v: check.port(v, "metrics_port")),
+    "keep_ended": ("keep_ended", lambda v: check.keep(v, "keep_ended")),
     "keep_ended_users": ("keep_ended_users",
-                         lambda v: _per_user(v, "keep_ended_users", _keep)),
-    "gc_every": ("gc_every", lambda v: _interval(v, "gc_every")),
-    "user_disk_quota": ("user_disk_quota", lambda v: _quota(v, "user_disk_quota")),
+                         lambda v: check.per_user(v, "keep_ended_users", check.keep,
+                                                   _TOML_KEYS)),
+    "gc_every": ("gc_every", lambda v: check.interval(v, "gc_every")),
+    "user_disk_quota": ("user_disk_quota", lambda v: check.quota(v, "user_disk_quota")),
     "user_disk_quotas": ("user_disk_quotas",
-                         lambda v: _per_user(v, "user_disk_quotas", _quota)),
-    "du_every": ("du_every", lambda v: _interval(v, "du_every")),
+                         lambda v: check.per_user(v, "user_disk_quotas", check.quota,
+                                                   _TOML_KEYS)),
+    "du_every": ("du_every", lambda v: check.interval(v, "du_every")),
 }
 # The settings a reload applies to the running daemon (lifecycle/coordinator.py's
 # apply_settings and the daemon's own holders take them); any other change waits for a
@@ -170,116 +172,6 @@ LIVE = frozenset({
     "du_every",
 })
 TOML_NAME = {attr: key for key, (attr, _) in _TOML_KEYS.items()}  # cpus_m -> cpus
-
-
-def _positive(value: Any, name: str) -> int:
-    return _whole(value, name, 1)
-
-
-def _whole(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{name}: expected a whole number from {minimum}", field=name)
-    return value
-
-
-def _port(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise InvalidArgument(f"{name}: expected a TCP port from 1 to 65535", field=name)
-    return value
-
-
-def _keep(value: Any, name: str) -> float | None:
-    return _unless(value, name, "forever", parse_duration)
-
-
-def _quota(value: Any, name: str) -> int | None:
-    return _unless(value, name, "none", parse_size)
-
-
-def _unless(value: Any, name: str, word: str, parse: Callable[[Any, str], Any]) -> Any:
-    """`parse(value)`, or None for `word`, which means no limit ("forever", "none")."""
-    if value == word:
-        return None
-    try:
-        return parse(value, name)
-    except InvalidArgument as exc:
-        raise InvalidArgument(f'{exc.message}; or "{word}"', field=name) from None
-
-
-def _interval(value: Any, name: str) -> float:
-    seconds = parse_duration(value, name)
-    if not 1 <= seconds <= 7 * 24 * 3600:
-        raise InvalidArgument(f"{name}: expected a duration from 1s to 7d", field=name)
-    return seconds
-
-
-def _per_user(value: Any, name: str, convert: Any) -> dict[str, Any]:
-    """A table of user name = value, each checked as the setting for everyone is."""
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{name}: expected a [{name}] table of user = value",
-                              field=name)
-    if misplaced := sorted(set(value) & set(_TOML_KEYS)):
-        raise InvalidArgument(f"{name}.{misplaced[0]}: {misplaced[0]} is a setting, not a user; "
-                              f"settings go above the first [table] of the file",
-                              field=f"{name}.{misplaced[0]}")
-    return {user: convert(each, f"{name}.{user}") for user, each in value.items()}
-
-
-def _text(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{name}: expected a string in quotes", field=name)
-    return value
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name}: expected true or false", field=name)
-    return value
-
-
-def _price(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidArgument(f"{name}: expected a number from 0", field=name)
-    return float(value)
-
-
-def _profiles(value: Any) -> dict[str, dict[str, Any]]:
-    """Each profile checked as a job's arguments are (a bad one stops the daemon at start,
-    naming it), and only with the arguments a profile may fill."""
-    from noduslocal.profiles import PROFILE_FIELDS
-    from noduslocal.validation import parse_create, validate_name
-
-    if not isinstance(value, dict):
-        raise InvalidArgument("profiles: expected [profiles.NAME] tables", field="profiles")
-    profiles: dict[str, dict[str, Any]] = {}
-    for name, preset in value.items():
-        where = f"profiles.{name}"
-        try:
-            validate_name(name, where)
-            if not isinstance(preset, dict):
-                raise InvalidArgument(f"{where}: expected a table of Job.create arguments",
-                                      field=where)
-            if unknown := sorted(set(preset) - PROFILE_FIELDS):
-                raise InvalidArgument(f"{unknown[0]}: not for a profile; a profile may set "
-                                      f"{', '.join(sorted(PROFILE_FIELDS))}", field=unknown[0])
-            # Whether it parses as a job's; its region is checked against the daemon's own
-            # when a job uses it.
-            parse_create({"command": ["true"], **{k: v for k, v in preset.items()
-                                                  if k != "region"}}, regions=("",))
-        except InvalidArgument as exc:
-            field_name = exc.field if (exc.field or "").startswith("profiles.") else \
-                f"{where}.{exc.field}"
-            message = exc.message.removeprefix(f"{exc.field}: ")
-            raise InvalidArgument(f"config: {field_name}: {message}",
-                                  field=field_name) from None
-        profiles[name] = dict(preset)
-    return profiles
-
-
-def _choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise InvalidArgument(f"{name}: expected one of {', '.join(allowed)}", field=name)
-    return str(value)
 
 
 def load_settings(
@@ -332,23 +224,3 @@ def load_settings(
                                   f"not this host's region ({settings.region!r})",
                                   field=f"profiles.{name}.region")
     return settings
-
-
-def _simulated_spec(value: object) -> str:
-    from noduslocal.gpu import simulated
-
-    if not isinstance(value, str):
-        raise InvalidArgument("simulate_gpus: expected a string like \"4xH100-80GB\"",
-                              field="simulate_gpus")
-    simulated.parse(value)  # refused here, with the field named, not at start-up
-    return value
-
-
-def _rates(value: object) -> dict[str, float]:
-    """{"H100" = 2.5, "default" = 1.0}: a price per GPU-hour by model."""
-    if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) and v >= 0
-            for k, v in value.items()):
-        raise InvalidArgument("gpu_hour_rates: expected a table of model = price per GPU-hour",
-                              field="gpu_hour_rates")
-    return {k if k == "default" else k.upper(): float(v) for k, v in value.items()}

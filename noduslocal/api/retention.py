@@ -39,5 +39,5 @@ async def disk_use(request: web.Request) -> web.Response:
 async def gc(request: web.Request) -> web.Response:
     """A retention pass now; `dry_run` says what it would remove and removes nothing."""
     require_admin(request, "gc: you may not run the retention pass")
-    report = await request.app[SERVICES].lifecycle.gc(_flag(request, "dry_run"))
+    report = await request.app[SERVICES].lifecycle.retention.run(_flag(request, "dry_run"))
     return web.json_response(report.to_wire())

@@ -50,7 +50,7 @@ async def put_source(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     sha = source_sha(request)
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
-    services.lifecycle.require_room("uploads", caller.owner)
+    services.lifecycle.room.require("uploads", caller.uid, caller.name)
     blobs = services.layout.blobs
     fd, tmp = blobs.new()
     writer = HashingWriter(fd)
@@ -89,7 +89,7 @@ async def snapshot_job(request: web.Request) -> web.Response:
         raise errors.Conflict(f"from: job {job.name!r} is {job.phase}; stop it first "
                               f"(noduslocal job cancel {job.name}) so its workspace is final",
                               field="from")
-    services.lifecycle.require_room("uploads", caller.owner)
+    services.lifecycle.room.require("uploads", caller.uid, caller.name)
     root, _ = await job_workspace(request)
     limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
     sha, size = await asyncio.to_thread(snapshot.pack, root, job, services.layout.blobs,

@@ -46,7 +46,7 @@ async def create_volume(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or set(body) != {"name"}:
         raise errors.InvalidArgument('body: expected {"name": ...}', field="body")
     name = validate_name(body["name"], "name")
-    services.lifecycle.require_room("new volumes", caller.owner)
+    services.lifecycle.room.require("new volumes", caller.uid, caller.name)
     # The row first: its unique key decides between two creates of one name, and only the
     # winner touches the directory.
     await services.store.write(lambda c: resources.create_volume(c, name, caller.owner,

@@ -35,6 +35,7 @@ from noduslocal.lifecycle.indexed_run import (
 from noduslocal.lifecycle.orphans import Orphan
 from noduslocal.lifecycle.recovery import Recovery
 from noduslocal.lifecycle.retention import Retention
+from noduslocal.lifecycle.room import Room
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.lifecycle.sweep_admission import SweepAdmission
@@ -47,7 +48,6 @@ from noduslocal.models import (
     CreateRequest,
     Diagnosis,
     Event,
-    GcReport,
     JobRecord,
     SweepRecord,
 )
@@ -111,6 +111,7 @@ class Lifecycle:
         self.users = UserAdmin(settings, store, self.queue, self.accounting, self.dispatch)
         self.usage = DiskUsage(settings, store, layout)
         self.retention = Retention(settings, store, layout, self.board, self.usage)
+        self.room = Room(self.disk, self.usage, store)
 
     def _run(self, attempt: Attempt) -> None:
         attempt.task = asyncio.create_task(self.runner.run(attempt))
@@ -182,26 +183,9 @@ class Lifecycle:
 
     async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
-        await self._require_room("new jobs", owner, "jobs", idempotency_key)
+        await self.room.require_unless_made("new jobs", owner.uid, owner.name, "jobs",
+                                            idempotency_key)
         return await self.admission.create(req, owner, idempotency_key, request_hash)
-
-    def require_room(self, what: str, owner: ops.Owner) -> None:
-        """Refuse new work (`what`: "new jobs") while the disk is low or its owner is over
-        their disk quota."""
-        self.disk.require_room(what)
-        self.usage.require_under_quota(owner.uid, owner.name, what)
-
-    async def _require_room(self, what: str, owner: ops.Owner, table: str,
-                            idempotency_key: str | None) -> None:
-        """As require_room, except for a retry of a create that was made (its idempotency
-        key is known): that one is answered with what it made, as ever."""
-        try:
-            self.require_room(what, owner)
-        except errors.ResourceExhausted:
-            if idempotency_key is None or not await self.store.fetchall(
-                    f"SELECT 1 FROM {table} WHERE owner_uid = ? AND idempotency_key = ?",
-                    (owner.uid, idempotency_key)):
-                raise
 
     async def cancel(self, job: JobRecord) -> None:
         await self.controls.cancel(job)
@@ -216,13 +200,10 @@ class Lifecycle:
         await self.controls.remove(job, by)
         self.usage.refresh_soon()
 
-    async def gc(self, dry_run: bool) -> GcReport:
-        """A retention pass now (`noduslocal gc`)."""
-        return await self.retention.run(dry_run)
-
     async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
                            request_hash: str | None) -> tuple[SweepRecord, bool]:
-        await self._require_room("new sweeps", owner, "sweeps", idempotency_key)
+        await self.room.require_unless_made("new sweeps", owner.uid, owner.name, "sweeps",
+                                            idempotency_key)
         return await self.sweep_admission.create(plan, owner, idempotency_key, request_hash)
 
     async def cancel_sweep(self, sweep: SweepRecord, remaining_only: bool = False) -> None:
@@ -237,8 +218,7 @@ class Lifecycle:
         await self.sweep_controls.resume(sweep)
 
     async def retry_sweep(self, sweep: SweepRecord, include_cancelled: bool = False) -> None:
-        self.disk.require_room("new jobs")
-        self.usage.require_under_quota(sweep.owner_uid, sweep.owner, "new jobs")
+        self.room.require("new jobs", sweep.owner_uid, sweep.owner)
         await self.sweep_controls.retry(sweep, include_cancelled)
 
     async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:

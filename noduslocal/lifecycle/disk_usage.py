@@ -120,9 +120,6 @@ class DiskUsage:
                 of(uid, user_name(uid)).blobs += size
         return users
 
-    def used(self, uid: int) -> UserUsage | None:
-        return self.users.get(uid)
-
     def require_under_quota(self, uid: int, user: str, what: str) -> None:
         """Refuse new work (`what`: "new jobs") of a user at or over their disk quota, as
         last measured."""

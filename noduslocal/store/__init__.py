@@ -335,9 +335,3 @@ class Store:
             (name,) if name is not None else ())
         return [{"name": r[0], "owner_uid": r[1], "owner": r[2], "created_at": r[3]}
                 for r in rows]
-
-    async def source(self, sha256: str, owner_uid: int) -> int | None:
-        """The size of a source this user uploaded, or None."""
-        rows = await self.fetchall(
-            "SELECT size FROM sources WHERE sha256 = ? AND owner_uid = ?", (sha256, owner_uid))
-        return rows[0][0] if rows else None
