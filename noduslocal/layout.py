@@ -14,9 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from noduslocal.blobs import BlobStore
 from noduslocal.job_paths import in_workspace
 from noduslocal.models import JobRecord
-from noduslocal.outputs import BlobStore
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source

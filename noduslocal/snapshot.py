@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
+from noduslocal.blobs import BlobStore, HashingWriter
 from noduslocal.job_paths import in_workspace
 from noduslocal.layout import DEFAULT_PATH, account, failure_cause
 from noduslocal.metrics import METRICS_FILE
 from noduslocal.models import JobRecord
-from noduslocal.outputs import BlobStore, HashingWriter
 
 TIMEOUT = 600.0  # seconds to pack a workspace
 

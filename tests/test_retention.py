@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from noduslocal import errors, testing
+from noduslocal.blobs import BlobStore, HashingWriter
 from noduslocal.config import load_settings
-from noduslocal.outputs import BlobStore, HashingWriter
 from noduslocal.store import Store, resources, retention
 from noduslocal.store.migrate import migrate
 from tests.conftest import run_cli

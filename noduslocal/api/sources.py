@@ -14,8 +14,8 @@ from noduslocal.api.files import job_workspace
 from noduslocal.api.identity import Caller
 from noduslocal.api.jobs import lookup, require_control
 from noduslocal.api.services import SERVICES
+from noduslocal.blobs import HashingWriter
 from noduslocal.client.source import LARGE_SOURCE
-from noduslocal.outputs import HashingWriter
 from noduslocal.states import TERMINAL
 from noduslocal.store import resources
 from noduslocal.validation import SHA256_RE

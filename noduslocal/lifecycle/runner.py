@@ -27,6 +27,7 @@ from noduslocal.lifecycle.outcomes import outcome_of, retry_pause
 from noduslocal.lifecycle.stops import Stopper
 from noduslocal.models import JobRecord
 from noduslocal.outputs import Collected, OutputLimits
+from noduslocal.outputs import collect as collect_output
 from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.runtime.base import (
     Launch,
@@ -268,8 +269,8 @@ class AttemptRunner:
                 path = output_path(path, index)
             limit, cap = self.output_limits.for_next(used, self.disk_room())
             try:
-                out = self.layout.blobs.collect(workspace, name, path, job.owner_uid,
-                                                limit, cap)
+                out = collect_output(self.layout.blobs, workspace, name, path,
+                                     job.owner_uid, limit, cap)
             except Exception:  # one bad output never fails the job or the others
                 log.exception("collecting output %s of job %s failed", name, job.name)
                 continue
