@@ -18,14 +18,18 @@ case $(head -c 2 "$ray_bin") in '#!') py=$(head -n 1 "$ray_bin" | cut -c 3-) ;; 
 timeout=${NODUS_STARTUP_TIMEOUT%.*}
 deadline=$(( $(date +%s) + timeout ))
 ray_opts="--num-gpus=$NODUS_GPUS_PER_NODE --disable-usage-stats --node-ip-address=$NODUS_RANK_ADDR"
-# Not the shared /tmp/ray: another user's cluster owns that, and ours is this gang's alone.
-tmp="${TMPDIR:-/tmp}/nodus-ray-$(id -u)-$NODUS_GANG"
 '''
 # Rank 0: the head, then the job's command once every rank joined. Ray's processes stay in
 # the rank's process group, which ends with its main process (not `ray stop`: that stops
-# every cluster of the user's on the box).
-RAY_HEAD = _RAY_PYTHON + '''ray start --head --port="$MASTER_PORT" --include-dashboard=false \\
-  --temp-dir="$tmp" $ray_opts >&2 || exit 75
+# every cluster of the user's on the box). Its files: not the shared /tmp/ray (another
+# user's cluster owns that) nor any name another user could make first. mktemp makes a
+# new directory (mode 0700, never one that exists, a name nobody can guess) and Ray's own
+# temp dir, which Ray opens to everyone, goes inside it. Not under the job's directory:
+# Ray's socket paths there would pass the 107 bytes a Unix socket's path may have. Other
+# ranks use the head's temp dir.
+RAY_HEAD = _RAY_PYTHON + '''tmp=$(mktemp -d "${TMPDIR:-/tmp}/nodus-ray-XXXXXXXXXX") || exit 75
+ray start --head --port="$MASTER_PORT" --include-dashboard=false \\
+  --temp-dir="$tmp/ray" $ray_opts >&2 || exit 75
 "$py" - <<'EOF' || exit 75
 import os, sys, time
 import ray
