@@ -12,13 +12,15 @@ from typing import Any
 from aiohttp import web
 
 from noduslocal import errors
+from noduslocal.api import lanes
 from noduslocal.api.body import parse as parse_body
 from noduslocal.api.identity import Caller
+from noduslocal.api.lanes import PAGE
 from noduslocal.api.services import SERVICES
 from noduslocal.models import JobRecord
 from noduslocal.states import TERMINAL, Phase
 from noduslocal.units import parse_duration
-from noduslocal.validation import parse_create, validate_name
+from noduslocal.validation import SQL_INT_MAX, parse_create, validate_name
 
 routes = web.RouteTableDef()
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -136,20 +138,46 @@ async def list_jobs(request: web.Request) -> web.Response:
         if not sep or not key:
             raise errors.InvalidArgument(f"label: {item!r} is not KEY=VALUE", field="label")
         labels[key] = value
-    try:
-        limit = int(query.get("limit", "1000"))
-    except ValueError:
-        raise errors.InvalidArgument("limit: expected an integer", field="limit") from None
+    limit = int_query(request, "limit", PAGE, 1, PAGE) or PAGE
+    before = int_query(request, "before", None, 1, SQL_INT_MAX)
     project = query.get("project")
-    jobs = await services.store.jobs(
-        phases=phases or None,
-        owner=query.get("owner"),
-        project=None if project is None else validate_name(project, "project"),
-        labels=labels,
-        active_only=not phases and query.get("all") not in ("1", "true"),
-        limit=max(1, min(limit, 100_000)),
-    )
-    return web.json_response({"jobs": [job_doc(request, job, detail=False) for job in jobs]})
+    sweep_id = None
+    if (sweep := query.get("sweep")) is not None:  # the sweep's own jobs, by its id
+        found = await services.store.sweep(project_of(request), validate_name(sweep, "sweep"))
+        if found is None:
+            raise errors.NotFound(f"sweep {sweep!r} not found in project "
+                                  f"{project_of(request)!r}")
+        sweep_id = found.id
+    caller: Caller = request["caller"]
+    async with services.lanes.read(caller.uid, caller.name, "job list"):
+        jobs = await services.store.jobs(
+            phases=phases or None,
+            owner=query.get("owner"),
+            project=None if project is None else validate_name(project, "project"),
+            labels=labels,
+            active_only=not phases and sweep_id is None
+            and query.get("all") not in ("1", "true"),
+            limit=limit + 1, before=before, sweep_id=sweep_id)
+        more = len(jobs) > limit
+        page = jobs[1:] if more else jobs  # the oldest one read only says there is more
+        docs = await lanes.build(page, lambda job: job_doc(request, job, detail=False))
+        body = await lanes.dumps({"jobs": docs, "next": str(page[0].id) if more else None})
+    return web.Response(body=body, content_type="application/json")
+
+
+def int_query(request: web.Request, name: str, default: int | None, low: int,
+               high: int) -> int | None:
+    """An integer query parameter: absent gives `default`, above `high` is cut to it."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.InvalidArgument(f"{name}: expected an integer", field=name) from None
+    if value < low:
+        raise errors.InvalidArgument(f"{name}: expected at least {low}", field=name)
+    return min(value, high)
 
 
 @routes.get("/v1/jobs/{name}")

@@ -4,10 +4,11 @@ Route modules import this, never app.py, so the API has no import cycle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from noduslocal.api.lanes import Lanes
 from noduslocal.config import Settings
 from noduslocal.config_reload import ConfigReloader
 from noduslocal.events import EventHub
@@ -25,6 +26,7 @@ class Services:
     hub: EventHub
     started_at: float
     config: ConfigReloader | None = None  # the config file followed; None: not followed
+    lanes: Lanes = field(default_factory=Lanes)  # each user's heavy reads, apart
 
 
 SERVICES = web.AppKey("services", Services)

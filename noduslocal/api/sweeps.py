@@ -6,29 +6,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import time
 from typing import Any
 
 from aiohttp import web
 
 from noduslocal import errors
+from noduslocal.api import lanes
 from noduslocal.api.body import parse as parse_body
 from noduslocal.api.identity import Caller
 from noduslocal.api.jobs import (
     check_project,
     idempotency_key,
+    int_query,
     poll_timeout,
     project_of,
 )
+from noduslocal.api.lanes import PAGE
 from noduslocal.api.services import SERVICES
 from noduslocal.models import SweepRecord
-from noduslocal.states import SWEEP_TERMINAL, TERMINAL
-from noduslocal.store import sweeps as sweep_ops
+from noduslocal.states import SWEEP_TERMINAL
 from noduslocal.sweeps.plan import MAX_PARALLEL, parse_sweep
 from noduslocal.validation import SQL_INT_MAX
 
 routes = web.RouteTableDef()
-CELLS_PAGE = 10_000  # cells in one answer at most; ?offset= pages on
+CELLS_PAGE = PAGE  # cells in one answer at most; ?offset= pages on
+SWEEPS_PAGE = 100  # sweeps in one answer at most (each a status document)
 
 
 async def lookup(request: web.Request) -> SweepRecord:
@@ -77,12 +79,22 @@ async def create_sweep(request: web.Request) -> web.Response:
 
 @routes.get("/v1/sweeps")
 async def list_sweeps(request: web.Request) -> web.Response:
-    store = request.app[SERVICES].store
+    """The newest sweeps that match, a page at a time (`next`: the cursor for `before`)."""
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
     project = request.query.get("project")
-    sweeps = await store.sweeps(
-        project=None if project is None else project_of(request),
-        active_only=request.query.get("all") not in ("1", "true"))
-    return web.json_response({"sweeps": [await status_doc(request, s) for s in sweeps]})
+    limit = int_query(request, "limit", SWEEPS_PAGE, 1, SWEEPS_PAGE) or SWEEPS_PAGE
+    before = int_query(request, "before", None, 1, SQL_INT_MAX)
+    async with services.lanes.read(caller.uid, caller.name, "sweep list"):
+        sweeps = await services.store.sweeps(
+            project=None if project is None else project_of(request),
+            active_only=request.query.get("all") not in ("1", "true"),
+            limit=limit + 1, before=before)
+        more = len(sweeps) > limit
+        page = sweeps[1:] if more else sweeps
+        docs = [await status_doc(request, s) for s in page]
+        body = await lanes.dumps({"sweeps": docs, "next": str(page[0].id) if more else None})
+    return web.Response(body=body, content_type="application/json")
 
 
 @routes.get("/v1/sweeps/{name}")
@@ -92,18 +104,19 @@ async def get_sweep(request: web.Request) -> web.Response:
 
 @routes.get("/v1/sweeps/{name}/cells")
 async def sweep_cells(request: web.Request) -> web.Response:
+    """A page of the sweep's cells in index order (`next`: the offset that goes on)."""
     services = request.app[SERVICES]
+    caller: Caller = request["caller"]
     sweep = await lookup(request)
-    try:
-        offset = int(request.query.get("offset", "0"))
-        limit = min(int(request.query.get("limit", str(CELLS_PAGE))), CELLS_PAGE)
-    except ValueError:
-        raise errors.InvalidArgument("offset, limit: expected integers", field="offset") \
-            from None
-    if offset > SQL_INT_MAX:
-        raise errors.InvalidArgument(f"offset: at most {SQL_INT_MAX}", field="offset")
-    return web.json_response({"cells": await services.lifecycle.reports.cells(
-        sweep, max(0, offset), max(1, limit), redact(request, sweep))})
+    offset = int_query(request, "offset", 0, 0, SQL_INT_MAX) or 0
+    limit = int_query(request, "limit", CELLS_PAGE, 1, CELLS_PAGE) or CELLS_PAGE
+    async with services.lanes.read(caller.uid, caller.name, "sweep cells"):
+        cells = await services.lifecycle.reports.cells(sweep, offset, limit + 1,
+                                                       redact(request, sweep))
+        more = len(cells) > limit
+        body = await lanes.dumps({"cells": cells[:limit],
+                                  "next": offset + limit if more else None})
+    return web.Response(body=body, content_type="application/json")
 
 
 @routes.get("/v1/sweeps/{name}/wait")
@@ -163,22 +176,10 @@ async def retry_sweep(request: web.Request) -> web.Response:
 
 @routes.post("/v1/sweeps/{name}/gc")
 async def gc_sweep(request: web.Request) -> web.Response:
-    """Free the workspaces of a finished sweep's cells; their history, logs and cost stay."""
-    services = request.app[SERVICES]
+    """Free the workspaces of a finished sweep's jobs; their history, logs and cost stay."""
     sweep = await lookup(request)
     require_control(request, sweep, "gc")
-    if sweep.phase not in SWEEP_TERMINAL:
-        raise errors.Conflict(f"sweep {sweep.name!r} is {sweep.phase}; gc frees a finished "
-                              "sweep only (cancel it first)")
-    # Every job the sweep made: its cells, the ones a retry superseded, its smoke canary.
-    made = await services.store.jobs(project=sweep.project,
-                                     labels={sweep_ops.SWEEP_LABEL: sweep.name}, limit=-1)
-    if live := [job.name for job in made if job.phase not in TERMINAL]:
-        raise errors.Conflict(f"sweep {sweep.name!r}: {len(live)} of its jobs have not ended "
-                              f"({live[0]} first); gc once they have")
-    await asyncio.to_thread(lambda: [services.layout.free(job.id) for job in made])
-    await services.store.write(lambda c: sweep_ops.mark_freed(c, sweep.id, time.time()))
-    services.lifecycle.usage.refresh_soon()
+    await request.app[SERVICES].lifecycle.free_sweep(sweep)
     return web.json_response(await status_doc(request, await fresh(request, sweep)))
 
 

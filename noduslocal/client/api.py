@@ -38,7 +38,8 @@ def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
         return None
 
 
-CELLS_PAGE = 10_000  # a sweep's cells per request
+CELLS_PAGE = 1000  # a sweep's cells per request
+JOBS_PAGE = 1000  # jobs per request (the daemon's page)
 
 
 class Client:
@@ -73,16 +74,29 @@ class Client:
 
     def list_jobs(self, *, phases: list[str] | None = None, owner: str | None = None,
                   project: str | None = None, labels: Mapping[str, str] | None = None,
-                  all: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
+                  all: bool = False, limit: int | None = None,
+                  sweep: str | None = None) -> list[dict[str, Any]]:
+        """The newest `limit` jobs that match (default 1000), oldest first; the daemon
+        answers a page at a time and this follows its cursor. `sweep`: that sweep's jobs."""
         query: dict[str, Any] = {
             "phase": ",".join(phases) if phases else None,
             "owner": owner,
             "project": project,
             "label": [f"{k}={v}" for k, v in (labels or {}).items()] or None,
             "all": "1" if all else None,
-            "limit": limit,
+            "sweep": sweep,
         }
-        return self.transport.request("GET", "/v1/jobs", query=query)["jobs"]
+        wanted = JOBS_PAGE if limit is None else limit
+        pages: list[list[dict[str, Any]]] = []
+        got, before = 0, None
+        while got < wanted:
+            page = self.transport.request("GET", "/v1/jobs", query={
+                **query, "limit": min(wanted - got, JOBS_PAGE), "before": before})
+            pages.append(page["jobs"])
+            got += len(page["jobs"])
+            if not (before := page.get("next")):
+                break
+        return [job for page in reversed(pages) for job in page]
 
     def remove_job(self, name: str, project: str | None = None) -> dict[str, Any]:
         """An ended job out of listings, its name free; its history stays for fair share."""
@@ -141,8 +155,15 @@ class Client:
 
     def list_sweeps(self, *, project: str | None = None,
                     all: bool = False) -> list[dict[str, Any]]:
-        return self.transport.request("GET", "/v1/sweeps", query={
-            "project": project, "all": "1" if all else None})["sweeps"]
+        """Every sweep that matches, oldest first (the daemon answers a page at a time)."""
+        pages: list[list[dict[str, Any]]] = []
+        before = None
+        while True:
+            page = self.transport.request("GET", "/v1/sweeps", query={
+                "project": project, "all": "1" if all else None, "before": before})
+            pages.append(page["sweeps"])
+            if not (before := page.get("next")):
+                return [sweep for page in reversed(pages) for sweep in page]
 
     def sweep_cells(self, name: str, project: str | None = None) -> list[dict[str, Any]]:
         cells: list[dict[str, Any]] = []
@@ -151,7 +172,7 @@ class Client:
                 "GET", f"/v1/sweeps/{_quote(name)}/cells",
                 query={"project": project, "offset": len(cells), "limit": CELLS_PAGE})
             cells += page["cells"]
-            if len(page["cells"]) < CELLS_PAGE:
+            if not page["cells"] or page.get("next") is None:
                 return cells
 
     def wait_sweep(self, name: str, project: str | None = None,

@@ -92,11 +92,12 @@ class Sweep:
         return [View(c) for c in self._client.sweep_cells(self._named(), self._project)]
 
     def jobs(self) -> list[View]:
-        """The cell Jobs the Sweep created, in cell order."""
-        jobs = self._client.list_jobs(labels={"sweep": self._named()},
-                                      project=self._project or self.status()["project"],
-                                      all=True, limit=100_000)
-        return [View(j) for j in sorted(jobs, key=lambda j: j["cell"])]
+        """The Jobs the Sweep created (found by the sweep's id), in cell order: a retried
+        cell's jobs in the order they ran, the smoke canary's last."""
+        jobs = self._client.list_jobs(sweep=self._named(), project=self._project,
+                                      limit=1 << 62)
+        return [View(j) for j in sorted(jobs, key=lambda j: (j["cell"] is None,
+                                                               j["cell"] or 0))]
 
     def cancel(self) -> None:
         self._take(self._client.cancel_sweep(self._named(), self._project))

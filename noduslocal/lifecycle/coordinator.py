@@ -6,6 +6,7 @@ board of attempts, and is their one face for the daemon and the API.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,8 +58,9 @@ from noduslocal.runtime.execute import ExecResult
 from noduslocal.scheduler.fairshare import Ledger
 from noduslocal.scheduler.gpus import GpuPool
 from noduslocal.scheduler.queue import Capacity, Limits, Queue
-from noduslocal.states import Phase
+from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase
 from noduslocal.store import Store, ops
+from noduslocal.store import sweeps as sweep_ops
 from noduslocal.sweeps.plan import Plan
 
 
@@ -223,6 +225,20 @@ class Lifecycle:
 
     async def set_max_parallel(self, sweep: SweepRecord, max_parallel: int) -> None:
         await self.sweep_controls.set_max_parallel(sweep, max_parallel)
+
+    async def free_sweep(self, sweep: SweepRecord) -> None:
+        """`sweep gc`: free the workspaces of every job a finished sweep made; their
+        history, logs and cost stay."""
+        if sweep.phase not in SWEEP_TERMINAL:
+            raise errors.Conflict(f"sweep {sweep.name!r} is {sweep.phase}; gc frees a "
+                                  "finished sweep only (cancel it first)")
+        made = await self.store.sweep_made(sweep.id)
+        if live := [job.name for job in made if job.phase not in TERMINAL]:
+            raise errors.Conflict(f"sweep {sweep.name!r}: {len(live)} of its jobs have not "
+                                  f"ended ({live[0]} first); gc once they have")
+        await asyncio.to_thread(lambda: [self.layout.free(job.id) for job in made])
+        await self.store.write(lambda c: sweep_ops.mark_freed(c, sweep.id, time.time()))
+        self.usage.refresh_soon()
 
     def sweep_changed(self, sweep_id: int) -> asyncio.Future[None]:
         """A future for the sweep's next transition."""

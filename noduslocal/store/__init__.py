@@ -136,8 +136,17 @@ class Store:
 
     async def jobs(self, *, phases: list[str] | None = None, owner: str | None = None,
                    project: str | None = None, labels: dict[str, str] | None = None,
-                   active_only: bool = False, limit: int = 1000) -> list[JobRecord]:
+                   active_only: bool = False, limit: int = 1000, before: int | None = None,
+                   sweep_id: int | None = None) -> list[JobRecord]:
+        """The newest `limit` jobs that match (with `before`: of those with a smaller id,
+        the next page back), in id order."""
         where, params = ["removed_at IS NULL"], []
+        if before is not None:
+            where.append("id < ?")
+            params.append(before)
+        if sweep_id is not None:
+            where.append("(sweep_id = ? OR canary_of = ?)")
+            params.extend([sweep_id, sweep_id])
         if phases:
             where.append(f"phase IN ({','.join('?' * len(phases))})")
             params.extend(phases)
@@ -189,8 +198,12 @@ class Store:
         return sweep_ops.sweep_from_row(rows[0]) if rows else None
 
     async def sweeps(self, *, project: str | None = None, active_only: bool = False,
-                     limit: int = 1000) -> list[SweepRecord]:
-        where, params = [], []
+                     limit: int = 1000, before: int | None = None) -> list[SweepRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        if before is not None:
+            where.append("id < ?")
+            params.append(before)
         if active_only:
             where.append(f"phase NOT IN ({records.TERMINAL_SQL})")
         if project is not None:
@@ -200,6 +213,14 @@ class Store:
         rows = await self.fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps {clause} "
                                     "ORDER BY id DESC LIMIT ?", (*params, limit))
         return [sweep_ops.sweep_from_row(row) for row in reversed(rows)]
+
+    async def sweep_made(self, sweep_id: int) -> list[JobRecord]:
+        """Every job the sweep made, found by its id: its cells, the ones a retry
+        superseded, and its smoke canary's tries (never by a label or a name)."""
+        rows = await self.fetchall(
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE sweep_id = ? UNION ALL "
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE canary_of = ?", (sweep_id, sweep_id))
+        return [records.job_from_row(row) for row in rows]
 
     async def sweep_cells(self, sweep_id: int) -> list[tuple[int, int, str]]:
         """(job id, cell, phase) of every cell, in cell order."""

@@ -100,10 +100,10 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[s
                                        f"{project!r}; name the sweep otherwise", field="name")
         conn.execute(
             "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
-            "spec, labels, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "spec, labels, created_at, canary_of) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (smoke_id, project, smoke_name, owner.uid, owner.gid, owner.name,
              Phase.PENDING.value, Reason.CREATED.value, json.dumps(smoke.to_wire()),
-             labels_json, now))
+             labels_json, now, sweep_id))
         insert_refs(conn, [smoke_id], secrets, template.spec)
         events.append(_event(conn, (smoke_id, project, smoke_name), now,
                              Phase.PENDING.value, Reason.CREATED.value, None, None))
@@ -116,10 +116,13 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[s
 
 
 def _first_clash(conn: sqlite3.Connection, project: str, name: str, cells: int) -> str | None:
-    """A job whose name a cell would take (`<sweep>-<index>`)."""
-    for (taken,) in conn.execute("SELECT name FROM jobs WHERE project = ? AND name LIKE ?",
-                                 (project, f"{name}-%")):
-        suffix = taken[len(name) + 1:]
+    """A job whose name a cell would take (`<sweep>-<index>`). Names are [a-z0-9-], so the
+    prefix is compared as text (no LIKE: it folds case and reads `_` and `%`)."""
+    prefix = f"{name}-"
+    for (taken,) in conn.execute(
+            "SELECT name FROM jobs WHERE project = ? AND name > ? AND name < ?",
+            (project, prefix, prefix + "\U0010ffff")):
+        suffix = taken[len(prefix):]
         if suffix.isdigit() and str(int(suffix)) == suffix and int(suffix) < cells:
             return str(taken)
     return None
@@ -279,17 +282,22 @@ def _require_sources(conn: sqlite3.Connection, sweep_name: str, job_ids: list[in
 
 def _copy_smoke(conn: sqlite3.Connection, old: int, sweep_name: str,
                 now: float) -> tuple[int, Event]:
-    """The failed smoke canary's job again, as `<sweep>-canary-r<try>`."""
+    """The failed smoke canary's job again, as `<sweep>-canary-r<try>`; its tries are
+    counted by the sweep's id, so nobody else's job of a like name shifts them."""
     new = next_job_id(conn)
-    project = conn.execute("SELECT project FROM jobs WHERE id = ?", (old,)).fetchone()[0]
-    tries = conn.execute("SELECT COUNT(*) FROM jobs WHERE project = ? AND (name = ? OR name "
-                         "LIKE ?)", (project, f"{sweep_name}-canary",
-                                     f"{sweep_name}-canary-r%")).fetchone()[0]
+    project, sweep_id = conn.execute("SELECT project, canary_of FROM jobs WHERE id = ?",
+                                     (old,)).fetchone()
+    tries = conn.execute("SELECT COUNT(*) FROM jobs WHERE canary_of = ?",
+                         (sweep_id,)).fetchone()[0]
     name = f"{sweep_name}-canary-r{tries + 1}"
+    if conn.execute("SELECT 1 FROM jobs WHERE project = ? AND name = ?",
+                    (project, name)).fetchone():
+        raise errors.AlreadyExists(f"name: job {name!r} already exists in project "
+                                   f"{project!r}; rename it to retry the canary")
     conn.execute(
         "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
-        "spec, labels, created_at) SELECT ?, project, ?, owner_uid, owner_gid, owner, ?, ?, "
-        "spec, labels, ? FROM jobs WHERE id = ?",
+        "spec, labels, created_at, canary_of) SELECT ?, project, ?, owner_uid, owner_gid, "
+        "owner, ?, ?, spec, labels, ?, canary_of FROM jobs WHERE id = ?",
         (new, name, Phase.PENDING.value, Reason.RETRIED.value, now, old))
     for table, columns in (("job_secrets", "env, value"), ("job_volumes", "path, volume")):
         conn.execute(f"INSERT INTO {table} (job_id, {columns}) SELECT ?, {columns} "
