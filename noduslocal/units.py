@@ -14,9 +14,15 @@ if TYPE_CHECKING:  # annotations only: the CLI's submit path reads this module
     from typing import Any
 
 MAX_DURATION = 10 * 365 * 86400.0
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE)
+# Bytes: what a 64-bit SQLite column holds (8 EiB, more than any disk or memory).
+MAX_SIZE = 2**63 - 1
+MAX_CPU_M = 10**9  # a million CPUs, in millicores
+# ASCII digits only: \d would take other scripts' digits, which float() reads too.
+_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?", re.IGNORECASE | re.ASCII)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(i?)(b?)\s*",
+                      re.IGNORECASE | re.ASCII)
+_CPU_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)(m?)\s*", re.ASCII)
 _SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
@@ -40,7 +46,8 @@ def parse_duration(value: Any, field_name: str) -> float:
             pos = match.end()
         if pos != len(text) or pos == 0:
             raise InvalidArgument(
-                f"{field_name}: {value!r} is not a duration; use 90, 90s, 15m, 2h or 1h30m",
+                f"{field_name}: {_shown(value)} is not a duration; use 90, 90s, 15m, 2h or "
+                "1h30m",
                 field=field_name,
             )
     else:
@@ -58,29 +65,33 @@ def parse_size(value: Any, field_name: str) -> int:
     if isinstance(value, bool):
         raise InvalidArgument(f"{field_name}: expected a size like 512M or 4GiB",
                               field=field_name)
-    if isinstance(value, int):
+    size: int | float
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
         size = value
-    elif isinstance(value, float) and value.is_integer():
-        size = int(value)
-    elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
+    elif isinstance(value, str) and (match := _SIZE_RE.fullmatch(value)):
         number, unit, binary, byte = match.groups()
         if binary and not unit:
-            raise InvalidArgument(f"{field_name}: {value!r} is not a size", field=field_name)
+            raise InvalidArgument(f"{field_name}: {_shown(value)} is not a size",
+                                  field=field_name)
         if not unit and not byte:  # `--memory 16` is never 16 bytes by accident
+            n = number if len(number) <= 20 else "N"
             raise InvalidArgument(
-                f"{field_name}: {value!r} has no unit; write {number.strip()}G, "
-                f"{number.strip()}GiB or {number.strip()}M (a bare number would be bytes)",
-                field=field_name)
-        size = int(float(number) * 1024 ** _SIZE_POWERS[unit.lower()])
+                f"{field_name}: {_shown(value)} has no unit; write {n}G, {n}GiB or {n}M (a "
+                "bare number would be bytes)", field=field_name)
+        # A float of 400 digits is inf: refused below as too large, never int(inf).
+        size = float(number) * 1024 ** _SIZE_POWERS[unit.lower()]
         del byte
     else:
         raise InvalidArgument(
-            f"{field_name}: {value!r} is not a size; use bytes or 512M, 4G, 4GiB",
+            f"{field_name}: {_shown(value)} is not a size; use bytes or 512M, 4G, 4GiB",
             field=field_name,
         )
-    if size <= 0:
+    if size > MAX_SIZE:
+        raise InvalidArgument(f"{field_name}: larger than the most a size may be "
+                              f"({MAX_SIZE} bytes, 8EiB)", field=field_name)
+    if size <= 0 or int(size) <= 0:
         raise InvalidArgument(f"{field_name}: must be a positive size", field=field_name)
-    return size
+    return int(size)
 
 
 def parse_cpu(value: Any, field_name: str = "cpu") -> int:
@@ -89,17 +100,29 @@ def parse_cpu(value: Any, field_name: str = "cpu") -> int:
         raise InvalidArgument(f"{field_name}: expected a CPU count like 2, 0.5 or 500m",
                               field=field_name)
     millis: float
-    plain = isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value)
-    if isinstance(value, int | float) or plain:
-        millis = float(value) * 1000
-    elif isinstance(value, str) and re.fullmatch(r"\s*\d+m\s*", value):
-        millis = float(value.strip()[:-1])
-    else:
-        raise InvalidArgument(f"{field_name}: {value!r} is not a CPU count; use 2, 0.5 or 500m",
-                              field=field_name)
-    if not math.isfinite(millis) or millis < 1:
+    match = _CPU_RE.fullmatch(value) if isinstance(value, str) else None
+    try:
+        if isinstance(value, int | float):
+            millis = float(value) * 1000
+        elif match is not None and not (match.group(2) and "." in match.group(1)):
+            millis = float(match.group(1)) * (1 if match.group(2) else 1000)
+        else:
+            raise InvalidArgument(f"{field_name}: {_shown(value)} is not a CPU count; use 2, "
+                                  "0.5 or 500m", field=field_name)
+    except OverflowError:  # an integer of 400 digits is past what a float holds
+        millis = math.inf
+    if math.isnan(millis) or millis < 1:
         raise InvalidArgument(f"{field_name}: must be at least 1m (0.001 CPU)", field=field_name)
+    if millis > MAX_CPU_M:
+        raise InvalidArgument(f"{field_name}: at most {MAX_CPU_M // 1000} CPUs",
+                              field=field_name)
     return round(millis)
+
+
+def _shown(value: Any) -> str:
+    """VALUE for an error message, cut short: a 400-digit number is not repeated whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
 
 
 def fmt_bytes(size: int) -> str:

@@ -19,9 +19,11 @@ from noduslocal.models import CreateRequest, JobSpec, SecretRef
 from noduslocal.profiles import with_profile
 from noduslocal.units import fmt_bytes, parse_cpu, parse_duration, parse_size
 
-NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
+# Anchored with \Z, never $ (which also matches before a final newline), so that even a
+# `.match` of these elsewhere takes nothing after the name; we use `.fullmatch` ourselves.
+NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+LABEL_KEY_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?\Z")
 MAX_RETRIES = 100
 MAX_ARG_STRLEN = 131072  # bytes of one argument or variable, NUL included (Linux)
 MAX_EXEC_BYTES = 1 << 20  # arguments and environment together; the kernel takes 2 MiB
@@ -41,7 +43,7 @@ JOB_CREATE_FIELDS = SUPPORTED_FIELDS
 def validate_name(value: Any, field_name: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{field_name}: expected a non-empty string", field=field_name)
-    if len(value) > 63 or not NAME_RE.match(value):
+    if len(value) > 63 or not NAME_RE.fullmatch(value):
         raise InvalidArgument(
             f"{field_name}: {value!r} is not a valid name; use at most 63 lowercase letters, "
             "digits and '-', starting and ending with a letter or digit",
@@ -94,7 +96,7 @@ def _env(value: Any) -> dict[str, str]:
         raise InvalidArgument("env: expected a mapping of NAME to string", field="env")
     env: dict[str, str] = {}
     for key, val in value.items():
-        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+        if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
             raise InvalidArgument(
                 f"env: {key!r} is not a valid variable name; use letters, digits and '_', "
                 "not starting with a digit",
@@ -112,7 +114,7 @@ def _labels(value: Any) -> dict[str, str]:
         raise InvalidArgument("labels: expected a mapping of key to string", field="labels")
     labels: dict[str, str] = {}
     for key, val in value.items():
-        if not isinstance(key, str) or len(key) > 63 or not LABEL_KEY_RE.match(key):
+        if not isinstance(key, str) or len(key) > 63 or not LABEL_KEY_RE.fullmatch(key):
             raise InvalidArgument(
                 f"labels: {key!r} is not a valid key; use at most 63 letters, digits, "
                 "'-', '_', '.' and '/'",
@@ -149,11 +151,11 @@ def _secret_refs(value: Any, env: Mapping[str, str]) -> list[SecretRef]:
                 "secrets: each entry is a name, {\"name\": N, \"env\": VAR} or "
                 "{\"env\": VAR, \"value\": V}", field="secrets")
         target = item.get("env", item.get("name"))
-        if not isinstance(target, str) or not ENV_KEY_RE.match(target):
+        if not isinstance(target, str) or not ENV_KEY_RE.fullmatch(target):
             raise InvalidArgument(f"secrets: {target!r} is not a valid variable name",
                                   field="secrets")
         if "name" in item and (not isinstance(item["name"], str)
-                               or not ENV_KEY_RE.match(item["name"])):
+                               or not ENV_KEY_RE.fullmatch(item["name"])):
             raise InvalidArgument(f"secrets: {item['name']!r} is not a secret name",
                                   field="secrets")
         if target in env or any(r.env == target for r in refs):
@@ -185,18 +187,18 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
             f"region: {region!r} is not a region of this host; valid: {', '.join(regions)}",
             field="region",
         )
-    image = container_image(body.get("image"))
-    command = _string_list(body.get("command") or [], "command")
+    image = image_reference(container_image(body.get("image")))
+    command = _string_list(_given(body, "command", []), "command")
     if (command and not command[0]) or (not command and image is None):
         raise InvalidArgument(
             "command: required for a job without an image, e.g. [\"python\", \"train.py\"]",
             field="command",
         )
-    args = _string_list(body.get("args") or [], "args")
+    args = _string_list(_given(body, "args", []), "args")
     container = image is not None
     checkpoint, checkpoint_volume = job_paths.checkpoint(body.get("checkpoint"), container)
     volumes = {path: validate_name(ref, "volumes") for path, ref in
-               job_paths.volumes(body.get("volumes") or {}, container).items()}
+               job_paths.volumes(_given(body, "volumes", {}), container).items()}
     if checkpoint is not None and checkpoint_volume is not None:
         if any(job_paths.overlaps(checkpoint, path) for path in volumes):
             raise InvalidArgument("checkpoint: its path overlaps a volume's", field="checkpoint")
@@ -209,21 +211,21 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
                                 or ".." in workdir.split("/") or "\0" in workdir):
         raise InvalidArgument("workdir: expected an absolute path without '..'",
                               field="workdir")
-    retries = body.get("retries", 0) or 0
+    retries = _given(body, "retries", 0)
     if isinstance(retries, bool) or not isinstance(retries, int) or not (
         0 <= retries <= MAX_RETRIES
     ):
         raise InvalidArgument(f"retries: expected an integer from 0 to {MAX_RETRIES}",
                               field="retries")
-    env = _env(body.get("env") or {})
+    env = _env(_given(body, "env", {}))
     check_exec(command, args, env)
-    secrets = _secret_refs(body.get("secrets") or [], env)
+    secrets = _secret_refs(_given(body, "secrets", []), env)
     gpu = parse_gpu(body.get("gpu"))
     gang = None
     if (parsed := parse_gang(body.get("distributed"), gpu, bool(command))) is not None:
         gang, gpu = parsed
     indexed = parse_indexed(body.get("completions"), body.get("parallelism"), gang is not None)
-    outputs = job_paths.outputs(body.get("outputs") or {})
+    outputs = job_paths.outputs(_given(body, "outputs", {}))
     if indexed is not None:
         check_index_outputs(outputs)
         if gpu is not None:  # the queue reserves what `parallelism` indexes hold at once
@@ -258,7 +260,43 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         indexed=indexed,
     )
     return CreateRequest(spec=spec, name=name, project=project,
-                         labels=_labels(body.get("labels") or {}), secrets=secrets)
+                         labels=_labels(_given(body, "labels", {})), secrets=secrets)
+
+
+def _given(body: Mapping[str, Any], key: str, absent: Any) -> Any:
+    """BODY's KEY, or ABSENT when it is left out or null. Only those: an empty string or a
+    false is a value of the wrong type, refused by the field's own check, never taken for
+    an empty list or a zero."""
+    value = body.get(key)
+    return absent if value is None else value
+
+
+# Docker's reference grammar (github.com/distribution/reference), ASCII only:
+# [domain[:port]/]path-component[/path-component]...[:tag][@algorithm:hex].
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = (rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])"
+           r"(?::[0-9]+)?")
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE_RE = re.compile(
+    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    rf"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@{_DIGEST})?", re.ASCII)
+MAX_IMAGE_NAME = 255  # characters of the name without tag and digest, as docker's
+
+
+def image_reference(image: str | None) -> str | None:
+    """IMAGE when docker would take it as a reference; "NaN" or "Python:3" would only end
+    the job StartFailed later."""
+    if image is None:
+        return None
+    match = IMAGE_REFERENCE_RE.fullmatch(image)
+    if match is None or len(match.group("name")) > MAX_IMAGE_NAME:
+        raise InvalidArgument(
+            f"image: {image[:80]!r} is not a docker image reference; use lowercase "
+            "[registry/]name[:tag][@sha256:digest], e.g. \"python:3.11\" or "
+            "\"ghcr.io/org/train:v2\"", field="image")
+    return image
 
 
 MAX_PRIORITY = 1000
@@ -308,7 +346,7 @@ def _priority(value: Any) -> int:
     return value
 
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def _source(value: Any, allow_large: Any) -> str | None:
@@ -326,7 +364,7 @@ def _source(value: Any, allow_large: Any) -> str | None:
         raise InvalidArgument("source: upload it first and pass {\"sha256\": ...} (the SDK "
                               "and `job run --upload` do that for you)", field="source")
     if (not isinstance(value, Mapping) or set(value) != {"sha256"}
-            or not isinstance(value["sha256"], str) or not SHA256_RE.match(value["sha256"])):
+            or not isinstance(value["sha256"], str) or not SHA256_RE.fullmatch(value["sha256"])):
         raise InvalidArgument('source: expected {"sha256": "<64 hex digits>"}',
                               field="source")
     return value["sha256"]

@@ -6,6 +6,7 @@ daemon after; then regression tests for what the fuzz found.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import http.client
 import json
@@ -13,6 +14,7 @@ import math
 import re
 import socket
 import urllib.parse
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -236,9 +238,12 @@ NUMERIC_TEXT = st.one_of(
                      "9223372036854775808", "-9223372036854775809", "18446744073709551616",
                      "9" * 30, "-" + "9" * 30, "1" * 4301, "", "+1"]),
     st.integers().map(str), st.floats().map(repr))
+# Names that pass a pattern ending in `$`, which also matches before a final newline.
+NEWLINE_NAMES = st.sampled_from([DONE_JOB, RUNNING_JOB, SWEEP, VOLUME, SECRET, "root", "a",
+                                 SOURCE_SHA]).map(lambda name: name + "\n")
 HOSTILE_TEXT = st.one_of(st.text(ANY_CHAR, max_size=40), big_text(), NUMERIC_TEXT,
                          st.sampled_from(["", " ", "..", "/", "-", "true", "null", "[]", "{}",
-                                          "\ufeff", "\u202e", "a\nb"]))
+                                          "\ufeff", "\u202e", "a\nb"]), NEWLINE_NAMES)
 HOSTILE_NUMBER = st.one_of(
     st.integers(), st.floats(),
     st.sampled_from([0, -1, -0.0, 1, 2**31, 2**63 - 1, 2**63, -2**63 - 1, 2**64, 10**30,
@@ -301,9 +306,17 @@ HOSTILE_GRID = st.one_of(
     HOSTILE_LEAF,
     st.dictionaries(st.one_of(st.sampled_from(["gpu", "region", "X"]), HOSTILE_TEXT),
                     st.one_of(HOSTILE_LEAF, st.lists(HOSTILE_LEAF, max_size=2)), max_size=2))
+# Sizes and CPU counts past what any number type holds: 400 digits as an integer, as text
+# with and without a unit, and floats that are infinite once multiplied by a unit.
+HUGE_SIZE = st.one_of(
+    HOSTILE_LEAF,
+    st.sampled_from([10**400, -(10**400), "9" * 400, "9" * 400 + "G", "9" * 400 + "m",
+                     "9" * 400 + ".5GiB", "1" + "0" * 399 + "P", 1e308, 2**63, 2**64,
+                     "8EiB", Raw("1" + "0" * 400), Raw("1e400")]))
 HOSTILE_BY_KEY: dict[str, st.SearchStrategy[Any]] = {
     "command": HOSTILE_COMMAND, "canary_smoke": HOSTILE_SMOKE, "map": HOSTILE_MAP,
     "grid": HOSTILE_GRID, "repetitions": HOSTILE_COUNT, "max_parallel": HOSTILE_COUNT,
+    "memory": HUGE_SIZE, "cpu": HUGE_SIZE, "disk": HUGE_SIZE, "min_memory": HUGE_SIZE,
 }
 NO_DESCENT = frozenset(HOSTILE_BY_KEY)  # replaced whole, never mutated inside
 
@@ -649,6 +662,13 @@ def request_for(draw: st.DrawFn, op: Operation) -> Request:
             headers.append(("Content-Type", "application/x-tar"))
         if sometimes(draw, 10):
             body = None  # the required body left out
+        elif sometimes(draw, 8):  # a compressed body, or a body that only says it is
+            encoding = draw(st.sampled_from(["gzip", "deflate", "x-gzip", "br", "identity",
+                                             "gzip, deflate", "GZIP"]))
+            headers.append(("Content-Encoding", encoding))
+            if draw(st.booleans()):
+                body = gzip.compress(body) if "deflate" not in encoding else zlib.compress(
+                    body)
     path = op.template
     for name, text in in_path.items():
         path = path.replace("{" + name + "}", quote(text))
@@ -854,3 +874,46 @@ def test_a_failed_smoke_canary_fails_its_sweep_once(plain: testing.Daemon) -> No
         testing.wait_until(lambda name=name: call(plain, "GET", f"/v1/sweeps/{name}")["phase"]
                            == "Failed", "the sweep to fail")
     assert "Task exception was never retrieved" not in plain.log()
+
+
+@pytest.mark.parametrize("encoding, body", [
+    ("gzip", gzip.compress(b'{"name": "zipped"}')), ("gzip", b"not gzip"),
+    ("deflate", b"\x00\x01garbage")])
+def test_a_compressed_body_is_a_400_naming_the_header(plain: testing.Daemon, encoding: str,
+                                                      body: bytes) -> None:
+    """Found by the review: aiohttp inflated a body as the handler read it, and one that
+    did not inflate was a 500 (ContentEncodingError)."""
+    req = Request("POST", "/v1/volumes", (("Content-Encoding", encoding),), body)
+    answer = send(plain, req)
+    check(req, answer)
+    assert answer.status == 400
+    assert json.loads(answer.body)["error"]["field"] == "Content-Encoding"
+    assert call(plain, "GET", "/v1/volumes")["volumes"] == []
+
+
+@pytest.mark.parametrize("field", ["memory", "cpu", "disk"])
+@pytest.mark.parametrize("value", [10**400, "9" * 400 + "G"], ids=["integer", "text"])
+def test_a_size_of_400_digits_is_a_400(plain: testing.Daemon, field: str, value: Any) -> None:
+    """Found by the review: int(float("9" * 400)) raised OverflowError (a 500)."""
+    req = Request("POST", "/v1/jobs", body=json.dumps({"command": ["true"],
+                                                       field: value}).encode())
+    answer = send(plain, req)
+    check(req, answer)
+    assert answer.status == 400
+    assert json.loads(answer.body)["error"]["field"] == field
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/volumes", {"name": "vol\n"}, "name"),
+    ("/v1/jobs", {"name": "job\n", "command": ["true"]}, "name"),
+    ("/v1/jobs", {"project": "team\n", "command": ["true"]}, "project"),
+])
+def test_a_name_ending_in_a_newline_is_a_400(plain: testing.Daemon, path: str,
+                                             body: dict[str, Any], field: str) -> None:
+    """Found by the review: the name patterns ended in `$`, which matches before a final
+    newline, so "job\\n" was a name."""
+    req = Request("POST", path, body=json.dumps(body).encode())
+    answer = send(plain, req)
+    check(req, answer)
+    assert answer.status == 400
+    assert json.loads(answer.body)["error"]["field"] == field

@@ -110,6 +110,24 @@ async def body_deadline_middleware(request: web.Request,
 
 
 @web.middleware
+async def encoding_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bodies come uncompressed: aiohttp would inflate gzip or deflate as the handler reads,
+    a bomb past max_body's meaning, and a body that fails to inflate fails mid-handler."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return await handler(request)
+    response = error_response(errors.InvalidArgument(
+        f"Content-Encoding: {encoding[:40]!r} is not accepted; send the body uncompressed "
+        "(Content-Encoding: identity, or none)", field="Content-Encoding"))
+    # Answered, then the connection closed at once: aiohttp would otherwise read the rest
+    # of the body after the answer, inflating it (and logging a body that fails to).
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+    return response
+
+
+@web.middleware
 async def identity_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     services = request.app[SERVICES]
     request["caller"] = identity.peer(request, services.settings.admin_group)
@@ -150,7 +168,8 @@ def build_app(services: Services, metrics: Metrics | None = None) -> web.Applica
     metrics = metrics or Metrics(services)
     app = web.Application(client_max_size=services.settings.max_body,
                           middlewares=[metrics.middleware, error_middleware,
-                                       body_deadline_middleware, identity_middleware,
+                                       encoding_middleware, body_deadline_middleware,
+                                       identity_middleware,
                                        request_log_middleware])
     app[SERVICES] = services
     app[METRICS] = metrics

@@ -28,6 +28,7 @@ TEMPLATE_OWN = frozenset({"name", "project", "labels"})  # the sweep's, not the 
 DEFAULT_MAX_PARALLEL = 8
 MAX_PARALLEL = 10_000
 CANARY_MODES = ("cell", "none")
+MAX_SMOKE = 16 * 1024  # bytes of a smoke canary's shell command: a line, not a program
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,14 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...],
     if smoke is not None:
         if not isinstance(smoke, str) or not smoke.strip() or "\0" in smoke:
             raise InvalidArgument("canary_smoke: expected a shell command", field="canary_smoke")
+        size = len(smoke.encode(errors="surrogatepass"))
+        if size > MAX_SMOKE:
+            raise InvalidArgument(f"canary_smoke: a command of {size} bytes; at most "
+                                  f"{MAX_SMOKE} (put a longer one in a script)",
+                                  field="canary_smoke")
+        # It runs as `sh -c SMOKE` with the template's environment: what no process could
+        # start with is refused now, not as an exit 126 later.
+        check_exec(["sh", "-c", smoke], [], template.spec.env, "canary_smoke")
         if body.get("canary") is not None:
             raise InvalidArgument("canary: give canary or canary_smoke, not both",
                                   field="canary")
