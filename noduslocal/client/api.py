@@ -11,7 +11,6 @@ from noduslocal.client.transport import Transport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only; pathlib, tarfile and the rest load where used
-    import tarfile
     from collections.abc import Container, Iterator, Mapping
     from pathlib import Path
     from typing import Any
@@ -22,20 +21,6 @@ RESTART_GRACE = 30.0
 
 def _quote(name: str) -> str:
     return wire.quote(name)
-
-
-def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-    """tarfile's 'data' filter (nothing outside the target, no devices, no setuid), except
-    that a member it refuses (a link to an absolute path, say) is left out with a warning
-    instead of failing the whole download."""
-    import tarfile
-    import warnings
-
-    try:
-        return tarfile.data_filter(member, path)
-    except tarfile.FilterError as exc:
-        warnings.warn(f"left out of the download: {exc}", stacklevel=2)
-        return None
 
 
 CELLS_PAGE = 1000  # a sweep's cells per request
@@ -349,13 +334,17 @@ class Client:
         import tarfile
         import tempfile
 
+        from noduslocal.client.extract import extract
+
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
             archive = self.transport.download(url, Path(tmp) / "output.tar", query=query)
             unpacked = Path(tmp) / "tree"
             unpacked.mkdir()  # an empty directory output is an empty tar
             with tarfile.open(archive) as tar:
-                tar.extractall(unpacked, filter=_safe_member)
+                # Nothing outside the target, no devices, no setuid; a member refused (a
+                # link to an absolute path, say) is left out with a warning.
+                extract(tar, str(unpacked))
             if target.exists():
                 target.rmdir()
             os.replace(unpacked, target)

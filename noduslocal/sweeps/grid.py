@@ -70,7 +70,7 @@ def parse_grid(grid: Any, repetitions: Any = None) -> Grid:
                               field="grid")
     axes = []
     for key, raw in grid.items():
-        if not isinstance(key, str) or not (key in RESOURCE_KEYS or ENV_KEY_RE.match(key)):
+        if not isinstance(key, str) or not (key in RESOURCE_KEYS or ENV_KEY_RE.fullmatch(key)):
             raise InvalidArgument(
                 f"grid: {key!r} is neither gpu, region nor an environment variable name "
                 "(letters, digits and '_', not starting with a digit)", field="grid")
