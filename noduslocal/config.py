@@ -4,6 +4,7 @@ for where the socket and the data directory live (shared with every client).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -81,6 +82,10 @@ class Settings:
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
     metrics_port: int | None = None  # /metrics also on 127.0.0.1:PORT for a scraper
+    # Addresses of this host (loopback, link-local, its interfaces') that a sweep's webhook
+    # may reach, and registries there that images may be pulled from: none by default.
+    webhook_local_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    local_registries: tuple[str, ...] = ()  # "host" or "host:port", lower case
     # Retention: an ended job's directory (workspace, logs) and outputs are kept this long
     # after it (or its sweep) ended; None keeps them forever. Per user: keep_ended_users.
     keep_ended: float | None = 14 * 24 * 3600.0
@@ -150,6 +155,10 @@ _TOML_KEYS = {
     "max_body": ("max_body", lambda v: check.positive(v, "max_body")),
     "commit_batch": ("commit_batch", lambda v: check.positive(v, "commit_batch")),
     "metrics_port": ("metrics_port", lambda v: check.port(v, "metrics_port")),
+    "webhook_local_networks": ("webhook_local_networks",
+                               lambda v: check.networks(v, "webhook_local_networks")),
+    "local_registries": ("local_registries",
+                         lambda v: check.registries(v, "local_registries")),
     "keep_ended": ("keep_ended", lambda v: check.keep(v, "keep_ended")),
     "keep_ended_users": ("keep_ended_users",
                          lambda v: check.per_user(v, "keep_ended_users", check.keep,
@@ -169,7 +178,7 @@ LIVE = frozenset({
     "gpu_busy_memory", "gpu_poll", "max_user_priority", "user_max_gpus", "user_max_jobs",
     "user_max_execs", "disk_reserve", "energy_price_per_kwh", "gpu_hour_rates", "profiles",
     "keep_ended", "keep_ended_users", "gc_every", "user_disk_quota", "user_disk_quotas",
-    "du_every",
+    "du_every", "webhook_local_networks",
 })
 TOML_NAME = {attr: key for key, (attr, _) in _TOML_KEYS.items()}  # cpus_m -> cpus
 

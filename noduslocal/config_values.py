@@ -4,6 +4,8 @@ errors that name the setting (config.py's table says which converter each one us
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -64,6 +66,40 @@ def per_user(value: Any, name: str, convert: Callable[[Any, str], Any],
                               f"settings go above the first [table] of the file",
                               field=f"{name}.{misplaced[0]}")
     return {user: convert(each, f"{name}.{user}") for user, each in value.items()}
+
+
+def networks(value: Any, name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
+                                             ...]:
+    """["127.0.0.1/32", "::1"]: addresses or networks (an address alone is one address)."""
+    expected = 'expected a list of addresses or networks, e.g. ["127.0.0.1/32", "::1"]'
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{name}: {expected}", field=name)
+    found = []
+    for each in value:
+        try:
+            if not isinstance(each, str):  # ip_network takes 5 for 0.0.0.5
+                raise ValueError(each)
+            found.append(ipaddress.ip_network(each, strict=False))
+        except ValueError:
+            raise InvalidArgument(f"{name}: {each!r} is not an address or network; {expected}",
+                                  field=name) from None
+    return tuple(found)
+
+
+REGISTRY = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?")
+
+
+def registries(value: Any, name: str) -> tuple[str, ...]:
+    """["localhost:5000", "10.0.0.5"]: registry hosts, as image references name them."""
+    expected = 'expected a list of registries as images name them, HOST or HOST:PORT, ' \
+        'e.g. ["localhost:5000"]'
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{name}: {expected}", field=name)
+    for each in value:
+        if not isinstance(each, str) or not REGISTRY.fullmatch(each.lower()):
+            raise InvalidArgument(f"{name}: {each!r} is not a registry; {expected}",
+                                  field=name)
+    return tuple(each.lower() for each in value)
 
 
 def text(value: Any, name: str) -> str:

@@ -22,6 +22,17 @@ def container_image(value: Any) -> str | None:
     return value
 
 
+def registry_of(image: str) -> str | None:
+    """The registry an image reference names (HOST or HOST:PORT, lower case), as docker
+    reads it: a first component with a dot, a colon or a capital, or `localhost`. None
+    for Docker Hub's images ("python:3.11", "org/train:v2")."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"
+                  or first != first.lower()):
+        return first.lower()
+    return None
+
+
 NETWORKS = ("none", "bridge")
 
 

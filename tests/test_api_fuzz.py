@@ -31,12 +31,14 @@ DOC: dict[str, Any] = json.loads(
 
 # Long polls answer within max_wait_poll whatever `timeout` asks, so no example waits
 # long; nothing is pulled from a registry (none answers here); two simulated GPUs give the
-# GPU routes and requests something to find.
+# GPU routes and requests something to find; the sweeps' webhook (a closed port on the
+# loopback) is allowed, so creates that name it go on past its check.
 CONFIG = """
 max_wait_poll = "300ms"
 image_pull = false
 kill_grace = "1s"
 simulate_gpus = "2xH100-80GB"
+webhook_local_networks = ["127.0.0.1/32"]
 """
 ANSWER_TIMEOUT = 30.0  # seconds; every request here answers at once, or it is a hang
 MAX_URL = 8000  # characters; aiohttp reads request lines of at most 8190 bytes

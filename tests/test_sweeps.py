@@ -499,7 +499,21 @@ class Hooks(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/hook"
 
 
-def test_webhook_posts_canary_pass_and_the_end(daemon: testing.Daemon) -> None:
+@pytest.fixture
+def hooked() -> Iterator[testing.Daemon]:
+    """A daemon whose webhooks may reach a receiver on the loopback (refused by default)."""
+    d = testing.Daemon(cpus=2, memory="8GiB",
+                       config='webhook_local_networks = ["127.0.0.1/32"]\n')
+    try:
+        d.start()
+        with d.as_default():
+            yield d
+    finally:
+        d.close()
+
+
+def test_webhook_posts_canary_pass_and_the_end(hooked: testing.Daemon) -> None:
+    daemon = hooked
     hooks = Hooks()
     try:
         created = run_cli(daemon, "map", "--no-code", "--name", "hooked", "--webhook",
@@ -512,17 +526,23 @@ def test_webhook_posts_canary_pass_and_the_end(daemon: testing.Daemon) -> None:
             "canary-passed", "canary-passed", "Running")
         assert (second, end["phase"], end["counts"]) == (
             "completed", "Succeeded", {"Succeeded": 3})
+        assert end["ended_at"] is not None, end
         failing = run_cli(daemon, "map", "--no-code", "--name", "hooked-bad", "--webhook",
                           hooks.url, "--", "false", ":::", "1", "2")
         assert failing.returncode == 1
         testing.wait_until(lambda: len(hooks.received) == 4, "canary-failed and completed")
         assert [e for e, _ in hooks.received[2:]] == ["canary-failed", "completed"]
+        failed = hooks.received[3][1]
+        assert (failed["phase"], failed["ended_at"]) == (
+            "Failed", daemon.client().get_sweep("hooked-bad")["ended_at"]), failed
+        assert failed["ended_at"] is not None
     finally:
         hooks.shutdown()
         hooks.server_close()
 
 
-def test_a_failing_webhook_never_changes_the_sweep(daemon: testing.Daemon) -> None:
+def test_a_failing_webhook_never_changes_the_sweep(hooked: testing.Daemon) -> None:
+    daemon = hooked
     hooks = Hooks(status=500)
     try:
         sweep = daemon.client().create_sweep({

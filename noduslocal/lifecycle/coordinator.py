@@ -98,8 +98,8 @@ class Lifecycle:
                                                  settings.max_job_outputs),
                                     self.disk.room,
                                     lambda job_id, phase: self.sweeps.cell_ending(job_id, phase))
-        self.sweeps = SweepController(store, self.dispatch, self.background,
-                                      Webhooks(self.background, self.reports),
+        self.webhooks = Webhooks(settings, self.background, self.reports)
+        self.sweeps = SweepController(store, self.dispatch, self.background, self.webhooks,
                                       self.running_cost, self.runner.prepare_ahead)
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
         self.controls = OwnerControls(store, layout, self.dispatch, self.board, self.stopper,
@@ -169,7 +169,7 @@ class Lifecycle:
         """A reloaded config's live settings (config.LIVE) to every part that reads them;
         a raised limit may let a held job start now."""
         for part in (self.admission, self.stopper, self.accounting, self.health, self.users,
-                     self.usage, self.retention):
+                     self.usage, self.retention, self.webhooks):
             part.settings = settings
         self._max_execs = settings.user_max_execs
         self.queue.limits = Limits(settings.user_max_gpus, settings.user_max_jobs)
@@ -204,6 +204,7 @@ class Lifecycle:
 
     async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
                            request_hash: str | None) -> tuple[SweepRecord, bool]:
+        await self.webhooks.check(plan.webhook)
         await self.room.require_unless_made("new sweeps", owner.uid, owner.name, "sweeps",
                                             idempotency_key)
         return await self.sweep_admission.create(plan, owner, idempotency_key, request_hash)

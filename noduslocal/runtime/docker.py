@@ -52,7 +52,8 @@ class DockerRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
         self.engine = DockerEngine(settings.docker_host,
                                    container_spec.instance_id(settings.data_dir),
-                                   settings.image_pull, self._availability_changed)
+                                   settings.image_pull, self._availability_changed,
+                                   settings.local_registries)
         self.networks = GangNetworks(self.engine)
 
     async def start(self) -> None:

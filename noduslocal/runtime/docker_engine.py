@@ -19,6 +19,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from noduslocal import local_addresses
+from noduslocal.container_fields import registry_of
 from noduslocal.runtime.attempts import Alive, AttemptState, NeverStarted, Vanished
 from noduslocal.runtime.container_end import ended_while_away, exit_state, parse_time
 from noduslocal.runtime.container_logs import pump_logs
@@ -30,6 +32,7 @@ T = TypeVar("T")
 PUMP_DRAIN = 10.0  # seconds to wait for the last log lines after a container ended
 # A dropped connection, or dockerd too busy to answer: either way, come back later.
 TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+REGISTRY_SETTING = "local_registries"
 
 
 class DockerUnavailable(RuntimeError):
@@ -56,9 +59,13 @@ class Watch:
 
 class DockerEngine:
     def __init__(self, docker_host: str | None, instance: str, image_pull: bool,
-                 on_availability: Callable[[], None]) -> None:
+                 on_availability: Callable[[], None],
+                 local_registries: tuple[str, ...] = ()) -> None:
+        """`local_registries`: registries on this host's addresses that images may be
+        pulled from (the admin's local_registries)."""
         self.instance = instance
         self.image_pull = image_pull
+        self.local_registries = local_registries
         self.available = False
         self.unavailable_reason = "not connected yet"
         self._on_availability = on_availability
@@ -316,15 +323,44 @@ class DockerEngine:
     def _pull(self, client: docker.DockerClient, image: str) -> None:
         why = "pulling is turned off (image_pull = false)"
         if self.image_pull:
+            self._check_registry(image)
             try:
                 # Without credentials: the daemon's own (root's) must not serve users.
                 client.images.pull(image, auth_config={})
                 return
             except docker.errors.APIError as exc:
-                why = f"pulling it failed: {_explain(exc)}"
+                # What the registry answered is for the admin: a user could point dockerd
+                # at a service of this host's and read its answers here.
+                log.warning("pulling image %s failed: %s", image, _explain(exc))
+                why = ("pulling it failed: the registry has no such image, or wants a login"
+                       if exc.status_code == 404 else
+                       "pulling it failed (dockerd's answer is in the daemon's log)")
         raise LaunchError(
             f"image {image!r} is not on this machine and {why}; provide it with "
             f"`docker load -i IMAGE.tar` or `docker build -t {image} DIR`")
+
+    def _check_registry(self, image: str) -> None:
+        """Refuse a pull from a registry on an address of this host's (loopback,
+        link-local, its interfaces') the admin did not list: dockerd, as root, would
+        contact it for the user. Blocking: a name is resolved."""
+        registry = registry_of(image)
+        if registry is None or registry in self.local_registries:
+            return
+        host, _, port = registry.partition(":")
+        try:
+            addresses = local_addresses.resolve(host, int(port) if port.isdigit() else 443)
+        except OSError as exc:
+            raise LaunchError(f"image {image!r}: its registry {host} does not resolve "
+                              f"({exc.strerror or exc})") from None
+        for address in addresses:
+            why = local_addresses.refused(address, ())
+            if why is not None:
+                where = f"{host} is" if str(address) == host else \
+                    f"{host} resolves to {address},"
+                raise LaunchError(
+                    f"image {image!r}: its registry {registry} is on this host ({where} "
+                    f"{why}); images are pulled from this host's registries only where the "
+                    f"admin lists them ({REGISTRY_SETTING})")
 
     def _remove_job_containers(self, client: docker.DockerClient, job_id: int) -> None:
         """Whatever an earlier, lost attempt of the job left: it must not run beside the
