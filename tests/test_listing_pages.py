@@ -97,3 +97,16 @@ def test_a_users_lane_holds_its_own_reads_and_refuses_past_its_depth() -> None:
         assert not lanes._lanes  # nothing kept once every read left
 
     asyncio.run(scenario())
+
+
+def test_the_queue_answers_its_first_places_and_how_many_wait(
+        swept: testing.Daemon) -> None:
+    client = swept.client()
+    for i in range(3):  # a whole CPU each, beside the cell that runs: they wait
+        client.create_job({"name": f"big-{i}", "command": ["true"], "cpu": 1})
+    testing.wait_until(lambda: client.queue()["total"] == 3, "three jobs waiting")
+    page = client.transport.request("GET", "/v1/queue", query={"limit": 2})
+    assert [e["name"] for e in page["pending"]] == ["big-0", "big-1"]
+    assert page["total"] == 3
+    for i in range(3):
+        client.cancel_job(f"big-{i}")

@@ -30,7 +30,7 @@ class Lanes:
     """`width` heavy reads of one user run at once, `depth` more wait; past that the read
     is refused with a 429 naming the limit (a script that fans out reads gets told)."""
 
-    width: int = 2
+    width: int = 1
     depth: int = 32
     _lanes: dict[int, _Lane] = field(default_factory=dict)
 

@@ -5,9 +5,16 @@ Anyone may read it, like `squeue`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
+from noduslocal.api import lanes
+from noduslocal.api.identity import Caller
+from noduslocal.api.jobs import int_query
+from noduslocal.api.lanes import PAGE
 from noduslocal.api.services import SERVICES
+from noduslocal.lifecycle.coordinator import Lifecycle
 from noduslocal.timefmt import iso
 
 routes = web.RouteTableDef()
@@ -15,19 +22,31 @@ routes = web.RouteTableDef()
 
 @routes.get("/v1/queue")
 async def list_queue(request: web.Request) -> web.Response:
-    lifecycle = request.app[SERVICES].lifecycle
+    """The first `limit` places (at most a page, 1,000) and how many wait in all."""
+    services = request.app[SERVICES]
+    lifecycle = services.lifecycle
     queue = lifecycle.queue
-    entries = []
-    # The last pass's order (what the holds describe), not a fresh sort of everything.
-    for place, req in enumerate(r for r in queue.last_order() if r.job_id in queue):
-        job = lifecycle.pending_job(req.job_id)
-        if job is None:
-            continue
-        entries.append({
-            "place": place, "name": job.name, "project": job.project, "owner": job.owner,
-            "gpu": None if job.spec.gpu is None else job.spec.gpu.to_wire(),
-            "cpu": job.spec.cpu_m / 1000, "priority": job.spec.priority,
-            "expected_duration": job.spec.expected_duration,
-            "hold": queue.hold(req.job_id), "eta": iso(queue.etas.get(req.job_id)),
-            "created_at": iso(job.created_at)})
-    return web.json_response({"kind": "Queue", "pending": entries})
+    limit = int_query(request, "limit", PAGE, 1, PAGE) or PAGE
+    caller: Caller = request["caller"]
+    async with services.lanes.read(caller.uid, caller.name, "queue"):
+        # The last pass's order (what the holds describe), not a fresh sort of everything.
+        waiting = [r for r in queue.last_order() if r.job_id in queue]
+        entries = await lanes.build(enumerate(waiting[:limit]), lambda item: _entry(
+            lifecycle, item[0], item[1].job_id))
+        body = await lanes.dumps({"kind": "Queue", "total": len(waiting),
+                                  "pending": [e for e in entries if e is not None]})
+    return web.Response(body=body, content_type="application/json")
+
+
+def _entry(lifecycle: Lifecycle, place: int, job_id: int) -> dict[str, Any] | None:
+    queue = lifecycle.queue
+    job = lifecycle.pending_job(job_id)
+    if job is None:
+        return None
+    return {
+        "place": place, "name": job.name, "project": job.project, "owner": job.owner,
+        "gpu": None if job.spec.gpu is None else job.spec.gpu.to_wire(),
+        "cpu": job.spec.cpu_m / 1000, "priority": job.spec.priority,
+        "expected_duration": job.spec.expected_duration,
+        "hold": queue.hold(job_id), "eta": iso(queue.etas.get(job_id)),
+        "created_at": iso(job.created_at)}

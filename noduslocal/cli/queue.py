@@ -26,3 +26,5 @@ def queue(as_json: bool) -> None:
         [(e["place"] + 1, e["name"], e["project"], e["owner"],
           (f"{e['gpu']['count']} x {e['gpu']['type'] or 'GPU'}" if e["gpu"] else ""),
           e["priority"] or "", e["hold"] or "", e["eta"] or "") for e in doc["pending"]])
+    if (more := doc.get("total", 0) - len(doc["pending"])) > 0:
+        click.echo(f"... and {more} more pending (the first {len(doc['pending'])} shown)")

@@ -5,16 +5,14 @@ aside, nothing new released) and resume it; each is durable before it is acknowl
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import time
-from collections import deque
 
 from noduslocal import errors
 from noduslocal.lifecycle.controls import OwnerControls
 from noduslocal.lifecycle.dispatch import Dispatch
-from noduslocal.lifecycle.sweep_state import ActiveSweep
+from noduslocal.lifecycle.sweep_state import ActiveSweep, HeldCells
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.models import SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
@@ -93,7 +91,7 @@ class SweepControls:
                        if j in active.releasing or self.dispatch.remove(j)]:
             active.running.discard(job_id)
             active.releasing.discard(job_id)
-            bisect.insort(active.held, job_id)
+            active.held.insert(job_id)
         stopping = sorted(active.running)
         if smoke is not None and self._not_started(smoke):
             with contextlib.suppress(errors.Conflict):  # it is no longer Pending
@@ -124,7 +122,7 @@ class SweepControls:
             raise errors.Conflict(f"sweep {sweep.name!r} changed meanwhile; look again")
         for job_id in cells:
             active.running.discard(job_id)
-            bisect.insort(active.held, job_id)
+            active.held.insert(job_id)
         if smoke is not None:  # Pending again, or never stopped: queued if it waits
             self.sweeps.spawn_enqueue(active, [smoke])
         self.sweeps.release(active)
@@ -137,7 +135,7 @@ class SweepControls:
             lambda c: sweep_ops.retry_cells(c, sweep.id, include_cancelled, time.time()))
         fresh = await self.store.sweep(sweep.project, sweep.name)
         assert fresh is not None
-        active = ActiveSweep(fresh, deque(retried.job_ids), canary=retried.canary)
+        active = ActiveSweep(fresh, HeldCells(retried.job_ids), canary=retried.canary)
         self.sweeps.track(active, retried.job_ids)
         if retried.canary is not None and retried.canary not in retried.job_ids:
             self.sweeps.track(active, [retried.canary])  # a smoke canary: queued at once

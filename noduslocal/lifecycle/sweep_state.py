@@ -5,17 +5,60 @@ why a held cell waits.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from noduslocal.models import JobRecord, SweepRecord
 from noduslocal.states import SweepPhase
 
 
+class HeldCells:
+    """A sweep's cells not released yet, in job-id order (a sweep's cell order), with the
+    membership test in constant time: `job list` asks it of every cell it shows, and a
+    deque's `in` made a page of a 100,000-cell sweep cost 0.7 s of the event loop."""
+
+    def __init__(self, job_ids: Iterable[int] = ()) -> None:
+        self._order = deque(job_ids)
+        self._members = set(self._order)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._members
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._order)
+
+    def __getitem__(self, index: int) -> int:
+        return self._order[index]
+
+    def popleft(self) -> int:
+        job_id = self._order.popleft()
+        self._members.discard(job_id)
+        return job_id
+
+    def insert(self, job_id: int) -> None:
+        """Held again (a resume, a withdrawn release): back at its place in the order."""
+        if job_id not in self._members:
+            bisect.insort(self._order, job_id)
+            self._members.add(job_id)
+
+    def remove(self, job_id: int) -> None:
+        self._order.remove(job_id)
+        self._members.discard(job_id)
+
+    def clear(self) -> None:
+        self._order.clear()
+        self._members.clear()
+
+
 @dataclass
 class ActiveSweep:
     record: SweepRecord
-    held: deque[int] = field(default_factory=deque)  # cells' job ids not released, in order
+    held: HeldCells = field(default_factory=HeldCells)  # cells not released, in order
     running: set[int] = field(default_factory=set)  # released cells that have not ended
     canary: int | None = None  # the canary cell's job id while the gate is shut
     settling: bool = False  # its end is being worked out

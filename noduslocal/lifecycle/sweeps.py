@@ -7,15 +7,14 @@ Which cells are held back lives here only, so a restart recomputes it from the s
 from __future__ import annotations
 
 import asyncio
-import bisect
+import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 
 from noduslocal.lifecycle.background import Background
 from noduslocal.lifecycle.dispatch import Dispatch
-from noduslocal.lifecycle.sweep_state import ActiveSweep, affordable, held_because
+from noduslocal.lifecycle.sweep_state import ActiveSweep, HeldCells, affordable, held_because
 from noduslocal.lifecycle.webhooks import Webhooks
 from noduslocal.models import Event, JobRecord, SweepRecord
 from noduslocal.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
@@ -47,7 +46,7 @@ class SweepController:
 
     async def add(self, sweep: SweepRecord, job_ids: list[int]) -> None:
         """A sweep just created: its cells (in cell order) are all held."""
-        active = ActiveSweep(sweep, deque(job_ids))
+        active = ActiveSweep(sweep, HeldCells(job_ids))
         self.track(active, job_ids)
         await self._begin(active)
 
@@ -63,7 +62,7 @@ class SweepController:
         decides the gate now."""
         for sweep in await self.store.sweeps(active_only=True, limit=-1):
             cells = await self.store.sweep_cells(sweep.id)
-            active = ActiveSweep(sweep, deque(j for j, _, p in cells if p == Phase.PENDING),
+            active = ActiveSweep(sweep, HeldCells(j for j, _, p in cells if p == Phase.PENDING),
                                  {j for j, _, p in cells if p in ACTIVE and p != Phase.PENDING})
             self.track(active, [j for j, _, p in cells if p not in TERMINAL])
             if sweep.phase == SweepPhase.PENDING:
@@ -167,7 +166,7 @@ class SweepController:
 
     async def enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
         """Queue the released cells `ids`, and read the next held ones ahead."""
-        ahead = [j for j in list(active.held)[:active.record.max_parallel]
+        ahead = [j for j in itertools.islice(active.held, active.record.max_parallel)
                  if j not in active.ready]
         for job in await self.store.jobs_by_ids([*ids, *ahead]):
             if job.id not in ids:
@@ -259,7 +258,7 @@ class SweepController:
         active = self._sweeps.get(self._cell_of.get(job.id, -1))
         if active is None:
             return False
-        bisect.insort(active.held, job.id)
+        active.held.insert(job.id)
         self.release(active)
         return True
 
@@ -297,7 +296,7 @@ class SweepController:
         if job_id == self.smoke(active.record):
             self.spawn_enqueue(active, [job_id])
         else:
-            bisect.insort(active.held, job_id)
+            active.held.insert(job_id)
         self.release(active)
 
     async def gate(self, active: ActiveSweep, job_id: int, phase: str) -> None:
