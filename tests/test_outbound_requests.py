@@ -235,3 +235,27 @@ def test_the_registry_of_an_image_reference_is_read_as_docker_reads_it() -> None
         "python:3.11", "org/train:v2", "ghcr.io/org/train:v2", "localhost/x",
         "127.0.0.1:5000/x@sha256:" + "0" * 64, "MyHost/x:1", "localhost:5000")] == [
         None, None, "ghcr.io", "localhost", "127.0.0.1:5000", "myhost", None]
+
+
+def test_allowing_webhooks_to_this_host_applies_on_a_reload(listener: Listener) -> None:
+    with testing.daemon(cpus=2, memory="8GiB", config='kill_grace = "10s"\n') as d:
+        c = d.client()
+        with pytest.raises(errors.InvalidArgument, match="webhook_local_networks"):
+            c.create_sweep(one_cell("later", listener.url()))
+        assert d.config_path is not None
+        d.config_path.write_text('kill_grace = "10s"\n' + ALLOW_LOOPBACK)
+        testing.wait_until(lambda: "webhook_local_networks applied" in d.log(),
+                           "the config reloaded")
+        c.create_sweep(one_cell("later", listener.url()))
+        assert c.wait_sweep("later", timeout=60)["phase"] == "Succeeded"
+        testing.wait_until(lambda: listener.paths, "the webhook's post")
+        assert listener.paths == ["/hook"]
+
+
+def test_a_webhook_no_post_could_be_sent_to_is_a_400(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    for url in ("http://hook.example:99999/", "http://hook.example:x/", "http://a..b/",
+                "http://exa mple.test/"):
+        with pytest.raises(errors.InvalidArgument) as caught:
+            c.create_sweep(one_cell("odd", url))
+        assert caught.value.field == "webhook", (url, caught.value)

@@ -63,9 +63,12 @@ class CheckedResolver(ThreadedResolver):
 
 
 def _target(url: str) -> tuple[str, int]:
-    """The host and port a POST to `url` connects to, parsed as aiohttp parses it."""
+    """The host and port a POST to `url` connects to, parsed as aiohttp parses it; raises
+    ValueError where aiohttp could not post to it (a port past 65535)."""
     parsed = URL(url)
-    return parsed.raw_host or "", parsed.port or 80
+    if not parsed.raw_host:
+        raise ValueError(f"{url!r} has no host")
+    return parsed.raw_host, parsed.port or 80
 
 
 class Webhooks:
@@ -80,7 +83,11 @@ class Webhooks:
         the admin did not allow, or that does not resolve, is refused naming the field."""
         if url is None:
             return
-        host, port = _target(url)
+        try:
+            host, port = _target(url)
+        except ValueError as exc:
+            raise InvalidArgument(f"webhook: not a URL a POST can be sent to ({exc})",
+                                  field="webhook") from None
         try:
             await asyncio.wait_for(self._resolve(host, port), TIMEOUT)
         except Refused as exc:
@@ -88,9 +95,10 @@ class Webhooks:
         except TimeoutError:
             raise InvalidArgument(f"webhook: looking up {host} took over {TIMEOUT:g} s",
                                   field="webhook") from None
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA refuses, "a..b"
             raise InvalidArgument(f"webhook: {host} does not resolve "
-                                  f"({exc.strerror or exc})", field="webhook") from None
+                                  f"({getattr(exc, 'strerror', None) or exc})",
+                                  field="webhook") from None
 
     async def _resolve(self, host: str, port: int) -> None:
         """Refused unless every address `host` has now may be reached."""
@@ -128,7 +136,11 @@ class Webhooks:
 
     async def _post(self, url: str, sweep: SweepRecord, event: str) -> None:
         doc = await self._document(sweep, event)
-        host, _ = _target(url)
+        try:
+            host, _ = _target(url)
+        except ValueError as exc:  # made before create checked it, by an older version
+            log.warning("sweep %s: webhook %s not posted: %s", sweep.name, url, exc)
+            return
         pause = FIRST_PAUSE
         for attempt in range(1, TRIES + 1):
             try:
@@ -151,7 +163,7 @@ class Webhooks:
                 log.warning("sweep %s: webhook %s refused for %s: %s", sweep.name, url,
                             event, exc)
                 return
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except (aiohttp.ClientError, TimeoutError, OSError, UnicodeError) as exc:
                 why = f"{type(exc).__name__}: {exc}"
             log.info("sweep %s: webhook %s (%s) try %d failed: %s", sweep.name, url, event,
                      attempt, why)
