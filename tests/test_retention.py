@@ -114,15 +114,16 @@ def test_an_ended_job_past_its_time_loses_its_files_and_keeps_its_history(
 
 def test_running_pending_and_fresh_work_keeps_everything(two_cpus: testing.Daemon,
                                                          tmp_path: Path) -> None:
-    """A running and a pending job naming a source, a cell of a sweep that still runs:
-    nothing of theirs goes, however long ago the sweep's other cells ended."""
+    """A running and a pending job naming a source, a cell and the smoke canary of a sweep
+    that still runs: nothing of theirs goes, however long ago the sweep's other cells (or
+    its canary) ended."""
     box = two_cpus
     client = box.client()
     gate = tmp_path / "gate"
     source = client.upload_source([source_dir(tmp_path, "src", "kept")],
                                   contents_of_single_dir=True)
     wait = f"while [ ! -e {gate} ]; do sleep 0.05; done"
-    client.create_sweep({"name": "sw", "canary": "none", "max_parallel": 1,
+    client.create_sweep({"name": "sw", "canary_smoke": "true", "max_parallel": 1,
                          "template": {"command": ["sh", "-c", f'[ "$X" = 0 ] || {{ {wait}; }}'],
                                       "cpu": "100m"},
                          "grid": {"X": [0, 1]}})
@@ -137,6 +138,7 @@ def test_running_pending_and_fresh_work_keeps_everything(two_cpus: testing.Daemo
     report = gc(box)
     assert report["jobs"] == [] and report["blobs"] == 0 and report["sources"] == 0
     assert client.get_job("sw-0")["collected_at"] is None  # its sweep still runs
+    assert client.get_job("sw-canary")["collected_at"] is None  # and so does the canary's
     assert client.get_job("waits")["phase"] == "Pending"
     gate.touch()
     for name in ("runs", "waits"):  # the pending one still finds its source
@@ -145,7 +147,8 @@ def test_running_pending_and_fresh_work_keeps_everything(two_cpus: testing.Daemo
     time.sleep(1.1)
     age_blobs(box)
     report = gc(box)
-    assert sorted(j["name"] for j in report["jobs"]) == ["runs", "sw-0", "sw-1", "waits"]
+    assert sorted(j["name"] for j in report["jobs"]) == ["runs", "sw-0", "sw-1", "sw-canary",
+                                                         "waits"]
     assert report["sources"] == 1 and report["blobs"] == 1  # the upload, named by nobody
     status = run_cli(box, "sweep", "status", "sw")  # its report needs no cell's files
     assert status.returncode == 0 and "Succeeded" in status.stdout, status.stderr

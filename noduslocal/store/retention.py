@@ -101,7 +101,7 @@ def _ended_jobs(conn: sqlite3.Connection, before: float,
         f"SELECT j.id, j.owner_uid, j.owner, j.project, j.name, "
         f"MAX(j.ended_at, COALESCE(s.ended_at, 0)), "
         f"s.id IS NOT NULL AND s.phase NOT IN ({SWEEP_TERMINAL_SQL}), j.phase, j.ended_at "
-        f"FROM jobs j LEFT JOIN sweeps s ON s.id = j.sweep_id "
+        f"FROM jobs j LEFT JOIN sweeps s ON s.id = COALESCE(j.sweep_id, j.canary_of) "
         f"WHERE j.collected_at IS NULL AND j.removed_at IS NULL AND j.ended_at IS NOT NULL "
         f"AND j.ended_at <= ? AND (j.ended_at, j.id) > (?, ?) "
         f"AND j.phase IN ({TERMINAL_SQL}) ORDER BY j.ended_at, j.id LIMIT {BATCH}",
