@@ -51,16 +51,60 @@ class Distributed:
         return {k: v for k, v in vars(self).items() if v is not None}
 
 
-def _wire(value: Any) -> Any:
+def _wire(value: Any, field: str) -> Any:
+    """VALUE as JSON for the argument FIELD; what JSON cannot say (bytes, an object) is
+    the SDK's InvalidArgument naming the field, never json's TypeError."""
     if isinstance(value, Distributed):
-        return value.spec()
+        return _wire(value.spec(), field)
     if isinstance(value, os.PathLike):
-        return os.fspath(value)
+        value = os.fspath(value)
     if isinstance(value, Mapping):
-        return {str(k): _wire(v) for k, v in value.items()}
+        wired = {}
+        for key, item in value.items():
+            key = os.fspath(key) if isinstance(key, os.PathLike) else key
+            if not isinstance(key, str):
+                raise errors.InvalidArgument(f"{field}: its keys are strings, not "
+                                             f"{type(key).__name__} ({_short(key)})",
+                                             field=field)
+            wired[key] = _wire(item, field)
+        return wired
     if isinstance(value, list | tuple):
-        return [_wire(v) for v in value]
-    return value
+        return [_wire(item, field) for item in value]
+    if value is None or isinstance(value, str | int | float):  # bool is an int
+        return value
+    hint = "; decode it to a str" if isinstance(value, bytes | bytearray) else ""
+    raise errors.InvalidArgument(f"{field}: a {type(value).__name__} ({_short(value)}) is not "
+                                 f"a value it takes{hint}", field=field)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def text_argument(value: Any, field: str, optional: bool = False) -> Any:
+    """VALUE when it is a str (or None where OPTIONAL), else InvalidArgument naming FIELD."""
+    if isinstance(value, str) or (optional and value is None):
+        return value
+    raise errors.InvalidArgument(f"{field}: expected a string, not {type(value).__name__} "
+                                 f"({_short(value)})", field=field)
+
+
+def timeout_argument(value: Any, field: str = "timeout") -> float | None:
+    """Seconds to wait (None: for ever), else InvalidArgument naming FIELD."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise errors.InvalidArgument(f"{field}: expected seconds (a number of at least 0) or "
+                                     f"None, not {_short(value)}", field=field)
+    return float(value)
+
+
+def path_argument(value: Any, field: str) -> str | os.PathLike[str]:
+    if isinstance(value, str | os.PathLike) and isinstance(os.fspath(value), str):
+        return value  # type: ignore[no-any-return]
+    raise errors.InvalidArgument(f"{field}: expected a path (str or pathlib.Path), not "
+                                 f"{type(value).__name__} ({_short(value)})", field=field)
 
 
 class Job:
@@ -104,12 +148,13 @@ class Job:
         given = dict(locals())
         del given["cls"]
         client = default_client()
+        # Every argument checked before anything is uploaded or created.
+        body = {key: _wire(value, key) for key, value in given.items()
+                if value is not None and not (key == "allow_large_source" and value is False)}
         if isinstance(source, str | os.PathLike):
             # A path is packed and uploaded here; the daemon receives its sha256.
-            given["source"] = client.upload_source(
+            body["source"] = client.upload_source(
                 [Path(source)], contents_of_single_dir=True, allow_large=allow_large_source)
-        body = {key: _wire(value) for key, value in given.items()
-                if value is not None and not (key == "allow_large_source" and value is False)}
         return cls(client.create_job(body))
 
     @classmethod
@@ -120,7 +165,8 @@ class Job:
     @classmethod
     def from_name(cls, name: str, project: str | None = None) -> Job:
         """The handle of an existing job (project: default your user name)."""
-        return cls(default_client().get_job(name, project))
+        return cls(default_client().get_job(text_argument(name, "name"),
+                                            text_argument(project, "project", optional=True)))
 
     def status(self) -> View:
         """The job's document, read now: phase, reason, hold, exit code, cost, spec."""
@@ -130,7 +176,7 @@ class Job:
     def wait(self, timeout: float | None = None) -> View:
         """Block until the Job finishes; raises JobFailed with the exit code and log tail
         when it fails, JobCancelled when it was cancelled, WaitTimeout on `timeout`."""
-        doc = self._client.wait_job(self.name, self.project, timeout)
+        doc = self._client.wait_job(self.name, self.project, timeout_argument(timeout))
         self._obj = View(doc)
         if doc["phase"] == Phase.SUCCEEDED:
             return self._obj
@@ -253,7 +299,8 @@ class Output:
         file (or, for a directory output, the directory) is renamed in; of an indexed job,
         index `index`'s."""
         job = self.parent
-        return job._client.download_output(job.name, job.project, self.name, path, index)
+        return job._client.download_output(job.name, job.project, self.name,
+                                           path_argument(path, "path"), index)
 
 
 class Outputs:
@@ -298,7 +345,9 @@ class Files:
 
     def download(self, path: str, dest: str | os.PathLike[str]) -> Path:
         """Save a file at DEST (into it if DEST is a directory), verified by sha256."""
-        return self._job._client.download_file(self._job.name, self._job.project, path, dest)
+        return self._job._client.download_file(self._job.name, self._job.project,
+                                               text_argument(path, "path"),
+                                               path_argument(dest, "dest"))
 
     def read(self, path: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="noduslocal-") as tmp:

@@ -33,9 +33,13 @@ def _ignore(root: Path) -> pathspec.GitIgnoreSpec | None:
     return pathspec.GitIgnoreSpec.from_lines(rules.read_text().splitlines())
 
 
+def _unreadable(exc: OSError) -> None:
+    raise exc  # a directory left out of the walk would be a job missing files, unsaid
+
+
 def _add_dir(tar: tarfile.TarFile, root: Path, prefix: str) -> None:
     spec = _ignore(root)
-    for current, dirs, files in os.walk(root):
+    for current, dirs, files in os.walk(root, onerror=_unreadable):
         rel_dir = os.path.relpath(current, root)
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
         dirs.sort()
@@ -53,7 +57,18 @@ def _add_dir(tar: tarfile.TarFile, root: Path, prefix: str) -> None:
 def pack(paths: list[Path], *, contents_of_single_dir: bool,
          allow_large: bool = False) -> Packed:
     """One tar of PATHS: each at its own name, or (`contents_of_single_dir`, the SDK's
-    `source="dir"`) the contents of a single directory at the top."""
+    `source="dir"`) the contents of a single directory at the top. A path that cannot be
+    read is InvalidArgument naming it, as one that does not exist."""
+    try:
+        return _pack(paths, contents_of_single_dir, allow_large)
+    except OSError as exc:
+        where = exc.filename or (paths[0] if len(paths) == 1 else "a source path")
+        raise errors.InvalidArgument(
+            f"source: {where}: {exc.strerror or exc} (leave what you cannot read out with a "
+            f"{IGNORE_FILE})", field="source") from None
+
+
+def _pack(paths: list[Path], contents_of_single_dir: bool, allow_large: bool) -> Packed:
     for path in paths:
         if not path.exists():
             raise errors.InvalidArgument(f"source: {path} does not exist", field="source")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
-from noduslocal.client.job import _wire, default_client
+from noduslocal.client.job import _wire, default_client, text_argument, timeout_argument
 from noduslocal.client.view import View
 
 
@@ -25,8 +25,7 @@ class Sweep:
             # A Function or a recipe: the daemon serves Job templates only.
             raise errors.Unsupported("target")
         self._target = dict(target or {})
-        self._grid = None if grid is None else {
-            k: v if isinstance(v, str) else list(v) for k, v in grid.items()}
+        self._grid = None if grid is None else _grid(grid)
         self._repetitions = repetitions
         self._max_parallel = max_parallel
         self._max_cost = max_cost
@@ -40,18 +39,20 @@ class Sweep:
         return f"Sweep({self.name!r}, project={self._project!r})"
 
     def _body(self) -> dict[str, Any]:
-        template = dict(self._target)
-        source = template.get("source")
+        source = self._target.get("source")
+        body = {"name": self.name, "project": self._project, "labels": self._labels,
+                "template": {k: _wire(v, f"template.{k}") for k, v in self._target.items()},
+                "grid": self._grid, "repetitions": self._repetitions,
+                "max_parallel": self._max_parallel, "max_cost": self._max_cost}
+        # Every argument checked before anything is uploaded.
+        wired = {k: _wire(v, k) for k, v in body.items() if v is not None}
         if isinstance(source, str | os.PathLike):
             # A path is packed and uploaded once; every cell starts from the same bytes.
+            template = wired["template"]
             template["source"] = self._client.upload_source(
                 [Path(source)], contents_of_single_dir=True,
                 allow_large=bool(template.pop("allow_large_source", False)))
-        body = {"name": self.name, "project": self._project, "labels": self._labels,
-                "template": _wire(template), "grid": self._grid,
-                "repetitions": self._repetitions, "max_parallel": self._max_parallel,
-                "max_cost": self._max_cost}
-        return {k: v for k, v in body.items() if v is not None}
+        return wired
 
     def run(self, idempotency_key: str | None = None) -> Sweep:
         """Create the Sweep (every cell in one call) and return it; the same key gives
@@ -72,7 +73,8 @@ class Sweep:
 
     @classmethod
     def from_name(cls, name: str, project: str | None = None) -> Sweep:
-        sweep = cls(name=name, project=project)
+        sweep = cls(name=text_argument(name, "name"),
+                    project=text_argument(project, "project", optional=True))
         sweep._take(sweep._client.get_sweep(name, project))
         return sweep
 
@@ -84,7 +86,8 @@ class Sweep:
         """Block until every cell is terminal and return the status. A sweep with failed
         cells ends Failed (reason CellsFailed) and still returns: only a timeout or a
         missing sweep raise."""
-        return self._take(self._client.wait_sweep(self._named(), self._project, timeout))
+        return self._take(self._client.wait_sweep(self._named(), self._project,
+                                                  timeout_argument(timeout)))
 
     def cells(self) -> list[View]:
         """One entry per cell, in index order: GPU, region, parameters, phase, cost and
@@ -116,3 +119,21 @@ class Sweep:
         """Go on: the suspended cells wait again in order, the canary first if it had
         not passed."""
         self._take(self._client.resume_sweep(self._named(), self._project))
+
+
+def _grid(grid: Any) -> dict[str, Any]:
+    """The grid as sent: each key's values a list, or a comma-separated string."""
+    if not isinstance(grid, Mapping):
+        raise errors.InvalidArgument("grid: expected a mapping of key to values, e.g. "
+                                     '{"lr": [1e-4, 3e-4]}', field="grid")
+    sent: dict[str, Any] = {}
+    for key, values in grid.items():
+        if isinstance(values, str):
+            sent[key] = values
+        elif isinstance(values, Iterable) and not isinstance(values, bytes | Mapping):
+            sent[key] = list(values)
+        else:
+            raise errors.InvalidArgument(f"grid: the values of {key!r} are a list or a "
+                                         "comma-separated string, not "
+                                         f"{type(values).__name__}", field="grid")
+    return sent
