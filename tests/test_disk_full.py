@@ -7,8 +7,10 @@ there is. Real daemons on small tmpfs mounts (root only).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +41,7 @@ def _health(d: testing.Daemon) -> dict[str, Any]:
     return d.client().transport.request("GET", "/v1/health")  # type: ignore[no-any-return]
 
 
-def _fill(path: Path) -> None:
+def fill_disk(path: Path) -> None:
     """Write zeros at `path` until its file system has no room left."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -104,7 +106,7 @@ def test_an_end_the_full_disk_kept_out_is_committed_once_there_is_room(
                 "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]})
             wait_until(lambda: client.get_job("ender")["phase"] == "Running", "it runs")
             filler = d.data_dir / "filler"
-            _fill(filler)
+            fill_disk(filler)
             gate.touch()
             wait_until(lambda: any("cannot commit" in p for p in _health(d)["problems"]),
                        "the end waits for room")
@@ -119,5 +121,98 @@ def test_an_end_the_full_disk_kept_out_is_committed_once_there_is_room(
             assert len(client.attempts("ender")) == 1
             d.restart()
             assert d.client().get_job("ender")["phase"] == "Succeeded"
+        finally:
+            d.close()
+
+
+def _job_pid(d: testing.Daemon, word: str) -> int | None:
+    """The pid of the running job whose command line holds `word` (from its pid.json)."""
+    for pid_file in d.data_dir.glob("jobs/*/attempt-*/pid.json"):
+        try:
+            pid = json.loads(pid_file.read_text())["pid"]
+            if word.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_a_job_that_keeps_filling_the_disk_is_stopped_while_the_disk_stays_full() -> None:
+    """`yes` into its own log on the data dir's disk: the stop was logged, yet the job ran
+    on and `job kill` answered while the process lived, because each stop waited for a
+    commit that the job's output kept from landing."""
+    d = testing.Daemon(cpus=2, memory="4GiB",
+                       config='disk_reserve = "8MiB"\ndisk_poll = 0.2\nkill_grace = "2s"\n')
+    with tmpfs(d.data_dir, "64m"):
+        try:
+            ballast = d.data_dir / "ballast"  # what we give back once the job is stopped
+            ballast.write_bytes(bytes(16 << 20))
+            d.start()
+            client = d.client()
+            client.create_job({"name": "quiet", "command": ["sleep", "3001"], "cpu": "100m"})
+            quiet = wait_until(lambda: _job_pid(d, "3001"), "the quiet job runs")
+            client.create_job({"name": "filler", "cpu": "100m",
+                               "command": ["yes", "filler-" + "A" * 60]})
+            filler = wait_until(lambda: _job_pid(d, "filler-"), "the filler runs")
+            # Stopped with the disk still full: its log keeps the space.
+            wait_until(lambda: testing.process_gone(filler), "the filler to be stopped",
+                       timeout=60)
+            assert _free(d.data_dir) < (4 << 20), _free(d.data_dir)
+            assert "stopping job filler" in d.log()
+            # The owner's kill reaches a job while the disk is full.
+            client.cancel_job("quiet")
+            wait_until(lambda: testing.process_gone(quiet), "the killed job to end",
+                       timeout=60)
+            assert _free(d.data_dir) < (4 << 20), _free(d.data_dir)
+            # Room again: what waited is recorded, and the daemon takes new work.
+            ballast.unlink()
+            ended = client.wait_job("filler", timeout=60)
+            assert (ended["phase"], ended["reason"]) == ("Failed", "DiskFull"), ended
+            assert client.wait_job("quiet", timeout=60)["phase"] == "Cancelled"
+            wait_until(lambda: _health(d)["status"] == "ok", "healthy again", timeout=60)
+            client.create_job({"name": "late", "command": ["true"], "cpu": "100m"})
+            assert client.wait_job("late", timeout=30)["phase"] == "Succeeded"
+            d.restart()
+            client = d.client()
+            for name, phase in (("filler", "Failed"), ("quiet", "Cancelled"),
+                                ("late", "Succeeded")):
+                assert client.get_job(name)["phase"] == phase
+                # Each exit recorded by its shim, though the disk had no room for it.
+                assert [a["phase"] for a in client.attempts(name)] == ["Exited"], name
+        finally:
+            d.close()
+
+
+def test_a_kill_reaches_its_job_while_the_database_cannot_commit() -> None:
+    """`job kill` answered "SIGTERM sent" and the process lived on: the signal waited for
+    the stop's commit, which the full disk kept out."""
+    d = testing.Daemon(cpus=2, memory="4GiB", config='disk_reserve = "1B"\ndisk_poll = 0.2\n')
+    with tmpfs(d.data_dir, "32m"):
+        try:
+            d.start()
+            client = d.client()
+            client.create_job({"name": "quiet", "command": ["sleep", "3002"], "cpu": "100m"})
+            quiet = wait_until(lambda: _job_pid(d, "3002"), "the job runs")
+            filler = d.data_dir / "filler"
+            fill_disk(filler)
+            answers: list[dict[str, Any]] = []
+            asking = threading.Thread(target=lambda: answers.append(client.cancel_job("quiet")),
+                                      daemon=True)
+            asking.start()
+            wait_until(lambda: testing.process_gone(quiet), "the killed job to end", timeout=60)
+            asking.join(60)
+            assert answers and answers[0]["name"] == "quiet", answers
+            filler.unlink()
+            ended = client.wait_job("quiet", timeout=60)
+            assert (ended["phase"], ended["reason"]) == ("Cancelled", "Cancelled"), ended
+            wait_until(lambda: _health(d)["status"] == "ok", "healthy again")
+            d.restart()
+            assert d.client().get_job("quiet")["phase"] == "Cancelled"
+            assert len(d.client().attempts("quiet")) == 1
         finally:
             d.close()

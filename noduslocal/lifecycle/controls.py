@@ -55,11 +55,10 @@ class OwnerControls:
             return
         if (recorded := self.board.finishing.get(job.id)) is not None:
             # Its end is being recorded right now; if that end leaves it suspended or
-            # queued again, the cancel applies to what it became.
-            await asyncio.shield(recorded)
-            fresh = await self.store.job_by_id(job.id)
-            if fresh is not None and fresh.phase not in TERMINAL:
-                await self.cancel(fresh)
+            # queued again, the cancel applies to what it became. Its processes are gone:
+            # while a full disk holds the end back, the caller is answered meanwhile.
+            await self.stopper.settle(self.stopper.aside(self._cancel_after(job.id,
+                                                                            recorded)))
             return
         if job.phase == Phase.SUSPENDED:
             await self.store.write(lambda c: ops.set_phase(
@@ -67,6 +66,12 @@ class OwnerControls:
                 "cancelled while suspended", expect=Phase.SUSPENDED))
             return
         raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be cancelled now")
+
+    async def _cancel_after(self, job_id: int, recorded: asyncio.Future[None]) -> None:
+        await asyncio.shield(recorded)
+        fresh = await self.store.job_by_id(job_id)
+        if fresh is not None and fresh.phase not in TERMINAL:
+            await self.cancel(fresh)
 
     async def suspend(self, job: JobRecord) -> None:
         """Stop the job as a cancel would, and keep it aside until resume()."""
