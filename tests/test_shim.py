@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -28,6 +29,8 @@ from noduslocal.runtime.attempts import (
 )
 from noduslocal.runtime.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone
+from tests.test_disk_full import fill_disk as fill
+from tests.test_disk_full import tmpfs
 
 T = TypeVar("T")
 SHIM: list[Path | None] = [None]  # the compiled shim the spawner starts, None: Python's
@@ -516,3 +519,79 @@ def test_a_missing_command_names_the_path_searched(tmp_path: Path) -> None:
     assert isinstance(state, Exited) and state.exit_code == 127
     assert ("cannot execute 'nope-x2': not found in PATH (/nowhere:/bin)"
             in (tmp_path / "attempt" / shim.OUTPUT_LOG).read_text())
+
+
+# --- logs and records on a bounded disk -----------------------------------------------------
+
+
+def test_a_log_past_its_cap_keeps_its_head_a_marker_and_its_end(tmp_path: Path) -> None:
+    directory = new_dir(tmp_path)
+    cap = 64 * 1024
+    script = "seq 1 40000; echo 'the end'; echo 'an error' >&2"
+    printed = "".join(f"{i}\n" for i in range(1, 40001)) + "the end\nan error\n"
+
+    async def body(runtime: Spawner) -> AttemptState:
+        shim_pid = await runtime.launch({**request(directory, ["sh", "-c", script]),
+                                         "max_log": cap})
+        return await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+
+    state = run(with_runtime(body))
+    assert isinstance(state, Exited) and state.exit_code == 0
+    log = (directory / shim.OUTPUT_LOG).read_text()
+    assert len(log.encode()) <= cap
+    head, marker, rest = log.partition(
+        f"[noduslocal] this log reached max_log_bytes ({cap} bytes): what follows is left "
+        "out, except its last 16384 bytes, added at the end\n")
+    assert marker, log[-3000:]
+    assert printed.startswith(head.removesuffix("\n")) and len(head) > cap // 2
+    note, _, tail = rest.partition("\n")
+    left_out, shown = (int(n) for n in re.findall(r"\d+", note))
+    assert note == (f"[noduslocal] {left_out} bytes were left out here; the last {shown} "
+                    "bytes follow")
+    # The end as printed, from the start of a line; nothing else is missing.
+    assert printed.endswith(tail) and tail.endswith("the end\nan error\n")
+    assert tail[0] != "\n" and printed[-len(tail) - 1] == "\n"
+    assert len(tail) == shown and len(head.removesuffix("\n")) + left_out + shown == len(printed)
+    # stderr's own log is under the cap: whole.
+    assert (directory / shim.STDERR_LOG).read_text() == "an error\n"
+
+
+def test_a_full_disk_costs_log_output_but_neither_the_shim_nor_the_exit(
+        tmp_path: Path) -> None:
+    """The Python shim died of ENOSPC writing the log (its job lived on, unwatched), and
+    either shim lost the exit of a job that ended while the disk was full."""
+    gates = [tmp_path / f"gate{i}" for i in range(3)]
+    printed = tmp_path / "printed"
+    wait = 'while [ ! -e "{}" ]; do sleep 0.01; done'
+    # A whole page first: a page the log has already holds the next bytes on any disk.
+    script = "; ".join([
+        "printf '%4095s\\n' before", wait.format(gates[0]), "seq 1 1000", f"touch {printed}",
+        wait.format(gates[1]), "echo after", wait.format(gates[2]), "exit 7"])
+    lost = sum(len(f"{i}\n") for i in range(1, 1001))
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        directory = new_dir(disk)
+        filler = disk / "filler"
+
+        async def body(runtime: Spawner) -> AttemptState:
+            shim_pid = await runtime.launch(request(directory, ["sh", "-c", script],
+                                                    cwd=tmp_path))
+            await until(lambda: (directory / shim.OUTPUT_LOG).exists(), "the first line")
+            ended = runtime.watch(directory, shim_pid)
+            fill(filler)
+            gates[0].touch()
+            await until(printed.exists, "the lines the disk has no room for")
+            filler.unlink()
+            gates[1].touch()
+            await until(lambda: b"after" in (directory / shim.OUTPUT_LOG).read_bytes(),
+                        "the line after")
+            fill(filler)
+            gates[2].touch()  # it exits while the disk is full
+            return await asyncio.wait_for(ended, DEADLINE)
+
+        state = run(with_runtime(body))
+        assert isinstance(state, Exited) and state.exit_code == 7, state
+        assert (directory / shim.OUTPUT_LOG).read_text() == (
+            f"{'before':>4095}\n[noduslocal] {lost} bytes of output were lost here "
+            "(No space left on device)\nafter\n")
+        assert sorted(p.name for p in directory.iterdir()) == [
+            shim.LOCK, shim.EXIT, shim.OUTPUT_LOG, shim.PID]

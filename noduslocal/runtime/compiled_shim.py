@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from noduslocal.runtime.shim import MAX_LOG
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("shim.c")
 PACKAGE_BIN = Path(__file__).with_name("bin")
@@ -90,7 +92,7 @@ def encode_request(req: dict[str, Any], req_id: int) -> bytes:
     mask = [m for m in req.get("mask", ()) if m]
     for items in (groups, list(req["argv"]), env, mask):
         fields += [str(len(items)), *items]
-    fields.append(req["boot_id"])
+    fields += [req["boot_id"], str(req.get("max_log", MAX_LOG))]
     body = b"".join(f.encode() + b"\0" for f in fields)
     return len(body).to_bytes(4, "little") + body
 

@@ -4,7 +4,9 @@
  * its stdin (a 4-byte length, then NUL-terminated fields: see compiled_shim.py), and for
  * each it forks a shim and answers {"id": N, "pid": P} on stdout. A shim leads its own
  * session, outlives the spawner and the daemon, and never runs as anyone but root or the
- * daemon's user: the job's child drops to the owner before exec.
+ * daemon's user: the job's child drops to the owner before exec. Each log is capped as
+ * shim.py's CappedLog does it (its head, a marker, its last bytes at the end), and pid.json
+ * and exit.json are written into room reserved before the job runs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +32,9 @@
 #define MAGIC "NODUS1"
 #define DRAIN_AFTER_EXIT_MS 2000 /* keep reading pipes that escaped processes hold open */
 #define CHUNK 65536
+#define TAIL_MAX (1 << 20) /* most bytes of a capped log's end kept for its close */
+#define NOTE_ROOM 512      /* bytes of a capped log left for its two notes */
+#define RECORD_ROOM 4096   /* bytes reserved on disk for pid.json and exit.json */
 
 struct request {
     const char *dir, *cwd, *boot_id;
@@ -40,6 +45,7 @@ struct request {
     gid_t *groups;
     char **argv, **env, **mask;
     size_t nmask;
+    unsigned long long max_log; /* each log's cap; 0: none */
 };
 
 struct buffer {
@@ -54,9 +60,22 @@ struct stream {
     struct buffer held; /* an end of output that may be the start of a secret */
 };
 
+/* One log file, opened on its first output: see shim.py's CappedLog. */
+struct log {
+    const char *name;
+    int fd;
+    unsigned long long size, left_out, lost;
+    char last; /* the last byte written: a note starts on a line of its own */
+    int cut, why;
+    char *tail; /* a ring of the last tail_room bytes left out */
+    size_t tail_len, tail_at;
+};
+
 static const struct request *req;
-static int log_fds[2] = {-1, -1}; /* output.log and stderr.log, opened on first output */
-static const char *log_names[2] = {"output.log", "stderr.log"};
+static struct log logs[2] = {{"output.log", -1, 0, 0, 0, '\n', 0, 0, NULL, 0, 0},
+                             {"stderr.log", -1, 0, 0, 0, '\n', 0, 0, NULL, 0, 0}};
+static size_t tail_room;
+static unsigned long long head_room;
 
 static void die(void) { _exit(1); }
 
@@ -92,7 +111,7 @@ static void write_all(int fd, const char *data, size_t n) {
         ssize_t w = write(fd, data, n);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return; /* a full disk: the job goes on, as with the Python shim's logs */
+            return; /* a reader that went away: nothing to do about it */
         }
         data += w;
         n -= (size_t)w;
@@ -106,13 +125,121 @@ static char *path_in(const char *name) {
     return p;
 }
 
-static int log_fd(int which) {
-    if (log_fds[which] < 0) {
-        char *p = path_in(log_names[which]);
-        log_fds[which] = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-        free(p);
+/* --- the logs: capped, and never holding the job up for a full disk ------------------ */
+
+/* Write what the file takes; returns the bytes it did not. */
+static size_t raw_write(struct log *l, const char *data, size_t n) {
+    while (n) {
+        ssize_t w = write(l->fd, data, n);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) continue;
+            l->why = w < 0 ? errno : ENOSPC;
+            return n;
+        }
+        l->size += (unsigned long long)w;
+        l->last = data[w - 1];
+        data += w;
+        n -= (size_t)w;
     }
-    return log_fds[which];
+    return 0;
+}
+
+static void put(struct log *l, const char *data, size_t n);
+
+static void note(struct log *l, const char *fmt, ...) {
+    char line[512];
+    int k = snprintf(line, sizeof line, "%s[noduslocal] ", l->last == '\n' ? "" : "\n");
+    va_list ap;
+    va_start(ap, fmt);
+    k += vsnprintf(line + k, sizeof line - (size_t)k - 1, fmt, ap);
+    va_end(ap);
+    if (k > (int)sizeof line - 2) k = (int)sizeof line - 2;
+    line[k++] = '\n';
+    put(l, line, (size_t)k);
+}
+
+static void put(struct log *l, const char *data, size_t n) {
+    if (l->lost) {
+        char line[256];
+        int k = snprintf(line, sizeof line, "%s[noduslocal] %llu bytes of output were lost "
+                         "here (%s)\n", l->last == '\n' ? "" : "\n", l->lost,
+                         strerror(l->why));
+        if (k > (int)sizeof line - 1) k = (int)sizeof line - 1;
+        if (raw_write(l, line, (size_t)k)) {
+            l->lost += n;
+            return;
+        }
+        l->lost = 0;
+    }
+    l->lost += raw_write(l, data, n);
+}
+
+static void keep(struct log *l, const char *data, size_t n) {
+    l->left_out += n;
+    if (!tail_room) return;
+    if (!l->tail) l->tail = xrealloc(NULL, tail_room);
+    if (n > tail_room) {
+        data += n - tail_room;
+        n = tail_room;
+    }
+    while (n) {
+        size_t k = tail_room - l->tail_at < n ? tail_room - l->tail_at : n;
+        memcpy(l->tail + l->tail_at, data, k);
+        l->tail_at = (l->tail_at + k) % tail_room;
+        l->tail_len = l->tail_len + k < tail_room ? l->tail_len + k : tail_room;
+        data += k;
+        n -= k;
+    }
+}
+
+static void log_write(int which, const char *data, size_t n) {
+    struct log *l = &logs[which];
+    if (!n) return;
+    if (l->fd < 0) {
+        char *p = path_in(l->name);
+        l->fd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        free(p);
+        if (l->fd < 0) return; /* no inode for it: tried again with the next output */
+        struct stat st;
+        if (fstat(l->fd, &st) == 0) l->size = (unsigned long long)st.st_size;
+    }
+    if (l->cut) {
+        keep(l, data, n);
+        return;
+    }
+    size_t room = n;
+    if (req->max_log)
+        room = l->size >= head_room ? 0 : head_room - l->size < n ? head_room - l->size : n;
+    put(l, data, room);
+    if (room < n) {
+        note(l, "this log reached max_log_bytes (%llu bytes): what follows is left out, "
+             "except its last %zu bytes, added at the end", req->max_log, tail_room);
+        l->cut = 1;
+        keep(l, data + room, n - room);
+    }
+}
+
+static void log_close(int which) {
+    struct log *l = &logs[which];
+    if (l->fd < 0) return;
+    if (l->cut) {
+        /* The ring in order, from the start of a line when some of it was cut off. */
+        char *tail = xrealloc(NULL, l->tail_len + 1);
+        size_t start = l->tail_len < tail_room ? 0 : l->tail_at, len = l->tail_len;
+        for (size_t i = 0; i < len; i++) tail[i] = l->tail[(start + i) % tail_room];
+        char *from = tail;
+        if (l->left_out > len) {
+            char *nl = memchr(tail, '\n', len);
+            if (nl && nl + 1 < tail + len) from = nl + 1;
+        }
+        len -= (size_t)(from - tail);
+        note(l, "%llu bytes were left out here; the last %zu bytes follow",
+             l->left_out - len, len);
+        put(l, from, len);
+        free(tail);
+    }
+    put(l, "", 0); /* says what went missing at the end, if anything did */
+    close(l->fd);
 }
 
 /* --- the request ------------------------------------------------------------------ */
@@ -168,6 +295,7 @@ static struct request *parse_request(char *data, size_t len) {
     r->env = strings(NULL);
     r->mask = strings(&r->nmask);
     r->boot_id = field();
+    r->max_log = strtoull(field(), NULL, 10);
     if (!r->argv[0]) die();
     return r;
 }
@@ -265,19 +393,37 @@ static void fsync_dir(void) {
     }
 }
 
-/* Write-then-rename, for readers that may look at any moment; with `durable`, synced to
- * disk, file and directory entry. */
-static void write_json_atomic(const char *name, const char *json, int durable) {
+static char *tmp_path(const char *name) {
     char tmpname[64];
     snprintf(tmpname, sizeof tmpname, ".%s.tmp", name);
-    char *tmp = path_in(tmpname), *final = path_in(name);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return path_in(tmpname);
+}
+
+/* The temporary file of a record, with RECORD_ROOM bytes allocated now: a job that fills
+ * the disk cannot take its exit's room. -1 when it cannot be made. */
+static int reserve_record(const char *name) {
+    char *tmp = tmp_path(name);
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    free(tmp);
+    if (fd >= 0) posix_fallocate(fd, 0, RECORD_ROOM); /* no room: written as it comes */
+    return fd;
+}
+
+/* Write-then-rename into the reserved file (made now if there is none), for readers that
+ * may look at any moment; with `durable`, synced to disk, file and directory entry. */
+static void write_record(int fd, const char *name, const char *json, int durable) {
+    char *tmp = tmp_path(name), *final = path_in(name);
+    if (fd < 0) fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
-        write_all(fd, json, strlen(json));
-        if (durable) fdatasync(fd);
-        close(fd);
-        rename(tmp, final);
-        if (durable) fsync_dir();
+        size_t n = strlen(json);
+        if (pwrite(fd, json, n, 0) == (ssize_t)n && ftruncate(fd, (off_t)n) == 0) {
+            if (durable) fdatasync(fd);
+            close(fd);
+            rename(tmp, final);
+            if (durable) fsync_dir();
+        } else {
+            close(fd);
+        }
     }
     free(tmp);
     free(final);
@@ -296,11 +442,7 @@ static int by_start(const void *a, const void *b) {
 }
 
 static void emit(struct stream *s, const char *data, size_t n) {
-    if (!n) return;
-    for (int i = 0; i < s->ntargets; i++) {
-        int fd = log_fd(s->targets[i]);
-        if (fd >= 0) write_all(fd, data, n);
-    }
+    for (int i = 0; i < s->ntargets; i++) log_write(s->targets[i], data, n);
 }
 
 static size_t longest_secret(void) {
@@ -421,6 +563,8 @@ static int pump(int out_r, int err_r, pid_t pid) {
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
         kill(-pid, SIGKILL);
     }
+    log_close(0);
+    log_close(1);
     return status;
 }
 
@@ -443,6 +587,12 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     if (lock < 0 || flock(lock, LOCK_EX) != 0) die();
     char *abandoned = path_in("abandoned");
     if (access(abandoned, F_OK) == 0) _exit(0); /* a restarted daemon gave up on us */
+    int pid_record = reserve_record("pid.json"), exit_record = reserve_record("exit.json");
+    if (req->max_log) {
+        tail_room = req->max_log / 4 < TAIL_MAX ? (size_t)(req->max_log / 4) : TAIL_MAX;
+        head_room = req->max_log > tail_room + NOTE_ROOM ? req->max_log - tail_room - NOTE_ROOM
+                                                         : 0;
+    }
 
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) die();
@@ -466,7 +616,7 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
              "{\"shim_pid\": %d, \"pid\": %d, \"pgid\": %d, \"started_at\": %.6f, "
              "\"boot_id\": \"%s\", \"start_ticks\": %s}",
              (int)getpid(), (int)pid, (int)pid, started, req->boot_id, ticks);
-    write_json_atomic("pid.json", json, 0);
+    write_record(pid_record, "pid.json", json, 0);
 
     int status = pump(out[0], err[0], pid);
     char code[32], sig[32];
@@ -483,7 +633,7 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     /* While the spawner is our parent the daemon is alive and commits this exit within
      * milliseconds, so syncing it here too would only add device flushes to every end.
      * Once the daemon is gone this file is the only record until it returns. */
-    write_json_atomic("exit.json", json, getppid() != spawner);
+    write_record(exit_record, "exit.json", json, getppid() != spawner);
     _exit(0);
 }
 

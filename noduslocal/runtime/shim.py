@@ -5,13 +5,16 @@ The daemon keeps one spawner as its child and writes one JSON request per line t
 spawner forks a shim per request and answers with the shim's pid. Each shim leads its own
 session, holds an flock on its attempt directory for its whole life (the daemon's liveness
 test after a restart), runs the job in a new process group, pumps its output into the log
-files, and writes exit.json atomically before it exits. Shims outlive the spawner and the
-daemon.
+files (each at most `max_log` bytes: its head, a marker, and its last bytes at the end),
+and writes exit.json atomically before it exits, into room it reserved before the job
+started, so that a disk the job filled still gets its exit. Shims outlive the spawner and
+the daemon.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -27,6 +30,10 @@ ABANDONED = "abandoned"
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
 DRAIN_AFTER_EXIT = 2.0  # seconds to keep reading pipes that escaped processes hold open
+MAX_LOG = 1 << 30  # a log's cap when the request names none (the daemon's max_log_bytes)
+TAIL_MAX = 1 << 20  # most bytes of a capped log's end kept (in memory) for its close
+NOTE_ROOM = 512  # bytes of a capped log left for its two notes
+RECORD_ROOM = 4096  # bytes reserved on disk for pid.json and exit.json before the job runs
 
 
 def write_json_atomic(directory: str, name: str, data: dict, durable: bool = False) -> None:
@@ -41,6 +48,39 @@ def write_json_atomic(directory: str, name: str, data: dict, durable: bool = Fal
     finally:
         os.close(fd)
     os.rename(tmp, os.path.join(directory, name))
+    if durable:
+        fsync_dir(directory)
+
+
+def reserve_record(directory: str, name: str) -> int:
+    """The temporary file that write_reserved() fills, with RECORD_ROOM bytes allocated
+    now: a job that fills the disk cannot take its exit's room. -1 when it cannot be made."""
+    try:
+        fd = os.open(os.path.join(directory, f".{name}.tmp"),
+                     os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return -1
+    with contextlib.suppress(OSError):  # no room now: written as it comes, at the end
+        os.posix_fallocate(fd, 0, RECORD_ROOM)
+    return fd
+
+
+def write_reserved(fd: int, directory: str, name: str, data: dict,
+                   durable: bool = False) -> None:
+    """write_json_atomic() into the file reserve_record() made (closed here); without one
+    (fd -1), as write_json_atomic() does."""
+    if fd < 0:
+        write_json_atomic(directory, name, data, durable)
+        return
+    try:
+        body = json.dumps(data).encode()
+        os.pwrite(fd, body, 0)
+        os.ftruncate(fd, len(body))
+        if durable:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.rename(os.path.join(directory, f".{name}.tmp"), os.path.join(directory, name))
     if durable:
         fsync_dir(directory)
 
@@ -185,34 +225,119 @@ class Masker:
         return bytes(out)
 
 
-class Logs:
-    """The attempt's logs, each made on its first output: a job that writes nothing (most
-    tasks of a sweep of `true`) costs two files less."""
+class CappedLog:
+    """One log file of at most `cap` bytes (0: no cap). Past its head comes a marker line;
+    what the job prints after it is counted, its last bytes kept in memory and written
+    after a second note by close(): a runaway job's log shows how it began and how it
+    ended (docs/decisions.md). Output the disk has no room for is counted too, and said
+    where it went missing once there is room again: a job is never held up for its log."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd = fd
+        self.cap = cap
+        self.tail_room = min(cap // 4, TAIL_MAX)
+        self.head = max(0, cap - self.tail_room - NOTE_ROOM)
+        self.size = os.fstat(fd).st_size  # what the file holds (a setup line, say)
+        self.last = b"\n"  # the last byte written: a note starts on a line of its own
+        self.cut = False
+        self.left_out = 0
+        self.tail = bytearray()
+        self.lost = 0  # bytes no write took since the last that did
+        self.why = ""
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.cut:
+            self._keep(data)
+            return
+        room = max(0, self.head - self.size) if self.cap else len(data)
+        self._put(data[:room])
+        if len(data) > room:
+            self._put(self._line(f"this log reached max_log_bytes ({self.cap} bytes): what "
+                                 f"follows is left out, except its last {self.tail_room} "
+                                 "bytes, added at the end"))
+            self.cut = True
+            self._keep(data[room:])
+
+    def close(self) -> None:
+        if self.cut:
+            tail = bytes(self.tail[-self.tail_room:]) if self.tail_room else b""
+            line = tail.find(b"\n")
+            if self.left_out > len(tail) and 0 <= line < len(tail) - 1:
+                tail = tail[line + 1:]  # from the start of a line
+            self._put(self._line(f"{self.left_out - len(tail)} bytes were left out here; "
+                                 f"the last {len(tail)} bytes follow"))
+            self._put(tail)
+        self._put(b"")  # says what went missing at the end, if anything did
+        os.close(self.fd)
+
+    def _keep(self, data: bytes) -> None:
+        self.left_out += len(data)
+        self.tail += data
+        if len(self.tail) > 2 * self.tail_room:
+            del self.tail[:-self.tail_room]
+
+    def _line(self, text: str) -> bytes:
+        return (b"" if self.last == b"\n" else b"\n") + f"[noduslocal] {text}\n".encode()
+
+    def _put(self, data: bytes) -> None:
+        if self.lost:
+            note = self._line(f"{self.lost} bytes of output were lost here ({self.why})")
+            if self._raw(note):
+                self.lost += len(data)
+                return
+            self.lost = 0
+        self.lost += self._raw(data)
+
+    def _raw(self, data: bytes) -> int:
+        """Write what the file takes; returns the bytes it did not (a full disk)."""
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self.fd, view)
+                if not written:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as exc:
+                self.why = os.strerror(exc.errno or errno.EIO)
+                return len(view)
+            self.size += written
+            self.last = bytes(view[written - 1:written])
+            view = view[written:]
+        return 0
+
+
+class Logs:
+    """The attempt's logs, each made on its first output (a job that writes nothing, most
+    tasks of a sweep of `true`, costs two files less), each capped at `cap` bytes."""
+
+    def __init__(self, directory: str, cap: int = MAX_LOG) -> None:
         self.directory = directory
-        self.fds: dict[str, int] = {}
+        self.cap = cap
+        self.logs: dict[str, CappedLog] = {}
 
     def write(self, names: tuple[str, ...], data: bytes) -> None:
         if not data:
             return
         for name in names:
-            fd = self.fds.get(name)
-            if fd is None:
-                fd = self.fds[name] = os.open(
-                    os.path.join(self.directory, name),
-                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
-            os.write(fd, data)
+            log = self.logs.get(name)
+            if log is None:
+                try:
+                    fd = os.open(os.path.join(self.directory, name),
+                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+                except OSError:  # no inode for it: tried again with the next output
+                    continue
+                log = self.logs[name] = CappedLog(fd, self.cap)
+            log.write(data)
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
+        for log in self.logs.values():
+            log.close()
 
 
-def _pump(out_r: int, err_r: int, directory: str, pid: int, mask: list[bytes]) -> int:
+def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes]) -> int:
     """Copy output into the logs until the job exits and its pipes close; return the
     wait status."""
-    logs = Logs(directory)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -262,16 +387,13 @@ def _pump(out_r: int, err_r: int, directory: str, pid: int, mask: list[bytes]) -
     return status
 
 
-def _record_setup_failure(directory: str, exc: SetupError, started: float,
+def _record_setup_failure(logs: Logs, exit_record: int, exc: SetupError, started: float,
                           durable: bool) -> None:
-    line = f"noduslocal: {exc}\n".encode()
-    for name in (OUTPUT_LOG, STDERR_LOG):
-        fd = os.open(os.path.join(directory, name),
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
-        os.write(fd, line)
-        os.close(fd)
-    write_json_atomic(directory, EXIT, {"started_at": started, "ended_at": time.time(),
-                                        "exit_code": exc.code, "signal": None}, durable)
+    logs.write((OUTPUT_LOG, STDERR_LOG), f"noduslocal: {exc}\n".encode())
+    logs.close()
+    write_reserved(exit_record, logs.directory, EXIT, {
+        "started_at": started, "ended_at": time.time(), "exit_code": exc.code,
+        "signal": None}, durable)
 
 
 def run_shim(req: dict) -> None:
@@ -292,20 +414,24 @@ def run_shim(req: dict) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(os.path.join(directory, ABANDONED)):
             os._exit(0)  # a restarted daemon gave up on this attempt before we ran
+        pid_record, exit_record = (reserve_record(directory, PID),
+                                   reserve_record(directory, EXIT))
+        logs = Logs(directory, req.get("max_log", MAX_LOG))
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         started = time.time()
         try:
             pid = _spawn_job(req, out_w, err_w)
         except SetupError as exc:
-            _record_setup_failure(directory, exc, started, durable=os.getppid() != spawner)
+            _record_setup_failure(logs, exit_record, exc, started,
+                                  durable=os.getppid() != spawner)
             os._exit(0)
         os.close(out_w)
         os.close(err_w)
-        write_json_atomic(directory, PID, {"shim_pid": os.getpid(), "pid": pid, "pgid": pid,
-                                           "started_at": started, "boot_id": req["boot_id"],
-                                           "start_ticks": start_ticks(pid)})
-        status = _pump(out_r, err_r, directory, pid,
+        write_reserved(pid_record, directory, PID, {
+            "shim_pid": os.getpid(), "pid": pid, "pgid": pid, "started_at": started,
+            "boot_id": req["boot_id"], "start_ticks": start_ticks(pid)})
+        status = _pump(out_r, err_r, logs, pid,
                        [value.encode() for value in req.get("mask", ())])
         result: dict = {"started_at": started, "ended_at": time.time(), "exit_code": None,
                         "signal": None}
@@ -318,7 +444,7 @@ def run_shim(req: dict) -> None:
         # database (synchronous=FULL) within milliseconds, so syncing it here too would
         # only add two device flushes to every job's end. Once the daemon is gone this file
         # is the only record until it returns, and it is made durable.
-        write_json_atomic(directory, EXIT, result, durable=os.getppid() != spawner)
+        write_reserved(exit_record, directory, EXIT, result, durable=os.getppid() != spawner)
     except BaseException:
         code = 1
     os._exit(code)

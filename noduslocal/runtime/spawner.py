@@ -45,10 +45,12 @@ def settled(directory: Path) -> AttemptState:
 
 
 class Spawner:
-    def __init__(self, compiled: Path | None = None) -> None:
+    def __init__(self, compiled: Path | None = None, max_log_bytes: int = shim.MAX_LOG) -> None:
         """`compiled`: the compiled shim (compiled_shim.py), whose `--serve` spawner forks
-        one per attempt; None: the Python spawner (shim.py) forks the Python shim."""
+        one per attempt; None: the Python spawner (shim.py) forks the Python shim.
+        `max_log_bytes`: each log's cap in the attempts launched from now on (0: none)."""
         self.compiled = compiled
+        self.max_log_bytes = max_log_bytes
         self._proc: asyncio.subprocess.Process | None = None
         self._alive = asyncio.Event()
         self._replies: dict[int, asyncio.Future[int]] = {}
@@ -124,6 +126,7 @@ class Spawner:
         if proc is None or proc.stdin is None or proc.stdin.is_closing():
             raise SpawnError("no spawner is running")
         req_id = next(self._ids)
+        request = {"max_log": self.max_log_bytes, **request}
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._replies[req_id] = future
         try:
