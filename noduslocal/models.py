@@ -182,11 +182,15 @@ class JobRecord:
                 running_cost: float = 0.0,
                 live_metrics: dict[str, float] | None = None) -> dict[str, Any]:
         """The job document; with `redact` (a caller who may not control the job) the
-        values of its environment are hidden, as a token often travels there."""
+        values of its environment are hidden, as a token often travels there, and a sweep
+        cell's command and args too, which hold its parameters (a map's values)."""
         end = self.ended_at or (time.time() if self.started_at else None)
         spec = self.spec.to_wire()
         if redact:
             spec["env"] = dict.fromkeys(spec["env"], "***")
+            if self.cell is not None:
+                spec["command"] = ["***"] * len(spec["command"])
+                spec["args"] = ["***"] * len(spec["args"])
         return {
             "kind": "Job",
             "name": self.name,
