@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import config_values as check
+from noduslocal.config_trust import read_trusted
 from noduslocal.errors import InvalidArgument
 from noduslocal.sockets import default_socket_path
 from noduslocal.units import parse_cpu, parse_duration, parse_size
@@ -77,6 +78,7 @@ class Settings:
     max_output_size: int = 16 * 2**30  # bytes of one collected output (a tar for a dir)
     max_job_outputs: int = 64 * 2**30  # bytes of all the outputs of one attempt
     disk_reserve: int = 2 * 2**30  # free bytes below which the data dir refuses new work
+    max_log_bytes: int = 2**30  # each log file of an attempt: past it, head + marker + tail
     disk_poll: float = 2.0  # seconds between readings of the data dir's free space
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
@@ -146,6 +148,8 @@ _TOML_KEYS = {
     "max_output_size": ("max_output_size", lambda v: parse_size(v, "max_output_size")),
     "max_job_outputs": ("max_job_outputs", lambda v: parse_size(v, "max_job_outputs")),
     "disk_reserve": ("disk_reserve", lambda v: parse_size(v, "disk_reserve")),
+    "max_log_bytes": ("max_log_bytes",
+                      lambda v: check.size_from(v, "max_log_bytes", 64 * 1024, "64KiB")),
     "disk_poll": ("disk_poll", lambda v: parse_duration(v, "disk_poll")),
     "energy_price_per_kwh": ("energy_price_per_kwh",
                              lambda v: check.price(v, "energy_price_per_kwh")),
@@ -176,9 +180,9 @@ _TOML_KEYS = {
 LIVE = frozenset({
     "kill_grace", "admin_group", "max_wait_poll", "pids_limit", "shm_size",
     "gpu_busy_memory", "gpu_poll", "max_user_priority", "user_max_gpus", "user_max_jobs",
-    "user_max_execs", "disk_reserve", "energy_price_per_kwh", "gpu_hour_rates", "profiles",
-    "keep_ended", "keep_ended_users", "gc_every", "user_disk_quota", "user_disk_quotas",
-    "du_every", "webhook_local_networks",
+    "user_max_execs", "disk_reserve", "max_log_bytes", "energy_price_per_kwh",
+    "gpu_hour_rates", "profiles", "keep_ended", "keep_ended_users", "gc_every",
+    "user_disk_quota", "user_disk_quotas", "du_every", "webhook_local_networks",
 })
 TOML_NAME = {attr: key for key, (attr, _) in _TOML_KEYS.items()}  # cpus_m -> cpus
 
@@ -197,7 +201,8 @@ def load_settings(
         path = default_config_path()
     if path is not None:
         try:
-            raw = tomllib.loads(Path(path).read_text())
+            # Only a file root and the daemon's user alone can change (config_trust).
+            raw = tomllib.loads(read_trusted(Path(path)))
         except FileNotFoundError:
             raise InvalidArgument(f"config: {path} does not exist", field="config") from None
         except tomllib.TOMLDecodeError as exc:

@@ -47,6 +47,14 @@ def unless(value: Any, name: str, word: str, parse: Callable[[Any, str], Any]) -
         raise InvalidArgument(f'{exc.message}; or "{word}"', field=name) from None
 
 
+def size_from(value: Any, name: str, minimum: int, shown: str) -> int:
+    """A size of at least `minimum` bytes (`shown`, as a person writes it: "64KiB")."""
+    size = parse_size(value, name)
+    if size < minimum:
+        raise InvalidArgument(f"{name}: expected a size from {shown}", field=name)
+    return size
+
+
 def interval(value: Any, name: str) -> float:
     seconds = parse_duration(value, name)
     if not 1 <= seconds <= 7 * 24 * 3600:

@@ -195,7 +195,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
     inventory = await gpus.start()
     compiled = (None if settings.host_shim == "python"
                 else await asyncio.to_thread(compiled_shim.find, settings.data_dir))
-    host = HostRuntime(layout, Spawner(compiled))
+    host = HostRuntime(layout, Spawner(compiled, settings.max_log_bytes))
     await host.start()
     docker = DockerRuntime(settings, layout, lambda: lifecycle.runtime_changed(),
                            store.attempt_ended)
@@ -215,6 +215,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         if config is not None:
             def apply(new: Settings) -> None:
                 services.settings = gpus.settings = docker.settings = new
+                host.spawner.max_log_bytes = new.max_log_bytes
                 lifecycle.apply_settings(new)
 
             reloader = services.config = ConfigReloader(config[0], config[1], loaded, settings,

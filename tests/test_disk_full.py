@@ -20,6 +20,7 @@ import pytest
 
 from noduslocal import errors, testing
 from noduslocal.testing import wait_until
+from tests.conftest import BUSYBOX
 
 
 @contextmanager
@@ -216,3 +217,38 @@ def test_a_kill_reaches_its_job_while_the_database_cannot_commit() -> None:
             assert len(d.client().attempts("quiet")) == 1
         finally:
             d.close()
+
+
+def test_a_log_past_max_log_bytes_keeps_its_head_a_marker_and_its_end(
+        docker_client: Any) -> None:
+    """A job printing without end filled the disk with its log: the log is capped, for
+    host jobs and containers alike, and a reload applies to the jobs started after it."""
+    del docker_client
+    d = testing.Daemon(cpus=2, memory="4GiB", config='max_log_bytes = "256KiB"\n')
+    try:
+        d.start()
+        client = d.client()
+        for name, extra in (("host", {}), ("box", {"image": BUSYBOX, "memory": "64MiB"})):
+            client.create_job({"name": name, "cpu": "100m", **extra, "command": [
+                "sh", "-c", f"seq 1 300000; echo last line of {name}"]})
+        for name in ("host", "box"):
+            assert client.wait_job(name, timeout=60)["phase"] == "Succeeded"
+            log = b"".join(client.logs(name))
+            assert len(log) <= 256 * 1024, (name, len(log))
+            assert log.startswith(b"1\n2\n3\n"), name
+            assert b"[noduslocal] this log reached max_log_bytes (262144 bytes)" in log, name
+            assert log.endswith(f"299999\n300000\nlast line of {name}\n".encode()), name
+        assert d.config_path is not None
+        d.config_path.write_text('max_log_bytes = "64KiB"\n')
+        wait_until(lambda: "reloaded: max_log_bytes applied" in d.log(), "the reload")
+        client.create_job({"name": "later", "cpu": "100m", "command": ["seq", "1", "300000"]})
+        assert client.wait_job("later", timeout=60)["phase"] == "Succeeded"
+        assert len(b"".join(client.logs("later"))) <= 64 * 1024
+    finally:
+        d.close()
+    bad = testing.Daemon(config='max_log_bytes = "1KiB"\n')
+    try:
+        with pytest.raises(RuntimeError, match="max_log_bytes: expected a size from 64KiB"):
+            bad.start()
+    finally:
+        bad.close()

@@ -1,6 +1,6 @@
 """A container's output, copied from dockerd's log stream into the attempt directory as
 the shim writes a host job's: stdout and stderr in order in output.log, stderr alone in
-stderr.log, secrets masked. Runs in a thread per container.
+stderr.log, secrets masked, each capped as the shim caps it. Runs in a thread per container.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import docker
 
-from noduslocal.runtime.shim import OUTPUT_LOG, STDERR_LOG, Masker
+from noduslocal.runtime.shim import MAX_LOG, OUTPUT_LOG, STDERR_LOG, CappedLog, Masker
 
 log = logging.getLogger(__name__)
 HEADER = struct.Struct(">BxxxL")  # dockerd's multiplexed stream: stream id, payload size
@@ -23,9 +23,10 @@ STDERR = 2
 
 
 def pump_logs(new_client: Callable[[], docker.DockerClient], container_id: str,
-              directory: Path, mask: list[bytes], closed: threading.Event) -> None:
+              directory: Path, mask: list[bytes], closed: threading.Event,
+              cap: int = MAX_LOG) -> None:
     """Copy the container's whole log (from its start: a restarted pump rewrites the
-    files) until the container ends or `closed` is set."""
+    files) until the container ends or `closed` is set; each file at most `cap` bytes."""
     maskers = {1: Masker(mask), STDERR: Masker(mask)}
     client = None
     try:
@@ -44,8 +45,8 @@ def pump_logs(new_client: Callable[[], docker.DockerClient], container_id: str,
         return
     # Truncated only now that the whole log is coming again.
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    combined = os.open(directory / OUTPUT_LOG, flags, 0o640)
-    errors = os.open(directory / STDERR_LOG, flags, 0o640)
+    combined = CappedLog(os.open(directory / OUTPUT_LOG, flags, 0o640), cap)
+    errors = CappedLog(os.open(directory / STDERR_LOG, flags, 0o640), cap)
     try:
         while not closed.is_set():
             header = _read_exact(response.raw, HEADER.size)
@@ -62,17 +63,15 @@ def pump_logs(new_client: Callable[[], docker.DockerClient], container_id: str,
     finally:
         for stream, masker in maskers.items():
             _write(combined, errors, stream, masker.feed(b"", final=True))
-        os.close(combined)
-        os.close(errors)
+        combined.close()
+        errors.close()
         client.close()
 
 
-def _write(combined: int, errors: int, stream: int, chunk: bytes) -> None:
-    if not chunk:
-        return
-    os.write(combined, chunk)
+def _write(combined: CappedLog, errors: CappedLog, stream: int, chunk: bytes) -> None:
+    combined.write(chunk)
     if stream == STDERR:
-        os.write(errors, chunk)
+        errors.write(chunk)
 
 
 def _read_exact(raw: Any, size: int) -> bytes | None:

@@ -55,6 +55,7 @@ class DockerRuntime:
                                    settings.image_pull, self._availability_changed,
                                    settings.local_registries)
         self.networks = GangNetworks(self.engine)
+        self.engine.log_cap = lambda: self.settings.max_log_bytes  # a reload applies at once
 
     async def start(self) -> None:
         await self.engine.start()

@@ -26,6 +26,7 @@ from noduslocal.runtime.container_end import ended_while_away, exit_state, parse
 from noduslocal.runtime.container_logs import pump_logs
 from noduslocal.runtime.container_spec import LABEL, job_filter
 from noduslocal.runtime.docker_link import DockerLink
+from noduslocal.runtime.shim import MAX_LOG
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,6 +81,7 @@ class DockerEngine:
         self.exec_pool = ThreadPoolExecutor(32, thread_name_prefix="docker-exec")
         self._link = DockerLink(docker_host, job_filter(instance), self._on_event,
                                 self._on_state)
+        self.log_cap: Callable[[], int] = lambda: MAX_LOG  # each log's, for pumps started next
 
     async def start(self) -> None:
         self._link.start()
@@ -277,7 +279,7 @@ class DockerEngine:
         watch.closed = threading.Event()
         watch.pump = threading.Thread(
             target=pump_logs, args=(self._link.new_client, watch.container_id,
-                                    watch.directory, watch.mask, watch.closed),
+                                    watch.directory, watch.mask, watch.closed, self.log_cap()),
             name=f"logs-{watch.container_id[:12]}", daemon=True)
         watch.pump.start()
 
