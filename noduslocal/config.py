@@ -201,7 +201,7 @@ def load_settings(
         path = default_config_path()
     if path is not None:
         try:
-            # Only a file root and the daemon's user alone can change (config_trust).
+            # A file only root and the daemon's own user can change (config_trust).
             raw = tomllib.loads(read_trusted(Path(path)))
         except FileNotFoundError:
             raise InvalidArgument(f"config: {path} does not exist", field="config") from None
