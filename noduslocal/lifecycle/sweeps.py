@@ -375,11 +375,13 @@ class SweepController:
         was = SweepPhase(sweep.phase)
         if was in SWEEP_TERMINAL:  # ended meanwhile (a smoke canary's failure): settled
             return False
+        now = time.time()
         applied = await self.store.write(lambda c: sweep_ops.move_sweep(
-            c, sweep.id, phase, time.time(), reason, message, was, cancel, resume))
+            c, sweep.id, phase, now, reason, message, was, cancel, resume))
         if not applied:  # another transition came first (a cancel during the last end)
             return False
         sweep.phase, sweep.reason, sweep.message = phase.value, reason, message
+        sweep.ended_at = now if phase in SWEEP_TERMINAL else None  # as the row has it
         log.info("sweep %s: %s (%s)", sweep.name, phase.value, message or reason)
         hooks = {Reason.CANARY_PASSED: ["canary-passed"],
                  Reason.CANARY_FAILED: ["canary-failed"]}.get(reason, [])
