@@ -84,6 +84,8 @@ class Settings:
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
     metrics_port: int | None = None  # /metrics also on 127.0.0.1:PORT for a scraper
+    # The TCP port's /metrics has each user's queue and disk use (any local user reads it).
+    metrics_port_per_user: bool = True
     # Addresses of this host (loopback, link-local, its interfaces') that a sweep's webhook
     # may reach, and registries there that images may be pulled from: none by default.
     webhook_local_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
@@ -159,6 +161,8 @@ _TOML_KEYS = {
     "max_body": ("max_body", lambda v: check.positive(v, "max_body")),
     "commit_batch": ("commit_batch", lambda v: check.positive(v, "commit_batch")),
     "metrics_port": ("metrics_port", lambda v: check.port(v, "metrics_port")),
+    "metrics_port_per_user": ("metrics_port_per_user",
+                              lambda v: check.flag(v, "metrics_port_per_user")),
     "webhook_local_networks": ("webhook_local_networks",
                                lambda v: check.networks(v, "webhook_local_networks")),
     "local_registries": ("local_registries",
@@ -183,6 +187,7 @@ LIVE = frozenset({
     "user_max_execs", "disk_reserve", "max_log_bytes", "energy_price_per_kwh",
     "gpu_hour_rates", "profiles", "keep_ended", "keep_ended_users", "gc_every",
     "user_disk_quota", "user_disk_quotas", "du_every", "webhook_local_networks",
+    "metrics_port_per_user",
 })
 TOML_NAME = {attr: key for key, (attr, _) in _TOML_KEYS.items()}  # cpus_m -> cpus
 

@@ -1,6 +1,8 @@
 """Prometheus text at /metrics (prometheus-client): a collector that reads the daemon's state
 when scraped (GPUs, jobs by phase, the queue by user, attempts by outcome, disk) and the API's
-latency histogram, kept by a middleware. Everyone may scrape it, as everyone may list jobs.
+latency histogram, kept by a middleware. Everyone may scrape it, as everyone may list jobs;
+the optional TCP port, which any local user reaches, leaves the series by user out when
+`metrics_port_per_user` is off.
 """
 
 from __future__ import annotations
@@ -33,24 +35,33 @@ class DaemonCollector(Collector):
         self.tallies: tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]] = ({}, {})
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return self.series(per_user=True)
+
+    def series(self, per_user: bool) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Every family; without PER_USER, none with a user label (the queue's total
+        instead of its length by owner, no disk use by user)."""
         yield from self._gpus()
         jobs, attempts = self.tallies
         by_phase = GaugeMetricFamily("noduslocal_jobs", "Jobs by phase (removed ones left "
                                      "out, as in `job list --all`)", labels=["phase"])
-        queued = GaugeMetricFamily("noduslocal_queue_length", "Pending jobs by owner",
-                                   labels=["user"])
         for phase in Phase:
             by_phase.add_metric([phase.value], sum(n for (p, _), n in jobs.items()
                                                    if p == phase.value))
-        for (phase, owner), count in sorted(jobs.items()):
-            if phase == Phase.PENDING:
-                queued.add_metric([owner], count)
+        if per_user:
+            queued = GaugeMetricFamily("noduslocal_queue_length", "Pending jobs by owner",
+                                       labels=["user"])
+            for (phase, owner), count in sorted(jobs.items()):
+                if phase == Phase.PENDING:
+                    queued.add_metric([owner], count)
+        else:
+            queued = GaugeMetricFamily("noduslocal_queue_length", "Pending jobs", value=sum(
+                n for (p, _), n in jobs.items() if p == Phase.PENDING))
         outcomes = CounterMetricFamily("noduslocal_attempts", "Ended attempts by phase and "
                                        "reason", labels=["phase", "reason"])
         for (phase, reason), count in sorted(attempts.items()):
             outcomes.add_metric([phase, reason], count)
         yield from (by_phase, queued, outcomes)
-        yield from self._disk()
+        yield from self._disk(per_user)
 
     def _gpus(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         lifecycle = self.services.lifecycle
@@ -89,7 +100,7 @@ class DaemonCollector(Collector):
                 energy.add_metric(values, gpu.energy_mj / 1000)
         yield from (state, util, used, total, energy)
 
-    def _disk(self) -> Iterator[GaugeMetricFamily]:
+    def _disk(self, per_user: bool) -> Iterator[GaugeMetricFamily]:
         reading = self.services.lifecycle.disk.reading
         free = GaugeMetricFamily("noduslocal_disk_free_bytes",
                                  "Free bytes on the data dir's disk", labels=["path"])
@@ -98,13 +109,26 @@ class DaemonCollector(Collector):
         if reading is not None:
             free.add_metric([str(reading.path)], reading.free)
             size.add_metric([str(reading.path)], reading.total)
+        yield from (free, size)
+        if not per_user:
+            return
         used = GaugeMetricFamily("noduslocal_user_disk_bytes",
                                  "What each user holds on the data dir, as `noduslocal du` "
                                  "last measured it", labels=["user", "kind"])
         for usage in self.services.lifecycle.usage.users.values():
             for kind in ("workspaces", "volumes", "blobs"):
                 used.add_metric([usage.user, kind], getattr(usage, kind))
-        yield from (free, size, used)
+        yield used
+
+
+class _WithoutUsers(Collector):
+    """The daemon's collector less its series by user, for the TCP port."""
+
+    def __init__(self, daemon: DaemonCollector) -> None:
+        self.daemon = daemon
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return self.daemon.series(per_user=False)
 
 
 class Metrics:
@@ -121,14 +145,17 @@ class Metrics:
                                  "the answer (streams and long polls left out)",
                                  ["method", "route"],
                                  buckets=BUCKETS, registry=self.registry)
+        self.without_users = CollectorRegistry(auto_describe=False)
+        self.without_users.register(_WithoutUsers(self.collector))
+        self.without_users.register(self.latency)
 
-    async def text(self) -> bytes:
+    async def text(self, per_user: bool = True) -> bytes:
         # The tallies are a query over every job: at most one a second, however often
         # anyone scrapes, so a scraper cannot slow everyone's reads.
         if time.monotonic() - self._tallied_at >= TALLY_EVERY:
             self.collector.tallies = await reports.tallies(self.services.store)
             self._tallied_at = time.monotonic()
-        return generate_latest(self.registry)
+        return generate_latest(self.registry if per_user else self.without_users)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -154,10 +181,19 @@ async def metrics(request: web.Request) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def scraped(request: web.Request) -> web.Response:
+    """The TCP port's /metrics: any local user reaches it, not only the socket's group, so
+    the admin may leave the series by user out (`metrics_port_per_user = false`)."""
+    metrics = request.app[METRICS]
+    per_user = metrics.services.settings.metrics_port_per_user
+    return web.Response(body=await metrics.text(per_user),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 def scrape_app(metrics: Metrics) -> web.Application:
     """/metrics alone, for the optional TCP port (`metrics_port`): nothing else of the API is
     ever served off the Unix socket, whose peer credentials are its identity."""
     app = web.Application()
     app[METRICS] = metrics
-    app.add_routes(routes)
+    app.router.add_get("/metrics", scraped)
     return app
