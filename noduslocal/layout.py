@@ -5,6 +5,7 @@ volumes, stored blobs), made with the owner's rights; and the owner's account de
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -19,6 +20,9 @@ from noduslocal.job_paths import in_workspace
 from noduslocal.models import JobRecord
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# In each job's directory: the job as the database has it (owner, project, name, spec),
+# so that a job whose rows a damaged database lost can be put back (lifecycle/orphans.py).
+RECORD = "job.json"
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
 # Run as the job's owner in its new workspace ($1): $2 = 1 to unpack the tar on stdin,
 # then `d PATH` to make a directory and `l PATH TARGET` to link a volume, relative paths.
@@ -97,6 +101,33 @@ class JobLayout:
     def job_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
 
+    def write_record(self, job: JobRecord) -> None:
+        """The job's record in its directory (readable by root alone: its spec may carry
+        tokens in its environment), written once, whole or not at all."""
+        path = self.job_dir(job.id) / RECORD
+        if path.exists():
+            return
+        record = {"id": job.id, "project": job.project, "name": job.name,
+                  "owner": job.owner, "owner_uid": job.owner_uid,
+                  "owner_gid": job.owner_gid, "created_at": job.created_at,
+                  "labels": job.labels, "sweep_id": job.sweep_id, "cell": job.cell,
+                  "spec": job.spec.to_wire()}
+        tmp = path.with_name(f".{RECORD}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps(record).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+
+    def read_record(self, job_id: int) -> dict[str, Any] | None:
+        """The record write_record() left, or None (none written, or torn)."""
+        try:
+            data = json.loads((self.job_dir(job_id) / RECORD).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("id") == job_id else None
+
     def job_ids_on_disk(self) -> list[int]:
         """Every job that has a directory, by id."""
         try:
@@ -144,9 +175,10 @@ class JobLayout:
         """Make the attempt's directory, and the job's directory and workspace (owned by the
         job's owner) where an earlier attempt has not; returns the attempt directory."""
         directory = self.attempt_dir(job.id, number)
-        if number == 1 and (job.id in self._ahead or self._made_ahead(job.id)):
+        if number == 1 and (job.id in self._ahead or self._made_ahead(job)):
             self._ahead.discard(job.id)  # made ahead (perhaps by the daemon before us)
             self.job_dir(job.id).mkdir(mode=0o711, exist_ok=True)
+            self.write_record(job)
             self.workspace(job.id).mkdir(mode=0o700, exist_ok=True)
             self._own(self.workspace(job.id), job)
             directory.mkdir(mode=0o700, exist_ok=True)
@@ -155,6 +187,7 @@ class JobLayout:
         # database must not be reused, nor its workspace handed to a new owner. A later
         # attempt may find none (the daemon died before the first one made it).
         self.job_dir(job.id).mkdir(mode=0o711, exist_ok=number > 1)
+        self.write_record(job)
         workspace = self.workspace(job.id)
         try:
             workspace.mkdir(mode=0o700)
@@ -174,11 +207,15 @@ class JobLayout:
         directory.mkdir(mode=0o700)
         return directory
 
-    def _made_ahead(self, job_id: int) -> bool:
+    def _made_ahead(self, job: JobRecord) -> bool:
         """The job's directory holds nothing but what prepare_ahead() makes, empty."""
+        job_id = job.id
         try:
             top = {e.name for e in os.scandir(self.job_dir(job_id))}
-            return (top <= {"workspace", "attempt-1"}
+            if RECORD in top and (self.read_record(job_id) or {}).get(
+                    "created_at") != job.created_at:
+                return False  # another database's job of that id
+            return (top <= {"workspace", "attempt-1", RECORD}
                     and not any(os.scandir(self.workspace(job_id)))
                     and ("attempt-1" not in top
                          or not any(os.scandir(self.attempt_dir(job_id, 1)))))
@@ -199,6 +236,7 @@ class JobLayout:
             self._ahead.discard(job.id)  # not ours to reuse: prepare() decides, as ever
             return
         with contextlib.suppress(OSError):  # made in part: prepare() finishes the rest
+            self.write_record(job)
             self.workspace(job.id).mkdir(mode=0o700)
             self._own(self.workspace(job.id), job)
             self.attempt_dir(job.id, 1).mkdir(mode=0o700)

@@ -35,7 +35,7 @@ def test_a_healthy_box_is_all_ok(installed: testing.Daemon) -> None:
     code, found = checks(installed)
     assert code == 0, found
     for name in ("socket", "daemon", "groups", "host jobs", "dockerd", "disk", "config",
-                 "clock", "health", "database"):
+                 "clock", "health", "database", "lost jobs"):
         assert found[name]["ok"] is True, found[name]
     assert found["socket"]["detail"].endswith("0660 root:noduslocal")
     assert found["groups"]["detail"] == "noduslocal and noduslocal-admin exist; you are root"

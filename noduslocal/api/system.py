@@ -19,8 +19,10 @@ routes = web.RouteTableDef()
 @routes.get("/v1/health")
 async def health(request: web.Request) -> web.Response:
     """200 while the daemon serves; `ok` false and `status` degraded, with each problem in
-    words, while it cannot take new work or record what happens."""
-    problems = request.app[SERVICES].lifecycle.disk.problems()
+    words, while it cannot take new work or record what happens, or after the database
+    lost commits it had acknowledged."""
+    lifecycle = request.app[SERVICES].lifecycle
+    problems = [*lifecycle.disk.problems(), *lifecycle.recovery.lost_problems()]
     return web.json_response({"ok": not problems,
                               "status": "degraded" if problems else "ok",
                               "problems": problems})
@@ -52,8 +54,10 @@ async def info(request: web.Request) -> web.Response:
         "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
                    "admin": caller.admin},
         "config": None if services.config is None else services.config.status.to_wire(),
-        # Job directories the database did not know at start: for admins to look at.
+        # Job directories the database did not know at start: each one for admins, how
+        # many and the caller's own for everyone.
         "orphans": [o.to_wire() for o in services.lifecycle.orphans] if caller.admin else [],
+        "lost_jobs": services.lifecycle.recovery.lost_view(caller.uid, caller.admin),
     })
 
 

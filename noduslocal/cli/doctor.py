@@ -11,6 +11,7 @@ import json
 import os
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -116,13 +117,51 @@ def _checks(client: Client) -> list[Check]:
     else:
         checks.append(Check("database", None, "not checked: the integrity check is for "
                                               "admins (root or the admin group)"))
-    orphans = info.get("orphans", [])
-    if orphans:
-        names = ", ".join(str(o.get("path", o)) for o in orphans[:5])
-        checks.append(Check("orphans", False, f"{len(orphans)} job directories the database "
-                                              f"does not know: {names} (their processes "
-                                              "were killed; look, then remove them)"))
+    if "lost_jobs" in info:
+        checks.append(lost_jobs_check(info["lost_jobs"], info["caller"]["admin"]))
     return checks
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def lost_jobs_check(lost: dict[str, Any], admin: bool) -> Check:
+    """Job directories the database did not know at the daemon's start: it lost commits
+    it had acknowledged. Everyone sees how many and their own; an admin each directory
+    kept aside and how to restore it."""
+    starts = lost.get("starts", 0)
+    if not lost["found"] and not starts:
+        return Check("lost jobs", True, "none: the database knew every job directory at the "
+                                        "daemon's start")
+    more = f", and the starts of {_jobs(starts)} it knows," if starts else ""
+    parts = [f"the database had lost the records of {_jobs(lost['found'])}{more} at the "
+             "daemon's start (a damaged or cut WAL: commits it had acknowledged are gone)"]
+    if starts:
+        parts.append("those starts were put back from the jobs' directories")
+    if lost["recovered"]:
+        parts.append(f"{lost['recovered']} were recovered from their directories (their "
+                     "last event says 'recovered from its directory'; one that says 'run "
+                     "it again' did not finish)")
+    if lost["yours"]:
+        parts.append(f"{'recovered' if admin else 'yours'}: {', '.join(lost['yours'])}")
+    if lost["kept_aside"]:
+        if admin:
+            parts.append(
+                f"{lost['kept_aside']} kept aside, unknown to the database: "
+                f"{'; '.join(lost['kept_aside_paths'])}. To restore them: if a `noduslocal "
+                "admin backup` newer than those jobs exists, stop the daemon and restore it; "
+                "else copy what you need out of each directory (workspace/, attempt-N/"
+                "output.log) and remove it (rm -rf DIR); see docs/admin.md, 'Lost jobs'")
+        else:
+            mine = lost["yours_kept_aside"]
+            parts.append(f"{lost['kept_aside']} are kept aside ({mine} of them yours): an "
+                         "admin restores them (`noduslocal doctor` as an admin lists them; "
+                         "docs/admin.md, 'Lost jobs')")
+    parts.append("look at the data dir's disk (dmesg) and take a fresh `noduslocal admin "
+                 "backup`; restart the daemon to clear this once done" if admin else
+                 "check your recent jobs (`noduslocal job list`) and tell an admin")
+    return Check("lost jobs", False, "; ".join(parts))
 
 
 @click.command("doctor")

@@ -1,24 +1,35 @@
-"""After a daemon restart: the fair-share ledger and drains are read back, job directories
-the database does not know are stopped and reported, every attempt that may still run
-takes its share back (CPUs, memory, the same GPUs) before any pass, and is adopted if its
-ranks live, or ended as what it became meanwhile (a workspace it left half made, dropped).
+"""After a daemon restart: the fair-share ledger and drains are read back, what the job
+directories prove of commits the database lost is put back (or kept aside) and reported
+loudly, every attempt that may still run takes its share back (CPUs, memory, the same
+GPUs) before any pass, and is adopted if its ranks live, or ended as what it became
+meanwhile (a workspace it left half made, dropped).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from noduslocal.gpu.cost import Meter
 from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.accounting import GpuAccounting
 from noduslocal.lifecycle.attempt import Attempt, Board
 from noduslocal.lifecycle.dispatch import Dispatch
-from noduslocal.lifecycle.orphans import Orphan, find_orphans
+from noduslocal.lifecycle.orphans import (
+    RECOVERED,
+    Orphan,
+    find_orphans,
+    lost_problems,
+    lost_starts,
+    lost_summary,
+    lost_view,
+)
 from noduslocal.lifecycle.runner import AttemptRunner
 from noduslocal.lifecycle.sweeps import SweepController
 from noduslocal.models import AttemptRecord, JobRecord
@@ -27,6 +38,7 @@ from noduslocal.runtime.base import Rank, Runtime
 from noduslocal.scheduler.queue import Request
 from noduslocal.states import AttemptPhase, Phase
 from noduslocal.store import Store, ops
+from noduslocal.store.restore import catch_up, restore_job
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +56,15 @@ class Recovery:
         self.runner = runner
         self.sweeps = sweeps
         self.orphans: list[Orphan] = []  # job directories the database does not know
+        # Known jobs whose lost starts were put back: (owner uid, PROJECT/NAME).
+        self.caught_up: list[tuple[int, str]] = []
+
+    def lost_problems(self) -> list[str]:
+        """Why the daemon is degraded after finding job directories the database lost."""
+        return lost_problems(self.orphans, self.caught_up)
+
+    def lost_view(self, uid: int, admin: bool) -> dict[str, Any]:
+        return lost_view(self.orphans, self.caught_up, uid, admin)
 
     async def recover(self) -> None:
         self.layout.create_root()
@@ -53,7 +74,12 @@ class Recovery:
         await self.accounting.replay(self.store)
         self.orphans = await asyncio.to_thread(find_orphans, self.layout,
                                                await self.store.max_job_id())
+        await self._put_back(self.orphans)
         jobs = await self.store.active_jobs()
+        if await self._catch_up(jobs):
+            jobs = await self.store.active_jobs()
+        if self.orphans or self.caught_up:
+            log.error("%s", lost_summary(self.orphans, self.caught_up, self.layout.jobs_dir))
         # The sweeps first: an adopted cell's end, committed from here on, then reaches a
         # sweep that knows the cell (it holds back its pending cells; nothing starts yet).
         await self.sweeps.recover()
@@ -69,6 +95,51 @@ class Recovery:
                 self.dispatch.enqueue(job)
         self.dispatch.ready = True
         self.dispatch.kick()
+
+    async def _put_back(self, orphans: list[Orphan]) -> None:
+        """Each lost job its directory proves, back in the database in a transaction of its
+        own; one that fails to go back is kept aside, and the daemon starts all the same."""
+        for orphan in orphans:
+            if orphan.job is None:
+                continue
+            job = orphan.job
+            try:
+                name = await self.store.write(lambda c, j=job: restore_job(c, j, time.time()))
+            except Exception as exc:
+                log.exception("job directory %s: putting its job back failed", orphan.path)
+                orphan.note += f"; putting it back failed ({exc}), so it is kept aside"
+                orphan.job = None
+                continue
+            if name is not None:
+                orphan.recovered = f"{job.project}/{name}"
+                log.warning("job directory %s: recovered as %s, %s (%s)", orphan.path,
+                            orphan.recovered, job.phase, job.message)
+
+    async def _catch_up(self, jobs: list[JobRecord]) -> bool:
+        """Unended jobs whose directories prove starts the database lost: those starts put
+        back, the last attempt left for _reconcile() to adopt or end (never started again
+        into a directory that ran). True when any was."""
+        on_disk = set(await asyncio.to_thread(self.layout.job_ids_on_disk))
+        for job in jobs:
+            if job.id not in on_disk or job.phase == Phase.SUSPENDED:
+                continue
+            current, later = await asyncio.to_thread(lost_starts, self.layout, job)
+            if not later:
+                continue
+            try:
+                number = await self.store.write(functools.partial(
+                    catch_up, job_id=job.id, known=job.attempts, current=current,
+                    later=later, message=RECOVERED, now=time.time()))
+            except Exception:
+                log.exception("job %s: putting back the starts its directory proves failed; "
+                              "it is left as the database has it", job.name)
+                continue
+            if number is not None:
+                self.caught_up.append((job.owner_uid, f"{job.project}/{job.name}"))
+                log.warning("job %s: the database had lost the start of attempts %s, which "
+                            "its directory proves; put back", job.name,
+                            ", ".join(str(a.number) for a in later))
+        return bool(self.caught_up)
 
     async def _reconcile(self, job: JobRecord) -> None:
         last: AttemptRecord = (await self.store.attempts(job.id))[-1]
