@@ -1,26 +1,37 @@
-"""Chunked streams: a job's log (optionally followed across attempts until the job ends)
-and the NDJSON event log (history since a sequence number, then live).
+"""Chunked streams: a job's log (optionally followed across attempts until the job ends;
+its tail found from the end in a bounded read; every read off the event loop) and the
+NDJSON event log (history since a sequence number, then live).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from noduslocal import errors
 from noduslocal.api.jobs import lookup, project_of, require_control
 from noduslocal.api.services import SERVICES, Services, start_stream
+from noduslocal.lifecycle import gang_logs
 from noduslocal.models import JobRecord
 from noduslocal.states import TERMINAL
 from noduslocal.validation import SQL_INT_MAX
 
 routes = web.RouteTableDef()
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024  # bytes of a log read at a time
+TAIL_BYTES = 4 << 20  # the most of a log's end a tail reads: a longer line comes back cut
 FOLLOW_POLL = 0.1  # seconds between looks at a growing log file
 IDLE_CHECK = 15.0  # seconds a quiet follower waits before checking its client is there
+# Log files are read on threads of their own, never on the event loop: a slow or stuck disk
+# holds these, neither the API nor the default pool's other work.
+_READS = ThreadPoolExecutor(4, "log-read")
+T = TypeVar("T")
 
 
 def gone(request: web.Request) -> bool:
@@ -81,41 +92,89 @@ def _rank_param(request: web.Request, job: JobRecord) -> int | None:
     return rank
 
 
-def tail_offset(path: Path, lines: int) -> int:
-    """The offset where the last `lines` lines of the file begin."""
+@dataclass(frozen=True)
+class Tail:
+    offset: int  # where it begins
+    note: bytes = b""  # said before it when it was cut
+
+
+def tail_start(path: Path, lines: int, limit: int = TAIL_BYTES) -> Tail:
+    """Where the last `lines` lines of the file begin, found in its last `limit` bytes at
+    most, read a block at a time from the end: a tail that does not fit is cut, and its
+    note says so. On a thread: it reads the disk."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        return 0
-    if lines == 0:
-        return size
+        return Tail(0)
+    if lines == 0 or size == 0:
+        return Tail(size)
+    floor = max(0, size - limit)
     with path.open("rb") as file:
-        pos, seen = size, 0
-        if size and (file.seek(size - 1), file.read(1))[1] == b"\n":
-            seen = -1  # the final newline ends the last line; it does not start one
-        while pos > 0:
-            step = min(CHUNK, pos)
-            pos -= step
-            file.seek(pos)
-            block = file.read(step)
-            for index in range(len(block) - 1, -1, -1):
-                if block[index] == 10:
-                    seen += 1
-                    if seen == lines:
-                        return pos + index + 1
-    return 0
+        file.seek(size - 1)
+        # The final newline ends the last line; it does not start one.
+        pos = end = size - 1 if file.read(1) == b"\n" else size
+        lowest = max(0, floor - 1)  # a newline just before `floor` begins a whole line
+        found, first = 0, -1
+        while pos > lowest:
+            start = max(lowest, pos - CHUNK)
+            file.seek(start)
+            block = file.read(pos - start)
+            at = len(block)
+            while (at := block.rfind(b"\n", 0, at)) >= 0:
+                found += 1
+                first = start + at + 1
+                if found == lines:
+                    return Tail(first)
+            pos = start
+        if floor == 0:
+            return Tail(0)
+        if found:
+            return Tail(first, f"[noduslocal: tail cut: the last {found} lines fit in the "
+                               f"{limit} bytes a tail reads, not {lines}]\n".encode())
+        file.seek(floor)  # one line longer than a tail reads: its end, from a character
+        skip = next((i for i, byte in enumerate(file.read(3)) if byte & 0xC0 != 0x80), 3)
+        return Tail(floor + skip, f"[noduslocal: line cut: only its last "
+                                  f"{end - floor - skip} bytes are shown, a tail reads "
+                                  f"{limit}]\n".encode())
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    """Up to CHUNK bytes from `offset` (none: no such file). On a thread."""
+    try:
+        with path.open("rb") as file:
+            if offset:
+                file.seek(offset)
+            return file.read(CHUNK)
+    except FileNotFoundError:
+        return b""
+
+
+async def _off_loop(call: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_READS, call, *args)
 
 
 async def _send_from(resp: web.StreamResponse, path: Path, offset: int) -> int:
-    try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            while chunk := file.read(CHUNK):
-                await resp.write(chunk)
-                offset += len(chunk)
-    except FileNotFoundError:
-        pass
+    while chunk := await _off_loop(_read_from, path, offset):
+        await resp.write(chunk)
+        offset += len(chunk)
     return offset
+
+
+async def _log_of(services: Services, job: JobRecord, number: int, stream: str,
+                  rank: int | None) -> Path | None:
+    """Attempt `number`'s log; a gang's merged log is made whole first once nothing writes
+    it (its ranks ended while the daemon was down, or it died before its last merge)."""
+    if not number:
+        return None
+    lifecycle = services.lifecycle
+    path = lifecycle.log_path(job, number, stream, rank)
+    if rank is None and job.spec.gang is not None and not lifecycle.writing_logs(
+            job.id, number):
+        def rank_log(_: Path, of_stream: str, of_rank: int) -> Path:
+            return lifecycle.log_path(job, number, of_stream, of_rank)
+
+        await _off_loop(gang_logs.finish, path.parent, job.spec.gang.nodes, rank_log)
+    return path
 
 
 @routes.get("/v1/jobs/{name}/logs")
@@ -138,8 +197,13 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     resp.enable_chunked_encoding()
     await start_stream(request, resp)
     lifecycle = services.lifecycle
-    path = lifecycle.log_path(job, number, stream, rank) if number else None
-    offset = tail_offset(path, tail) if path and tail is not None else 0
+    path = await _log_of(services, job, number, stream, rank)
+    offset = 0
+    if path is not None and tail is not None:
+        found = await _off_loop(tail_start, path, tail)
+        offset = found.offset
+        if found.note:
+            await resp.write(found.note)
     while True:
         if path is not None:
             offset = await _send_from(resp, path, offset)
@@ -151,10 +215,11 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
         fresh = await services.store.job_by_id(job.id)
         assert fresh is not None
         if path is not None:
+            await _log_of(services, job, number, stream, rank)  # a merged log, made whole
             offset = await _send_from(resp, path, offset)
         if fresh.attempts > number:  # started, retried or requeued: follow the next attempt
             number, offset = number + 1, 0
-            path = lifecycle.log_path(job, number, stream, rank)
+            path = await _log_of(services, job, number, stream, rank)
             continue
         if fresh.phase in TERMINAL:
             break

@@ -1,0 +1,157 @@
+"""Reading a job's log, its tail above all: a tail reads a bounded end of the file (a line
+longer than that comes back cut, and says so), and every read of a log file happens off
+the event loop, so a read stuck in the file system leaves the daemon answering everyone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from noduslocal import errors, testing
+from noduslocal.api import streams
+from noduslocal.client.api import Client
+from noduslocal.testing import wait_until
+
+LONG = 64 << 20  # one line of 64 MiB, far past what a tail reads
+
+
+def log_of(c: Client, name: str, **params: object) -> bytes:
+    return b"".join(c.logs(name, **params))  # type: ignore[arg-type]
+
+
+def only_log(d: testing.Daemon) -> Path:
+    (path,) = d.data_dir.glob("jobs/*/attempt-1/output.log")
+    return path
+
+
+def test_a_tail_of_a_line_longer_than_a_tail_reads_is_cut_and_says_so(
+        daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "longline", "cpu": "100m", "command": [
+        "sh", "-c", f"head -c {LONG} /dev/zero | tr '\\0' x; printf END"]})
+    assert c.wait_job("longline", timeout=120)["phase"] == "Succeeded"
+    assert only_log(daemon).stat().st_size == LONG + 3
+
+    body = log_of(c, "longline", tail=1)
+    note, _, rest = body.partition(b"\n")
+    assert note.startswith(b"[noduslocal: ") and b"cut" in note, body[:200]
+    assert len(rest) == streams.TAIL_BYTES and rest.endswith(b"xxxxEND"), len(rest)
+    assert rest.count(b"x") == streams.TAIL_BYTES - 3
+
+    # Short lines after it are whole lines, nothing said.
+    c.create_job({"name": "after", "cpu": "100m", "command": [
+        "sh", "-c", f"head -c {LONG} /dev/zero | tr '\\0' x; printf '\\nlast 1\\nlast 2\\n'"]})
+    assert c.wait_job("after", timeout=120)["phase"] == "Succeeded"
+    assert log_of(c, "after", tail=2) == b"last 1\nlast 2\n"
+
+
+# What the kernel calls a wait in open() for a FIFO's other end (by version).
+FIFO_WAITS = ("wait_for_partner", "fifo_open", "pipe_wait")
+
+
+def waits_on_a_fifo(pid: int) -> bool:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "wchan").read_text().strip() in FIFO_WAITS:
+                return True
+    return False
+
+
+def test_log_reads_stuck_in_the_file_system_leave_the_daemon_answering(
+        daemon: testing.Daemon) -> None:
+    """The log is swapped for a FIFO nobody writes: opening it waits until we let it go.
+    While the reads wait, the daemon answers health and runs another job."""
+    assert daemon.proc is not None
+    c = daemon.client()
+    c.create_job({"name": "stuck", "cpu": "100m", "command": ["echo", "hi"]})
+    assert c.wait_job("stuck", timeout=60)["phase"] == "Succeeded"
+    log = only_log(daemon)
+    fifo = log.with_name("stuck.fifo")
+    os.mkfifo(fifo)
+    os.replace(fifo, log)
+    os.link(log, fifo)  # kept to open the FIFO once the log is a plain file again
+
+    got: dict[str, bytes | BaseException] = {}
+
+    def read(key: str, **params: object) -> None:
+        try:
+            got[key] = log_of(Client(daemon.socket), "stuck", **params)
+        except BaseException as exc:  # reported by the assertions below
+            got[key] = exc
+
+    readers = [threading.Thread(target=read, args=(key,), kwargs=params, daemon=True)
+               for key, params in (("tail", {"tail": 1}), ("whole", {}),
+                                   ("tail 5", {"tail": 5}))]
+    for reader in readers:
+        reader.start()
+    try:
+        wait_until(lambda: waits_on_a_fifo(daemon.proc.pid),  # type: ignore[union-attr]
+                   "a log read of the daemon waiting in the FIFO", timeout=60)
+        assert c.transport.request("GET", "/v1/health", timeout=30)["status"] == "ok"
+        c.create_job({"name": "other", "cpu": "100m", "command": ["echo", "other"]})
+        assert c.wait_job("other", timeout=60)["phase"] == "Succeeded"
+        assert log_of(c, "other") == b"other\n"
+        assert all(reader.is_alive() for reader in readers), got  # still waiting
+    except errors.WaitTimeout as exc:
+        pytest.fail(f"the daemon stopped answering while a log read waited: {exc}")
+    finally:
+        plain = log.with_name("plain")
+        plain.write_bytes(b"hi\n")
+        os.replace(plain, log)  # every later open finds a plain file
+        while waits_on_a_fifo(daemon.proc.pid):
+            with contextlib.suppress(OSError):  # the waiting opens go on, and read its end
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            time.sleep(0.05)
+        for reader in readers:
+            reader.join(60)
+    assert all(isinstance(value, bytes) for value in got.values()), got
+    assert log_of(c, "stuck", tail=1) == b"hi\n"
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(("data", "lines", "start"), [
+    (b"", 3, 0),
+    (b"a\nb\nc\n", 0, 6),
+    (b"a\nb\nc\n", 1, 4),
+    (b"a\nb\nc\n", 2, 2),
+    (b"a\nb\nc\n", 3, 0),
+    (b"a\nb\nc\n", 9, 0),
+    (b"a\nb\nc", 1, 4),  # a last line without its newline is a line
+    (b"a\nb\nc", 2, 2),
+    (b"\n\n\n", 2, 1),
+])
+def test_tail_start_counts_lines_from_the_end(tmp_path: Path, data: bytes, lines: int,
+                                              start: int) -> None:
+    tail = streams.tail_start(write(tmp_path / "log", data), lines)
+    assert (tail.offset, tail.note) == (start, b"")
+
+
+def test_a_tail_reads_at_most_its_limit_and_says_what_it_cut(tmp_path: Path) -> None:
+    # One line longer than the limit: its end, cut, at the start of a character.
+    path = write(tmp_path / "long", b"ab\n" + "é".encode() * 40 + b"\n")
+    tail = streams.tail_start(path, 1, limit=22)
+    assert b"cut" in tail.note and tail.note.endswith(b"\n"), tail.note
+    assert path.read_bytes()[tail.offset:].decode() == "é" * 10 + "\n"
+    # Fewer lines than asked fit: the whole lines that do, and it says how many.
+    path = write(tmp_path / "many", b"".join(b"line %03d\n" % i for i in range(100)))
+    tail = streams.tail_start(path, 50, limit=45)
+    assert path.read_bytes()[tail.offset:] == b"line 095\nline 096\nline 097\nline 098\n" \
+                                               b"line 099\n"
+    assert b"5 lines" in tail.note and b"not 50" in tail.note, tail.note
+    # Within the limit exactly: nothing cut.
+    assert streams.tail_start(path, 5, limit=45) == streams.tail_start(path, 5)
+    assert streams.tail_start(path, 5, limit=45).note == b""
+
+
+def test_a_missing_log_has_an_empty_tail(tmp_path: Path) -> None:
+    assert streams.tail_start(tmp_path / "none", 5).offset == 0
