@@ -191,7 +191,8 @@ def test_a_job_that_keeps_filling_the_disk_is_stopped_while_the_disk_stays_full(
 
 def test_a_kill_reaches_its_job_while_the_database_cannot_commit() -> None:
     """`job kill` answered "SIGTERM sent" and the process lived on: the signal waited for
-    the stop's commit, which the full disk kept out."""
+    the stop's commit, which the full disk kept out. And a daemon restarted on the full
+    disk (systemd's Restart=) exited at once: its start wrote to the database."""
     d = testing.Daemon(cpus=2, memory="4GiB", config='disk_reserve = "1B"\ndisk_poll = 0.2\n')
     with tmpfs(d.data_dir, "32m"):
         try:
@@ -201,6 +202,8 @@ def test_a_kill_reaches_its_job_while_the_database_cannot_commit() -> None:
             quiet = wait_until(lambda: _job_pid(d, "3002"), "the job runs")
             filler = d.data_dir / "filler"
             fill_disk(filler)
+            d.restart()  # kill -9, then a start on the full disk
+            assert client.get_job("quiet")["phase"] == "Running"
             answers: list[dict[str, Any]] = []
             asking = threading.Thread(target=lambda: answers.append(client.cancel_job("quiet")),
                                       daemon=True)

@@ -65,7 +65,11 @@ class Store:
                 conn.execute(pragma)
             check_intact(conn, self.path)
             migrate(conn)
-            conn.execute("UPDATE job_id_floor SET floor = MAX(floor, ?)", (job_id_floor,))
+            # Only when a directory is above every job known (job rows are never deleted):
+            # a daemon restarted on a full disk must start without writing.
+            conn.execute("UPDATE job_id_floor SET floor = ? WHERE floor < ? AND "
+                         "? > (SELECT COALESCE(MAX(id), 0) FROM jobs)",
+                         (job_id_floor, job_id_floor, job_id_floor))
         finally:
             conn.close()
 
