@@ -6,9 +6,11 @@ there is. Real daemons on small tmpfs mounts (root only).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
+import sqlite3
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from noduslocal import errors, testing
+from noduslocal.store import Store
 from noduslocal.testing import wait_until
 from tests.conftest import BUSYBOX
 
@@ -255,3 +258,66 @@ def test_a_log_past_max_log_bytes_keeps_its_head_a_marker_and_its_end(
             bad.start()
     finally:
         bad.close()
+
+
+SHM_BOUNDARY = 4062 + 4096  # WAL frames the first two 32 KiB regions of the -shm index hold
+
+
+def _scratch(conn: sqlite3.Connection) -> tuple[None, list[Any]]:
+    conn.execute("CREATE TABLE scratch (x)")
+    return None, []
+
+
+def _insert(conn: sqlite3.Connection) -> tuple[None, list[Any]]:
+    conn.execute("INSERT INTO scratch VALUES (?)", ("x" * 3000,))  # one page, one frame
+    return None, []
+
+
+def test_a_commit_the_wal_index_has_no_room_for_waits_and_lands(tmp_path: Path) -> None:
+    """A full disk that stops the WAL's index (the -shm file) from growing says
+    SQLITE_IOERR_SHMSIZE, not SQLITE_FULL: the writer failed the batch (an end lost)
+    instead of keeping it for when there is room."""
+    with tmpfs(tmp_path / "disk", "64m") as disk:
+        path = disk / "noduslocal.db"
+
+        def frames() -> int:
+            return (os.path.getsize(f"{path}-wal") - 32) // (4096 + 24)
+
+        async def body() -> int:
+            store = Store(path)
+            await store.open(lambda events: None)
+            try:
+                await store.write(_scratch)
+                # A reader's snapshot keeps checkpoints from restarting the WAL: it grows.
+                held = sqlite3.connect(path, isolation_level=None)
+                held.execute("BEGIN")
+                held.execute("SELECT count(*) FROM scratch").fetchall()
+                written = 0
+                while frames() < SHM_BOUNDARY - 3:
+                    await store.write(_insert)
+                    written += 1
+                filler = disk / "filler"
+                fill_disk(filler)
+                with open(filler, "r+b") as file:  # room for a few frames, not the index
+                    file.truncate(os.path.getsize(filler) - 7 * 4096)
+                stalled = None
+                for _ in range(20):
+                    op = store.write(_insert)
+                    while not op.done() and store.commits_stalled() is None:
+                        await asyncio.sleep(0.01)
+                    if not op.done():
+                        stalled = op
+                        break
+                    await op
+                    written += 1
+                assert stalled is not None and store.commits_stalled() is not None
+                held.close()
+                filler.unlink()
+                await asyncio.wait_for(stalled, 30)  # once there is room, it lands
+                rows = await store.fetchall("SELECT count(*) FROM scratch")
+                assert rows[0][0] == written + 1
+                return written
+            finally:
+                await store.close()
+
+        asyncio.run(body())

@@ -1,7 +1,10 @@
 """The single writer: operations queue up while a commit is in flight and the next commit
 takes all of them at once (group commit), so synchronous=FULL costs one fsync per batch,
 not one per transition. A batch the disk has no room for is kept and tried again until it
-commits: a job's end is never dropped because the disk filled.
+commits: a job's end is never dropped because the disk filled. A commit needs room once the
+WAL has used the space its last restart left (and a checkpoint, which may grow the database
+file, cannot restart it); tries back off to FULL_RETRY_MAX, so the writer catches up within
+seconds of the space returning.
 
 A batch runs as one call on aiosqlite's worker thread: per-statement calls cost about
 100 us each here (docs/benchmarks.md), more than the whole operation.
@@ -129,9 +132,15 @@ class Writer:
         return kept_out
 
 
+# What SQLite says when the disk has no room: SQLITE_FULL for the database and the WAL, and
+# SQLITE_IOERR_SHMSIZE when the WAL's index (the -shm file, grown 32 KiB at a time) cannot
+# grow. A connection that got either commits again once there is room.
+NO_ROOM = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR_SHMSIZE})
+
+
 def disk_full(exc: BaseException) -> bool:
     return (isinstance(exc, sqlite3.OperationalError)
-            and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL)
+            and getattr(exc, "sqlite_errorcode", None) in NO_ROOM)
 
 
 def _apply(conn: sqlite3.Connection,
