@@ -1,5 +1,6 @@
 """Chaos: twenty rounds of kill -9 of the daemon under mixed work (host and container jobs of
-varying lengths, retries, a failure that is retried, sweeps, execs). Afterwards no job is
+varying lengths, retries, a failure that is retried, sweeps, execs); and the same work on a
+small disk that a job fills with its log, a kill -9 while it is full. Afterwards no job is
 lost or duplicated, no run doubled or overlapped, and no process or container is left.
 """
 
@@ -27,6 +28,7 @@ from noduslocal.client.api import Client
 from noduslocal.states import TERMINAL
 from tests.conftest import BUSYBOX
 from tests.test_containers import ours
+from tests.test_disk_full import free_bytes, health, job_pid, tmpfs
 from tests.test_faults import events
 
 ROUNDS = 20
@@ -52,7 +54,7 @@ class Submission:
     failing: set[int] = field(default_factory=set)  # cells whose first run exits 1
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     name: str | None = None
-    refused: int = 0  # creates that raised because the daemon went away (then retried)
+    refused: int = 0  # creates refused for now (the daemon away, the disk full), sent again
 
 
 @dataclass
@@ -157,6 +159,10 @@ class Submitter(threading.Thread):
             except errors.DaemonUnavailable:
                 sub.refused += 1
                 time.sleep(0.05)
+                continue
+            except errors.ResourceExhausted:  # the disk below its reserve: room comes back
+                sub.refused += 1
+                time.sleep(0.2)
                 continue
             with self.ledger.lock:
                 sub.name = made["name"]
@@ -287,11 +293,94 @@ def test_twenty_kill9s_under_mixed_work_lose_and_double_nothing(
     finally:
         submitter.actions.put(None)
         submitter.join(CREATE_PATIENCE + 30)
+    check_everything(d, marker, ledger, submitter, docker_client, where)
+
+
+FULL_ROUNDS = 6  # rounds of the full-disk chaos; the disk fills in the third
+RESERVE = 16 << 20  # the full-disk daemon's disk_reserve
+
+
+@pytest.mark.slow
+def test_a_disk_filled_under_mixed_work_stops_its_filler_and_loses_nothing(
+        docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job prints without end into its log on the data dir's small disk while mixed work
+    runs and the daemon is killed now and then: the job is stopped while the disk stays
+    full, a daemon killed meanwhile starts again on the full disk, and once there is room
+    again everything acknowledged is there and ran once."""
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER_ENV, marker)
+    seed = int(os.environ.get(SEED_ENV, DEFAULT_SEED))
+    where = f"full disk, seed {seed}"
+    rng = random.Random(seed)
+    d = testing.Daemon(cpus=4, memory="8GiB", config=(
+        f'disk_reserve = "{RESERVE}B"\ndisk_poll = 0.2\nkill_grace = "2s"\n'))
+    # The volume (where the jobs say they ran) on a disk of its own: what it records must
+    # not depend on the disk the filler fills.
+    with tmpfs(d.data_dir, "160m"), tmpfs(d.data_dir / "volumes", "32m"):
+        ballast = d.data_dir / "ballast"  # the room given back once the filler is stopped
+        ballast.write_bytes(bytes(3 * RESERVE))
+        try:
+            d.start()
+            c = d.client()
+            c.create_volume(VOLUME)
+            ledger = Ledger()
+            submitter = Submitter(d.socket, ledger)
+            submitter.start()
+            try:
+                for number in range(FULL_ROUNDS):
+                    for sub in plan_round(rng, number, marker):
+                        submitter.create(sub, after=rng.uniform(0, 0.3))
+                    time.sleep(rng.uniform(0.2, 1.8))
+                    if number == 2:
+                        fill_and_free(d, ballast, where)
+                    d.kill()
+                    time.sleep(rng.choice([0, 0.2, 0.5]))
+                    d.start()
+            finally:
+                submitter.actions.put(None)
+                submitter.join(CREATE_PATIENCE + 30)
+            filler = c.get_job("filler")
+            # DiskFull once its stop is recorded; should the kill -9 come before the full
+            # disk let that record land, its exit says what it was: SIGTERM.
+            assert (filler["phase"], filler["reason"]) in (
+                ("Failed", "DiskFull"), ("Failed", "Signaled")), (where, filler)
+            assert [a["phase"] for a in c.attempts("filler")] == ["Exited"], where
+            check_everything(d, marker, ledger, submitter, docker_client, where)
+        finally:
+            d.close()
+            for pid in live_processes(d.root, marker):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def fill_and_free(d: testing.Daemon, ballast: Path, where: str) -> None:
+    """A job fills the disk with its log; it is stopped while the disk stays full; the
+    daemon is killed and starts again on the full disk; then the room comes back."""
+    c = d.client()
+    c.create_job({"name": "filler", "cpu": "100m", "command": ["yes", "filler-" + "A" * 60]})
+    pid = testing.wait_until(lambda: job_pid(d, "filler-"), "the filler to run",
+                             timeout=DEADLINE)
+    testing.wait_until(lambda: testing.process_gone(pid), "the filler to be stopped",
+                       timeout=DEADLINE)
+    assert free_bytes(d.data_dir) < RESERVE // 2, (where, free_bytes(d.data_dir))
+    d.kill()
+    d.start()  # on the full disk
+    assert health(d)["status"] == "degraded", where
+    ballast.unlink()
+    testing.wait_until(lambda: health(d)["status"] == "ok", "the daemon to recover",
+                       timeout=DEADLINE)
+
+
+def check_everything(d: testing.Daemon, marker: str, ledger: Ledger, submitter: Submitter,
+                     docker_client: Any, where: str) -> None:
+    """Once the submitter is done: every check below, then a clean stop that leaves no
+    container and no process."""
+    c = d.client()
     assert not ledger.failures, (where, ledger.failures)
     assert not submitter.is_alive(), where
     subs = ledger.jobs
-    print(f"{len(subs)} creates, {sum(s.refused > 0 for s in subs)} cut off by a kill and "
-          f"sent again, {sum(s.name is None for s in subs)} never answered; "
+    print(f"{len(subs)} creates, {sum(s.refused > 0 for s in subs)} refused for a while "
+          f"and sent again, {sum(s.name is None for s in subs)} never answered; "
           f"{len(ledger.execs)} execs, {sum(ledger.execs.values())} answered")
 
     names = check_created(c, ledger, where)
@@ -319,7 +408,8 @@ def check_created(c: Client, ledger: Ledger, where: str) -> dict[str, int]:
         assert sub.name is not None
         wait = c.wait_sweep if sub.sweep else c.wait_job
         final = wait(sub.name, None, timeout=DEADLINE)
-        assert final["phase"] == sub.want, (where, sub.tag, final)
+        assert final["phase"] == sub.want, (where, sub.tag, final.get("reason"),
+                                            final.get("message"))
     by_tag = Counter(j["labels"].get("chaos") for j in c.list_jobs(all=True, limit=100_000))
     by_tag.pop(None, None)
     plain = {s.tag for s in acked if not s.sweep}

@@ -13,6 +13,7 @@ import os
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +42,7 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def _health(d: testing.Daemon) -> dict[str, Any]:
+def health(d: testing.Daemon) -> dict[str, Any]:
     return d.client().transport.request("GET", "/v1/health")  # type: ignore[no-any-return]
 
 
@@ -67,14 +68,14 @@ def test_a_low_disk_refuses_new_work_and_stops_the_job_filling_it() -> None:
         try:
             d.start()
             client = d.client()
-            assert _health(d)["status"] == "ok"
+            assert health(d)["status"] == "ok"
             fill = ("i=0; while [ $i -lt 70 ]; do head -c 1048576 /dev/zero >> fill || "
                     "exit 1; i=$((i+1)); sleep 0.1; done")
             client.create_job({"name": "filler", "command": ["sh", "-c", fill],
                                "cpu": "100m"})
             client.create_job({"name": "quiet", "command": ["sleep", "120"], "cpu": "100m"})
-            wait_until(lambda: _health(d)["status"] == "degraded", "the disk runs low")
-            problems = " ".join(_health(d)["problems"])
+            wait_until(lambda: health(d)["status"] == "degraded", "the disk runs low")
+            problems = " ".join(health(d)["problems"])
             assert str(d.data_dir) in problems and "below its reserve" in problems
             with pytest.raises(errors.ResourceExhausted) as refused:
                 client.create_job({"name": "late", "command": ["true"], "cpu": "100m"})
@@ -88,7 +89,7 @@ def test_a_low_disk_refuses_new_work_and_stops_the_job_filling_it() -> None:
             # Room again: new work is taken.
             for path in (d.data_dir / "jobs").glob("*/workspace/fill"):
                 path.unlink()
-            wait_until(lambda: _health(d)["status"] == "ok", "the disk has room again")
+            wait_until(lambda: health(d)["status"] == "ok", "the disk has room again")
             client.create_job({"name": "late", "command": ["true"], "cpu": "100m"})
             assert client.wait_job("late", timeout=30)["phase"] == "Succeeded"
             client.cancel_job("quiet")
@@ -112,7 +113,7 @@ def test_an_end_the_full_disk_kept_out_is_committed_once_there_is_room(
             filler = d.data_dir / "filler"
             fill_disk(filler)
             gate.touch()
-            wait_until(lambda: any("cannot commit" in p for p in _health(d)["problems"]),
+            wait_until(lambda: any("cannot commit" in p for p in health(d)["problems"]),
                        "the end waits for room")
             assert client.get_job("ender")["phase"] == "Running"
             # The workspaces' own disk is not the database's: nobody is stopped for it.
@@ -120,7 +121,7 @@ def test_an_end_the_full_disk_kept_out_is_committed_once_there_is_room(
             filler.unlink()
             ended = client.wait_job("ender", timeout=60)
             assert (ended["phase"], ended["exit_code"]) == ("Succeeded", 0)
-            wait_until(lambda: _health(d)["status"] == "ok", "healthy again")
+            wait_until(lambda: health(d)["status"] == "ok", "healthy again")
             # Nothing was lost or doubled: one attempt, and the daemon restarts clean.
             assert len(client.attempts("ender")) == 1
             d.restart()
@@ -129,7 +130,7 @@ def test_an_end_the_full_disk_kept_out_is_committed_once_there_is_room(
             d.close()
 
 
-def _job_pid(d: testing.Daemon, word: str) -> int | None:
+def job_pid(d: testing.Daemon, word: str) -> int | None:
     """The pid of the running job whose command line holds `word` (from its pid.json)."""
     for pid_file in d.data_dir.glob("jobs/*/attempt-*/pid.json"):
         try:
@@ -141,7 +142,7 @@ def _job_pid(d: testing.Daemon, word: str) -> int | None:
     return None
 
 
-def _free(path: Path) -> int:
+def free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
 
@@ -159,26 +160,30 @@ def test_a_job_that_keeps_filling_the_disk_is_stopped_while_the_disk_stays_full(
             d.start()
             client = d.client()
             client.create_job({"name": "quiet", "command": ["sleep", "3001"], "cpu": "100m"})
-            quiet = wait_until(lambda: _job_pid(d, "3001"), "the quiet job runs")
+            quiet = wait_until(lambda: job_pid(d, "3001"), "the quiet job runs")
             client.create_job({"name": "filler", "cpu": "100m",
                                "command": ["yes", "filler-" + "A" * 60]})
-            filler = wait_until(lambda: _job_pid(d, "filler-"), "the filler runs")
+            filler = wait_until(lambda: job_pid(d, "filler-"), "the filler runs")
             # Stopped with the disk still full: its log keeps the space.
             wait_until(lambda: testing.process_gone(filler), "the filler to be stopped",
                        timeout=60)
-            assert _free(d.data_dir) < (4 << 20), _free(d.data_dir)
+            assert free_bytes(d.data_dir) < (4 << 20), free_bytes(d.data_dir)
             assert "stopping job filler" in d.log()
+            # The disk stays full, read again and again: a job that does not grow is not
+            # stopped for what the filler left (each was, one per reading).
+            time.sleep(20 * 0.2)
+            assert not testing.process_gone(quiet) and "stopping job quiet" not in d.log()
             # The owner's kill reaches a job while the disk is full.
             client.cancel_job("quiet")
             wait_until(lambda: testing.process_gone(quiet), "the killed job to end",
                        timeout=60)
-            assert _free(d.data_dir) < (4 << 20), _free(d.data_dir)
+            assert free_bytes(d.data_dir) < (4 << 20), free_bytes(d.data_dir)
             # Room again: what waited is recorded, and the daemon takes new work.
             ballast.unlink()
             ended = client.wait_job("filler", timeout=60)
             assert (ended["phase"], ended["reason"]) == ("Failed", "DiskFull"), ended
             assert client.wait_job("quiet", timeout=60)["phase"] == "Cancelled"
-            wait_until(lambda: _health(d)["status"] == "ok", "healthy again", timeout=60)
+            wait_until(lambda: health(d)["status"] == "ok", "healthy again", timeout=60)
             client.create_job({"name": "late", "command": ["true"], "cpu": "100m"})
             assert client.wait_job("late", timeout=30)["phase"] == "Succeeded"
             d.restart()
@@ -202,7 +207,7 @@ def test_a_kill_reaches_its_job_while_the_database_cannot_commit() -> None:
             d.start()
             client = d.client()
             client.create_job({"name": "quiet", "command": ["sleep", "3002"], "cpu": "100m"})
-            quiet = wait_until(lambda: _job_pid(d, "3002"), "the job runs")
+            quiet = wait_until(lambda: job_pid(d, "3002"), "the job runs")
             filler = d.data_dir / "filler"
             fill_disk(filler)
             d.restart()  # kill -9, then a start on the full disk
@@ -217,7 +222,7 @@ def test_a_kill_reaches_its_job_while_the_database_cannot_commit() -> None:
             filler.unlink()
             ended = client.wait_job("quiet", timeout=60)
             assert (ended["phase"], ended["reason"]) == ("Cancelled", "Cancelled"), ended
-            wait_until(lambda: _health(d)["status"] == "ok", "healthy again")
+            wait_until(lambda: health(d)["status"] == "ok", "healthy again")
             d.restart()
             assert d.client().get_job("quiet")["phase"] == "Cancelled"
             assert len(d.client().attempts("quiet")) == 1

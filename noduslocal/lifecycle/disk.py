@@ -1,6 +1,7 @@
 """The data dir's free space, read every few seconds. Below `disk_reserve` new work is
 refused, naming the disk and what fills it; below half of it the running job that grew most
-on that disk is stopped (DiskFull), so SQLite keeps room to record every end. What is free
+on that disk since the last look is stopped (DiskFull), so SQLite keeps room to record every
+end; a job that did not grow is never stopped for what another left there. What is free
 above the reserve is what jobs' `disk` may reserve, and a job whose directory grows past
 its `disk` is stopped (DiskExceeded); trees are walked on a thread, never on the loop.
 """
@@ -170,9 +171,15 @@ class DiskWatch:
                 self.stopper.stop_soon(attempt, Reason.DISK_EXCEEDED)
         was_low = self.reading.low
         if reading.low:
+            if not was_low:
+                self._last_sizes = {}
+            # A low episode the daemon saw begin: each job is judged by its size at the
+            # first look. One it found at its start (a restart on a full disk, the job that
+            # filled it perhaps gone): by what each grows from then on.
+            first = not was_low and self._readings > 1
             if not was_low or time.monotonic() - self._scanned_at > SCAN_AGE or \
                     reading.critical:
-                await asyncio.to_thread(self._scan, reading, self._running())
+                await asyncio.to_thread(self._scan, reading, self._running(), first)
             else:
                 reading.consumers = self.reading.consumers
         self.reading = reading
@@ -205,20 +212,23 @@ class DiskWatch:
     def _running(self) -> list[Attempt]:
         return [a for a in self.board.active.values() if a.running and a.stop_reason is None]
 
-    def _scan(self, reading: DiskReading, running: list[Attempt]) -> None:
+    def _scan(self, reading: DiskReading, running: list[Attempt], first: bool) -> None:
         """What the running jobs' directories take (on a thread, from a list the loop
-        made), biggest first."""
+        made), biggest first; and what each grew since the last scan (at the `first` look,
+        its size; one seen for the first time otherwise is judged from its next scan on)."""
         sizes = self._sizes(running)
         reading.consumers = sorted(((a.job.name, a.job.owner, sizes[a.job.id])
                                     for a in running if a.job.id in sizes),
                                    key=lambda item: -item[2])
-        self._growth = {i: size - self._last_sizes.get(i, 0) for i, size in sizes.items()}
+        self._growth = {i: size - self._last_sizes.get(i, 0 if first else size)
+                        for i, size in sizes.items()}
         self._last_sizes = sizes
         self._scanned_at = time.monotonic()
 
     def _stop_the_biggest_writer(self, reading: DiskReading) -> None:
         running = {a.job.id: a for a in self._running()}
-        growth = {i: g for i, g in self._growth.items() if i in running}
+        # Stopping a job that does not grow frees nothing: the disk waits for its admin.
+        growth = {i: g for i, g in self._growth.items() if i in running and g > 0}
         if not growth:
             return
         job_id = max(growth, key=lambda i: (growth[i], self._last_sizes.get(i, 0)))
