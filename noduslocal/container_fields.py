@@ -16,7 +16,7 @@ IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
 def container_image(value: Any) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not IMAGE_RE.match(value) or "//" in value:
+    if not isinstance(value, str) or not IMAGE_RE.fullmatch(value) or "//" in value:
         raise InvalidArgument(f"image: {value!r} is not an image reference, e.g. "
                               "\"python:3.11\" or \"ghcr.io/org/train:v2\"", field="image")
     return value

@@ -75,7 +75,7 @@ def outputs(value: Any) -> dict[str, str]:
         raise InvalidArgument("outputs: expected a mapping of name to path", field="outputs")
     result: dict[str, str] = {}
     for name, path in value.items():
-        if (not isinstance(name, str) or len(name) > 128 or not OUTPUT_NAME_RE.match(name)
+        if (not isinstance(name, str) or len(name) > 128 or not OUTPUT_NAME_RE.fullmatch(name)
                 or ".." in name.split("/")):
             raise InvalidArgument(
                 f"outputs: {name!r} is not an output name; use letters, digits, '_', '.', "

@@ -169,6 +169,8 @@ def test_an_identity_encoding_is_taken(d: testing.Daemon) -> None:
     ("POST", "/v1/jobs", {"command": ["true"], "source": {"sha256": "a" * 64 + "\n"}},
      "source"),
     ("POST", "/v1/jobs", {"command": ["true"], "image": "busybox\n"}, "image"),
+    ("POST", "/v1/jobs", {"command": ["true"], "outputs": {"out\n": "o.txt"}}, "outputs"),
+    ("POST", "/v1/jobs", {"command": ["true"], "outputs": {"a/b\n": "o.txt"}}, "outputs"),
     ("POST", "/v1/sweeps", {"name": "nl\n", "template": {"command": ["true"]}}, "name"),
     ("POST", "/v1/sweeps", {"project": "nl\n", "template": {"command": ["true"]}},
      "project"),

@@ -21,7 +21,7 @@ routes = web.RouteTableDef()
 
 def secret_name(request: web.Request) -> str:
     name = request.match_info["name"]
-    if not ENV_KEY_RE.match(name) or len(name) > 128:
+    if not ENV_KEY_RE.fullmatch(name) or len(name) > 128:
         raise errors.InvalidArgument(
             f"name: {name!r} is not a secret name; use letters, digits and '_', not "
             "starting with a digit (it is also the variable a job gets)", field="name")

@@ -27,7 +27,7 @@ HARD_LIMIT = 64 * 1024**3  # bytes; even allow_large_source stops here
 
 def source_sha(request: web.Request) -> str:
     sha = request.match_info["sha256"]
-    if not SHA256_RE.match(sha):
+    if not SHA256_RE.fullmatch(sha):
         raise errors.InvalidArgument("sha256: expected 64 lowercase hex digits", field="sha256")
     return sha
 
