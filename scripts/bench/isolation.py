@@ -2,7 +2,10 @@
 user (root) while a second Unix user (nlbench, made here) times its own small requests.
 
     python scripts/bench/isolation.py [listings|all] [CELLS]     # as root
-    PYTHONPATH=OLD_CHECKOUT python scripts/bench/isolation.py ...  # the code before
+    cd OLD && PYTHONPATH=OLD python /path/to/isolation.py ...     # the code before
+
+(`python -m noduslocal.daemon` puts its working directory first on the path, so the old
+code's daemon runs only from the old checkout's directory.)
 
 `listings`: a sweep of CELLS cells (100,000) and six readers each paging through
 `GET /v1/jobs?all=1` without pause. `all` adds a job that printed 100 MB with no newline
