@@ -502,14 +502,9 @@ class Hooks(http.server.ThreadingHTTPServer):
 @pytest.fixture
 def hooked() -> Iterator[testing.Daemon]:
     """A daemon whose webhooks may reach a receiver on the loopback (refused by default)."""
-    d = testing.Daemon(cpus=2, memory="8GiB",
-                       config='webhook_local_networks = ["127.0.0.1/32"]\n')
-    try:
-        d.start()
-        with d.as_default():
-            yield d
-    finally:
-        d.close()
+    with testing.daemon(cpus=2, memory="8GiB",
+                        config='webhook_local_networks = ["127.0.0.1/32"]\n') as d:
+        yield d
 
 
 def test_webhook_posts_canary_pass_and_the_end(hooked: testing.Daemon) -> None:
