@@ -167,13 +167,35 @@ def choice(value: Any, name: str, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
-def simulated_spec(value: object) -> str:
-    from noduslocal.gpu import simulated
+# Memory of models when the spec does not say (GiB).
+KNOWN_MEMORY = {"H100": 80, "H200": 141, "A100": 80, "L4": 24, "L40S": 48, "A10": 24,
+                "T4": 16, "V100": 32, "RTX4090": 24, "B200": 192}
+GPU_GROUP_RE = re.compile(r"(?:(\d+)\s*x\s*)?([A-Za-z][A-Za-z0-9]*)(?:-(\d+)\s*GB)?\Z", re.I)
 
+
+def simulated_groups(spec: str) -> list[tuple[int, str, int]]:
+    """`4xH100-80GB,2xL4` as (count, model, memory GiB) per group, at most 64 GPUs."""
+    groups: list[tuple[int, str, int]] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        match = GPU_GROUP_RE.match(part)
+        if not match:
+            raise InvalidArgument(
+                f"simulate_gpus: {part!r} is not COUNTxMODEL[-MEMGB], e.g. 4xH100-80GB",
+                field="simulate_gpus")
+        count, model = int(match.group(1) or 1), match.group(2).upper()
+        if not 1 <= count <= 64 or sum(c for c, _, _ in groups) + count > 64:
+            raise InvalidArgument("simulate_gpus: at most 64 GPUs", field="simulate_gpus")
+        groups.append((count, model, int(match.group(3) or KNOWN_MEMORY.get(model, 16))))
+    if not groups:
+        raise InvalidArgument("simulate_gpus: no GPUs in the spec", field="simulate_gpus")
+    return groups
+
+
+def simulated_spec(value: object) -> str:
     if not isinstance(value, str):
         raise InvalidArgument("simulate_gpus: expected a string like \"4xH100-80GB\"",
                               field="simulate_gpus")
-    simulated.parse(value)  # refused here, with the field named, not at start-up
+    simulated_groups(value)  # refused here, with the field named, not at start-up
     return value
 
 

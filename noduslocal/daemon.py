@@ -133,8 +133,8 @@ def secure_socket(settings: Settings, path: Path) -> None:
 async def refresh_identities() -> None:
     """Forget cached user names and admin membership now and then, so a user removed from
     the admin group loses the rights within a minute, without a restart."""
+    from noduslocal.accounts import account
     from noduslocal.api import identity
-    from noduslocal.layout import account
 
     while True:
         await asyncio.sleep(IDENTITY_TTL)

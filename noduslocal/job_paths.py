@@ -10,11 +10,30 @@ from collections.abc import Mapping
 from typing import Any
 
 from noduslocal.errors import InvalidArgument
-from noduslocal.workspace import CONTAINER_ROOT, components
 
+CONTAINER_ROOT = "/workspace"  # the same paths work for jobs that see it mounted there
+PATH_MAX = 4095  # bytes of a path, and of one name in it (Linux)
+NAME_MAX = 255
 OUTPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*$")
 # Container paths a mount may not cover: the kernel's and docker's own.
 RESERVED = ("/proc", "/sys", "/dev", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
+
+
+def components(path: str) -> list[str]:
+    """The workspace-relative parts of PATH ('', '.', 'a/b', '/workspace/a/b')."""
+    if path == CONTAINER_ROOT or path.startswith(CONTAINER_ROOT + "/"):
+        path = path[len(CONTAINER_ROOT):]
+    if len(path.encode(errors="replace")) > PATH_MAX:
+        raise InvalidArgument(f"path: longer than {PATH_MAX} bytes", field="path")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if any(len(part.encode(errors="replace")) > NAME_MAX for part in parts):
+        raise InvalidArgument(f"path: a name longer than {NAME_MAX} bytes",
+                                     field="path")
+    if ".." in parts:
+        raise InvalidArgument(f"path: {path!r} may not contain '..'", field="path")
+    if any("\0" in part for part in parts):
+        raise InvalidArgument("path: may not contain NUL", field="path")
+    return parts
 
 
 def workspace_path(value: Any, field_name: str, what: str) -> str:

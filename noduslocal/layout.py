@@ -1,5 +1,5 @@
 """Where a job lives on disk (its directory, kept workspace and one directory per attempt,
-volumes, stored blobs), made with the owner's rights; and the owner's account details.
+volumes, stored blobs), made with the owner's rights.
 """
 
 from __future__ import annotations
@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import time
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from noduslocal.accounts import account
 from noduslocal.blobs import BlobStore
 from noduslocal.job_paths import in_workspace
 from noduslocal.models import JobRecord
@@ -49,33 +48,6 @@ def failure_cause(stderr: str, code: int) -> str:
         return f"exit status {code}"
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
     return lines[0] + more
-
-
-@lru_cache(maxsize=256)
-def account(uid: int, name: str, gid: int) -> tuple[str, str, list[int]]:
-    """Home, shell and groups of a job's owner; each lookup reads /etc/passwd and
-    /etc/group, so they are cached (the daemon clears this with the identity caches).
-    An owner without a passwd entry gets no groups but its own gid."""
-    try:
-        entry = pwd.getpwuid(uid)
-    except KeyError:
-        return "/", "/bin/sh", [gid]
-    try:
-        groups = os.getgrouplist(entry.pw_name, gid)
-    except OSError:
-        groups = [gid]
-    del name  # part of the cache key: a renamed user is looked up afresh
-    return entry.pw_dir, entry.pw_shell, groups
-
-
-@lru_cache(maxsize=1024)
-def user_name(uid: int) -> str:
-    """The login name of `uid` (`uid1234` where it has none), as jobs record their owner;
-    cached, and cleared with the identity caches."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid{uid}"
 
 
 class WorkspaceFailed(RuntimeError):

@@ -13,7 +13,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from noduslocal.workspace import CONTAINER_ROOT, DIR_FLAGS
+from noduslocal.job_paths import CONTAINER_ROOT
+from noduslocal.workspace import DIR_FLAGS
 
 METRICS_FILE = ".nodus-metrics.jsonl"  # in the workspace
 ENV = "NODUS_METRICS_FILE"

@@ -142,6 +142,19 @@ class CreateRequest:
     secrets: list[SecretRef] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Collected:
+    """One declared output as collected after an attempt (the outputs table's row)."""
+
+    name: str
+    path: str
+    kind: str  # "file" or "dir" (a tar)
+    size: int
+    sha256: str
+    skipped: str | None = None  # why it was left out of the store
+    index: int = -1  # an indexed job's index that left it; -1 for an ordinary job
+
+
 @dataclass
 class JobRecord:
     """One row of the jobs table, as the daemon holds it."""

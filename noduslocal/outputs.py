@@ -15,20 +15,11 @@ from pathlib import Path
 
 from noduslocal import errors
 from noduslocal.blobs import BlobStore, HashingWriter, OverLimit
-from noduslocal.workspace import DIR_FLAGS, components, open_parent
+from noduslocal.job_paths import components
+from noduslocal.models import Collected
+from noduslocal.workspace import DIR_FLAGS, open_parent
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-@dataclass(frozen=True)
-class Collected:
-    name: str
-    path: str
-    kind: str  # "file" or "dir" (a tar)
-    size: int
-    sha256: str
-    skipped: str | None = None  # why it was left out of the store
-    index: int = -1  # an indexed job's index that left it; -1 for an ordinary job
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
+from noduslocal.accounts import account
 from noduslocal.blobs import BlobStore, HashingWriter
 from noduslocal.job_paths import in_workspace
-from noduslocal.layout import DEFAULT_PATH, account, failure_cause
+from noduslocal.layout import DEFAULT_PATH, failure_cause
 from noduslocal.metrics import METRICS_FILE
 from noduslocal.models import JobRecord
 

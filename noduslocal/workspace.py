@@ -14,29 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import errors
+from noduslocal.job_paths import components
 from noduslocal.timefmt import iso
 
-CONTAINER_ROOT = "/workspace"  # the same paths work for jobs that see it mounted there
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-PATH_MAX = 4095  # bytes of a path, and of one name in it (Linux)
-NAME_MAX = 255
-
-
-def components(path: str) -> list[str]:
-    """The workspace-relative parts of PATH ('', '.', 'a/b', '/workspace/a/b')."""
-    if path == CONTAINER_ROOT or path.startswith(CONTAINER_ROOT + "/"):
-        path = path[len(CONTAINER_ROOT):]
-    if len(path.encode(errors="replace")) > PATH_MAX:
-        raise errors.InvalidArgument(f"path: longer than {PATH_MAX} bytes", field="path")
-    parts = [part for part in path.split("/") if part not in ("", ".")]
-    if any(len(part.encode(errors="replace")) > NAME_MAX for part in parts):
-        raise errors.InvalidArgument(f"path: a name longer than {NAME_MAX} bytes",
-                                     field="path")
-    if ".." in parts:
-        raise errors.InvalidArgument(f"path: {path!r} may not contain '..'", field="path")
-    if any("\0" in part for part in parts):
-        raise errors.InvalidArgument("path: may not contain NUL", field="path")
-    return parts
 
 
 def open_parent(root: Path, parts: list[str]) -> int:

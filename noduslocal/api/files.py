@@ -12,6 +12,7 @@ from aiohttp import web
 from noduslocal import errors, workspace
 from noduslocal.api.jobs import lookup, require_control
 from noduslocal.api.services import SERVICES, start_stream
+from noduslocal.job_paths import components
 from noduslocal.states import TERMINAL
 
 routes = web.RouteTableDef()
@@ -41,7 +42,7 @@ async def job_workspace(request: web.Request) -> tuple[Path, int]:
 async def list_response(request: web.Request, root: Path) -> web.Response:
     path = request.query.get("path", "")
     entries = await asyncio.to_thread(workspace.list_path, root, path)
-    return web.json_response({"path": "/".join(workspace.components(path)),
+    return web.json_response({"path": "/".join(components(path)),
                               "entries": entries})
 
 

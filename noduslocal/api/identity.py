@@ -14,7 +14,7 @@ from functools import lru_cache
 from aiohttp import web
 
 from noduslocal import errors
-from noduslocal.layout import user_name
+from noduslocal.accounts import user_name
 from noduslocal.store.jobs import Owner
 
 

@@ -13,8 +13,9 @@ import sys
 import time
 
 from noduslocal import errors
+from noduslocal.accounts import user_name
 from noduslocal.config import Settings
-from noduslocal.layout import JobLayout, user_name
+from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.disk import allocated
 from noduslocal.models import UserUsage
 from noduslocal.states import TERMINAL

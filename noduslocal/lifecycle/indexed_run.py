@@ -22,8 +22,7 @@ from typing import Any
 from noduslocal.layout import JobLayout
 from noduslocal.lifecycle.attempt import Attempt
 from noduslocal.lifecycle.stops import Stopper
-from noduslocal.models import JobRecord
-from noduslocal.outputs import Collected
+from noduslocal.models import Collected, JobRecord
 from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted
 from noduslocal.runtime.base import (
     Launch,

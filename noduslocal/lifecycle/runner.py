@@ -25,8 +25,8 @@ from noduslocal.lifecycle.gang_logs import LogMerger
 from noduslocal.lifecycle.indexed_run import IndexedRun
 from noduslocal.lifecycle.outcomes import outcome_of, retry_pause
 from noduslocal.lifecycle.stops import Stopper
-from noduslocal.models import JobRecord
-from noduslocal.outputs import Collected, OutputLimits
+from noduslocal.models import Collected, JobRecord
+from noduslocal.outputs import OutputLimits
 from noduslocal.outputs import collect as collect_output
 from noduslocal.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.runtime.base import (

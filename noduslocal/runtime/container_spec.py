@@ -12,11 +12,12 @@ from typing import Any
 from docker.types import DeviceRequest, LogConfig, Mount
 
 from noduslocal import metrics
+from noduslocal.accounts import account
 from noduslocal.config import Settings
-from noduslocal.layout import JobLayout, account
+from noduslocal.job_paths import CONTAINER_ROOT
+from noduslocal.layout import JobLayout
 from noduslocal.models import JobRecord
 from noduslocal.runtime.launchers import RankPlan
-from noduslocal.workspace import CONTAINER_ROOT
 
 LABEL = "io.noduslocal"
 DEFAULT_SHM = 8 * 2**30

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import metrics
-from noduslocal.layout import DEFAULT_PATH, JobLayout, account
+from noduslocal.accounts import account
+from noduslocal.layout import DEFAULT_PATH, JobLayout
 from noduslocal.models import JobRecord
 from noduslocal.runtime.launchers import RankPlan
 

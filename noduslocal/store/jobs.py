@@ -15,6 +15,7 @@ from typing import Any
 
 from noduslocal import errors
 from noduslocal.models import (
+    Collected,
     CreateRequest,
     Event,
     Handle,
@@ -22,7 +23,6 @@ from noduslocal.models import (
     JobSpec,
     handles_to_json,
 )
-from noduslocal.outputs import Collected
 from noduslocal.states import (
     TERMINAL,
     AttemptPhase,

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from noduslocal.layout import user_name
+from noduslocal.accounts import user_name
 from noduslocal.models import Event
 from noduslocal.states import SWEEP_TERMINAL, Reason
 from noduslocal.store import Store
