@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.job_paths import CONTAINER_ROOT
-from noduslocal.workspace import DIR_FLAGS
 
 METRICS_FILE = ".nodus-metrics.jsonl"  # in the workspace
 ENV = "NODUS_METRICS_FILE"
@@ -33,7 +32,7 @@ def read(workspace: Path, owner_uid: int) -> dict[str, float]:
     """The last value of each numeric key the job reported; {} when it reported none, or
     when the file is a link, not a regular file, or not the owner's."""
     try:
-        root = os.open(workspace, DIR_FLAGS)
+        root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return {}
     try:
