@@ -10,22 +10,22 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # for type checkers; at run time each is imported when first used
     from typing import Any
 
-    from noduslocal import errors
-    from noduslocal.client.job import Distributed, Job
-    from noduslocal.client.mirrors import Client
-    from noduslocal.client.sweep import Sweep
-    from noduslocal.client.view import View
-    from noduslocal.metrics import report
+    from noduslocal.domain import errors
+    from noduslocal.domain.metrics import report
+    from noduslocal.sdk.client import Client
+    from noduslocal.sdk.job import Distributed, Job
+    from noduslocal.sdk.sweep import Sweep
+    from noduslocal.sdk.view import View
 
 __version__ = "0.1.0"
 __all__ = ["Client", "Distributed", "Job", "Sweep", "View", "__version__", "errors",
            "report"]
 # Imported on first use: `import noduslocal` (and every CLI command, which lives in this
 # package) pays for none of the SDK's modules it does not touch.
-_LAZY = {"Client": "noduslocal.client.mirrors", "Distributed": "noduslocal.client.job",
-         "Job": "noduslocal.client.job", "Sweep": "noduslocal.client.sweep",
-         "View": "noduslocal.client.view", "errors": "noduslocal.errors",
-         "report": "noduslocal.metrics"}
+_LAZY = {"Client": "noduslocal.sdk.client", "Distributed": "noduslocal.sdk.job",
+         "Job": "noduslocal.sdk.job", "Sweep": "noduslocal.sdk.sweep",
+         "View": "noduslocal.sdk.view", "errors": "noduslocal.domain.errors",
+         "report": "noduslocal.domain.metrics"}
 
 
 def __getattr__(name: str) -> Any:

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from noduslocal import errors
-from noduslocal.client.api import Client
-from noduslocal.runtime.shim import start_ticks
-from noduslocal.sockets import SOCKET_ENV
+from noduslocal.daemon.runtime.host.shim import start_ticks
+from noduslocal.domain import errors
+from noduslocal.domain.sockets import SOCKET_ENV
+from noduslocal.sdk.api_client import Client
 
 T = TypeVar("T")
 
@@ -73,7 +73,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
-        argv = [sys.executable, "-m", "noduslocal.daemon", "--socket", str(self.socket),
+        argv = [sys.executable, "-m", "noduslocal.daemon.main", "--socket", str(self.socket),
                 "--data-dir", str(self.data_dir), "--log-level", self.log_level]
         if self.cpus is not None:
             argv += ["--cpus", str(self.cpus)]
@@ -158,7 +158,7 @@ class Daemon:
 
     def remove_containers(self) -> None:
         """Force-remove every docker container this daemon created (none without docker)."""
-        from noduslocal.runtime.container_spec import instance_id, job_filter
+        from noduslocal.daemon.runtime.docker.spec import instance_id, job_filter
 
         try:
             import docker

@@ -67,7 +67,7 @@ def _member(cls_name: str, name: str, value: Any) -> str:
 
 def render() -> str:
     import noduslocal
-    from noduslocal import errors
+    from noduslocal.domain import errors
 
     out = [HEAD]
     for name in sorted(noduslocal.__all__):

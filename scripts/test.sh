@@ -75,7 +75,7 @@ log "installing noduslocal and its test extra into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >.venv/pip.log 2>&1 \
     || { cat .venv/pip.log; exit 1; }
 log "building the compiled shim (host jobs' per-attempt supervisor)"
-.venv/bin/python -m noduslocal.runtime.compiled_shim >/dev/null
+.venv/bin/python -m noduslocal.daemon.runtime.host.compiled_shim >/dev/null
 
 log "ruff"
 .venv/bin/ruff check noduslocal tests scripts

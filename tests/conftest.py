@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from noduslocal import testing
-from noduslocal.sockets import SOCKET_ENV
+from noduslocal.domain.sockets import SOCKET_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 from tests.conftest import run_cli
 
 

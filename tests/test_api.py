@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 
 class Raw(http.client.HTTPConnection):
@@ -199,7 +200,7 @@ def test_info_reports_capacity_and_caller(daemon: testing.Daemon) -> None:
 def test_openapi_document_matches_the_routes(daemon: testing.Daemon) -> None:
     from aiohttp.web import RouteDef
 
-    from noduslocal.api.app import route_tables
+    from noduslocal.daemon.api.app import route_tables
 
     status, doc = raw(daemon, "GET", "/v1/openapi.json")
     assert status == 200

@@ -24,10 +24,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 DOC: dict[str, Any] = json.loads(
-    resources.files("noduslocal.api").joinpath("openapi.json").read_text())
+    resources.files("noduslocal.daemon.api").joinpath("openapi.json").read_text())
 
 # Long polls answer within max_wait_poll whatever `timeout` asks, so no example waits
 # long; nothing is pulled from a registry (none answers here); two simulated GPUs give the

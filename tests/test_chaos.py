@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.client.api import Client
-from noduslocal.states import TERMINAL
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.domain.states import TERMINAL
+from noduslocal.sdk.api_client import Client
 from tests.conftest import BUSYBOX
 from tests.test_containers import ours
 from tests.test_disk_full import free_bytes, health, job_pid, tmpfs

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")

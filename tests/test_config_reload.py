@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from noduslocal import config_reload, testing
-from noduslocal.config import _TOML_KEYS, LIVE, TOML_NAME, Settings, load_settings
-from noduslocal.config_reload import ConfigReloader, _line_of
+from noduslocal import testing
+from noduslocal.daemon.config import reload as config_reload
+from noduslocal.daemon.config.reload import ConfigReloader, _line_of
+from noduslocal.daemon.config.settings import _TOML_KEYS, LIVE, TOML_NAME, Settings, load_settings
 from tests.conftest import run_cli
 
 DEFAULT_CONFIG = resources.files("noduslocal").joinpath("default_config.toml").read_text()

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.client.transport import Transport
-from noduslocal.client.wire import _connect_through_a_full_queue
-from noduslocal.log_limit import RepeatLimit
+from noduslocal import testing
+from noduslocal.daemon.log_limit import RepeatLimit
+from noduslocal.domain import errors
+from noduslocal.sdk.transport import Transport
+from noduslocal.sdk.wire import _connect_through_a_full_queue
 from tests.conftest import run_cli
 
 NOBODY = 65534

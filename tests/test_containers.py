@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
-from noduslocal.runtime.container_exec import exec_in_container
-from noduslocal.runtime.container_spec import instance_id, job_filter
-from noduslocal.states import Phase, Reason
+from noduslocal import testing
+from noduslocal.daemon.runtime.docker.execute import exec_in_container
+from noduslocal.daemon.runtime.docker.spec import instance_id, job_filter
+from noduslocal.domain import errors
+from noduslocal.domain.states import Phase, Reason
 from tests.conftest import BUSYBOX, PYTHON_IMAGE, run_cli
 
 pytestmark = pytest.mark.usefixtures("docker_client")

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
-from noduslocal.states import Phase
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.domain.states import Phase
 from tests.conftest import BUSYBOX, PYTHON_IMAGE
 
 pytestmark = pytest.mark.usefixtures("docker_client")

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from noduslocal.runtime.container_spec import LABEL, instance_id, job_filter
-from noduslocal.states import Phase
+from noduslocal.daemon.runtime.docker.spec import LABEL, instance_id, job_filter
+from noduslocal.domain.states import Phase
 from tests.conftest import BUSYBOX
 from tests.test_multiuser import (
     ALICE,

@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.client.api import Client
-from noduslocal.sockets import SOCKET_ENV
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.domain.sockets import SOCKET_ENV
+from noduslocal.sdk.api_client import Client
 from noduslocal.testing import process_gone as gone
 from noduslocal.testing import wait_until
 
@@ -58,7 +59,7 @@ def healthy(c: Client) -> bool:
 
 
 def run_daemon(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "noduslocal.daemon", *argv],
+    return subprocess.run([sys.executable, "-m", "noduslocal.daemon.main", *argv],
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 

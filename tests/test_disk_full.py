@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.store import Store
+from noduslocal import testing
+from noduslocal.daemon.store import Store
+from noduslocal.domain import errors
 from noduslocal.testing import wait_until
 from tests.conftest import BUSYBOX
 

@@ -23,8 +23,8 @@ import pathspec
 import pytest
 
 from noduslocal import testing
-from noduslocal.client import extract
-from noduslocal.sockets import SOCKET_ENV
+from noduslocal.domain.sockets import SOCKET_ENV
+from noduslocal.sdk import extract
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -219,7 +219,7 @@ def test_a_hostile_archive_on_this_python(tmp_path: Path, box: Path,
 
 UNPACK = """
 import json, sys, tarfile, warnings
-from noduslocal.client.extract import extract
+from noduslocal.sdk.extract import extract
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     with tarfile.open(sys.argv[1]) as tar:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from noduslocal import testing
-from noduslocal.sockets import SOCKET_ENV
+from noduslocal.domain.sockets import SOCKET_ENV
 from tests.conftest import run_cli
 
 
@@ -67,6 +67,6 @@ def test_the_daemon_log_names_jobs_and_users(chatty: testing.Daemon) -> None:
     lines = d.log().splitlines()
     assert "<6>INFO noduslocal.jobs: Succeeded (Completed) job=root/told" in lines
     requests = [line for line in lines if " request " in f"{line} " and "route=/v1/jobs " in line]
-    assert requests and requests[0].startswith("<7>DEBUG noduslocal.api.app: request user=root "
-                                               "method=")
+    assert requests and requests[0].startswith(
+        "<7>DEBUG noduslocal.daemon.api.app: request user=root method=")
     assert all(line.startswith("<") for line in lines if line and not line.startswith(" "))

@@ -18,8 +18,8 @@ import pytest
 from noduslocal import testing
 from noduslocal.cli import fast
 from noduslocal.cli.job import list_, run
-from noduslocal.sockets import SOCKET_ENV
-from noduslocal.timefmt import iso, parse_iso
+from noduslocal.domain.sockets import SOCKET_ENV
+from noduslocal.domain.timefmt import iso, parse_iso
 from tests.conftest import run_cli
 
 CLICK_ONLY = [sys.executable, "-c", "from noduslocal.cli.root import main; main()"]
@@ -204,7 +204,7 @@ def test_wire_json_is_jsons() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from noduslocal.client import wire_json
+    from noduslocal.sdk import wire_json
 
     values = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

@@ -20,11 +20,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.client.api import Client
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.domain.timefmt import parse_iso
+from noduslocal.sdk.api_client import Client
 from noduslocal.testing import process_gone as gone
 from noduslocal.testing import wait_until
-from noduslocal.timefmt import parse_iso
 
 T = TypeVar("T")
 TERMINAL = {"Succeeded", "Failed", "Cancelled"}

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from noduslocal import errors
-from noduslocal.gang import Gang, parse_gang
-from noduslocal.gpu.model import NVLINK, Gpu, Inventory
-from noduslocal.gpu.request import GpuRequest
-from noduslocal.runtime.launchers import RankPlan
-from noduslocal.scheduler.capacity import Request
-from noduslocal.scheduler.gang_estimate import gang_topology
-from noduslocal.scheduler.gpus import GpuPool
+from noduslocal.daemon.gpus.model import NVLINK, Gpu, Inventory
+from noduslocal.daemon.runtime.launchers import RankPlan
+from noduslocal.daemon.scheduler.capacity import Request
+from noduslocal.daemon.scheduler.gang_estimate import gang_topology
+from noduslocal.daemon.scheduler.gpus import GpuPool
+from noduslocal.domain import errors
+from noduslocal.domain.gang import Gang, parse_gang
+from noduslocal.domain.gpu_request import GpuRequest
 
 GiB = 2**30
 

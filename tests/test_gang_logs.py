@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from noduslocal import testing
-from noduslocal.client.api import Client
-from noduslocal.lifecycle.gang_logs import OFFSETS, LogMerger, merged_path
-from noduslocal.runtime.base import rank_dir
-from noduslocal.runtime.shim import EXIT
+from noduslocal.daemon.jobs.gang_logs import OFFSETS, LogMerger, merged_path
+from noduslocal.daemon.runtime.base import rank_dir
+from noduslocal.daemon.runtime.host.shim import EXIT
+from noduslocal.sdk.api_client import Client
 from noduslocal.testing import wait_until
 from tests.conftest import run_cli
 

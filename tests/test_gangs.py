@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
-from noduslocal.client.api import Client
-from noduslocal.gang import Gang
-from noduslocal.layout import JobLayout
-from noduslocal.runtime.container_spec import LABEL, instance_id, job_filter
-from noduslocal.runtime.launchers import RankPlan
-from noduslocal.states import TERMINAL
+from noduslocal import testing
+from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.runtime.docker.spec import LABEL, instance_id, job_filter
+from noduslocal.daemon.runtime.launchers import RankPlan
+from noduslocal.domain import errors
+from noduslocal.domain.gang import Gang
+from noduslocal.domain.states import TERMINAL
+from noduslocal.sdk.api_client import Client
 from noduslocal.testing import wait_until
 from tests.conftest import PYTHON_IMAGE, run_cli
 

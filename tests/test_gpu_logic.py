@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noduslocal import errors
-from noduslocal.gpu import simulated
-from noduslocal.gpu.model import NVLINK, Gpu, GpuProcess, Inventory, job_env, model_of
-from noduslocal.gpu.request import GpuRequest, parse_gpu
-from noduslocal.scheduler.gpus import GpuPool
-from noduslocal.scheduler.queue import Capacity, Queue, Request
+from noduslocal.daemon.gpus import simulated
+from noduslocal.daemon.gpus.model import NVLINK, Gpu, GpuProcess, Inventory, job_env, model_of
+from noduslocal.daemon.scheduler.gpus import GpuPool
+from noduslocal.daemon.scheduler.queue import Capacity, Queue, Request
+from noduslocal.domain import errors
+from noduslocal.domain.gpu_request import GpuRequest, parse_gpu
 
 GiB = 2**30
 

@@ -17,8 +17,9 @@ import pytest
 from nvml_standin.build import build_or_skip, sample_state, write_state
 
 import noduslocal as nodus
-from noduslocal import errors, testing
-from noduslocal.states import Phase, Reason
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.domain.states import Phase, Reason
 from tests.conftest import BUSYBOX, run_cli
 
 
@@ -131,7 +132,7 @@ def test_impossible_requests_are_refused_at_create(box: Box) -> None:
 @pytest.mark.usefixtures("docker_client")
 def test_container_gpu_without_the_nvidia_runtime_fails_cleanly(
         box: Box, docker_client: Any) -> None:
-    from noduslocal.runtime.container_spec import instance_id, job_filter
+    from noduslocal.daemon.runtime.docker.spec import instance_id, job_filter
 
     job = nodus.Job.run(image=BUSYBOX, command=["true"], gpu=1)
     with pytest.raises(errors.JobFailed):

@@ -7,7 +7,7 @@ Reuses the users and the world-readable library copy of test_multiuser (its modu
 `box` fixture); each test gets its own GPU daemon, so that no earlier test's GPU-hours
 weigh in the fair share. Needs root; skipped otherwise, failed under CI.
 
-The scheduler's rules (noduslocal/scheduler/queue.py) that the first test relies on: order
+The scheduler's rules (noduslocal/daemon/scheduler/queue.py) that the first test relies on: order
 by priority, interruptible last, then the user's decayed GPU-hours (running time included),
 then submission; the first job that does not fit is the head, and behind it starts only what
 takes nothing the head waits for, or what by its expected_duration ends before the head's
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from noduslocal import testing
-from noduslocal.states import TERMINAL, Phase
+from noduslocal.domain.states import TERMINAL, Phase
 from tests.test_multiuser import ALICE, BOB, DEADLINE, Box, box
 
 __all__ = ["box"]  # the fixture, imported so that pytest finds it in this module

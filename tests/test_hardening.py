@@ -44,8 +44,8 @@ def test_bad_bodies_are_a_400_naming_the_field_and_create_nothing(
 
 def test_arguments_and_environment_over_what_a_process_takes_are_refused() -> None:
     """The API's body limit (1 MiB) is below it; the SDK's own checks are not."""
-    from noduslocal import errors
-    from noduslocal.validation import parse_create
+    from noduslocal.domain import errors
+    from noduslocal.domain.validation import parse_create
 
     with pytest.raises(errors.InvalidArgument, match=r"take .* bytes together") as refused:
         parse_create({"command": ["echo"], "args": ["y" * 100_000] * 12}, regions=("local",))
@@ -154,7 +154,7 @@ def test_execs_are_capped_per_user_with_a_clear_refusal(tmp_path: Path) -> None:
     """One user's long execs filled the pool that other users' container starts needed."""
     import threading
 
-    from noduslocal import errors
+    from noduslocal.domain import errors
 
     d = testing.Daemon(cpus=2, memory="4GiB", config="user_max_execs = 2\n")
     try:

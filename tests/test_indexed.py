@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
-from noduslocal.client.api import Client
-from noduslocal.states import TERMINAL
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.domain.states import TERMINAL
+from noduslocal.sdk.api_client import Client
 from noduslocal.testing import process_gone, wait_until
 from tests.conftest import BUSYBOX, PYTHON_IMAGE, run_cli
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.validation import parse_create
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.domain.validation import parse_create
 
 CONFIG = 'image_pull = false\n'
 DIGITS = "9" * 400

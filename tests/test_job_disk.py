@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 from noduslocal.testing import wait_until
 from tests.conftest import run_cli
 from tests.test_disk_full import tmpfs

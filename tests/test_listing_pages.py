@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.api.lanes import Lanes
+from noduslocal import testing
+from noduslocal.daemon.api.lanes import Lanes
+from noduslocal.domain import errors
 
 CELLS = 2500
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.api import streams
-from noduslocal.client.api import Client
+from noduslocal import testing
+from noduslocal.daemon.api import streams
+from noduslocal.domain import errors
+from noduslocal.sdk.api_client import Client
 from noduslocal.testing import wait_until
 
 LONG = 64 << 20  # one line of 64 MiB, far past what a tail reads

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from noduslocal.errors import InvalidArgument
-from noduslocal.sweeps.expand import GRAMMAR, parse
+from noduslocal.domain.errors import InvalidArgument
+from noduslocal.domain.map_args import GRAMMAR, parse
 
 PARALLEL = shutil.which("parallel")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import noduslocal as nodus
-from noduslocal import metrics, testing
+from noduslocal import testing
+from noduslocal.domain import metrics
 
 
 def write(workspace: Path, *lines: object) -> None:

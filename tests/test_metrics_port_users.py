@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from noduslocal import errors, testing
-from noduslocal.config import load_settings
+from noduslocal import testing
+from noduslocal.daemon.config.settings import load_settings
+from noduslocal.domain import errors
 
 PER_USER = ("noduslocal_queue_length", "noduslocal_user_disk_bytes")
 

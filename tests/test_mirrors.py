@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 
 def test_map_with_a_mapping_is_the_product_of_named_groups(daemon: testing.Daemon) -> None:

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from noduslocal import errors
-from noduslocal.units import parse_cpu, parse_duration, parse_size
-from noduslocal.validation import (
-    JOB_CREATE_FIELDS,
-    parse_create,
-    validate_name,
-)
+from noduslocal.domain import errors
+from noduslocal.domain.units import parse_cpu, parse_duration, parse_size
+from noduslocal.domain.validation import JOB_CREATE_FIELDS, parse_create, validate_name
 
 REGIONS = ("local",)
 
@@ -137,7 +133,7 @@ def test_counts_are_type_exact() -> None:
 def test_create_fields_cover_the_reference_signature() -> None:
     import inspect
 
-    from noduslocal.client.job import Job
+    from noduslocal.sdk.job import Job
 
     sdk = set(inspect.signature(Job.create).parameters)
     assert sdk <= JOB_CREATE_FIELDS

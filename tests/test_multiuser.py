@@ -35,9 +35,9 @@ import pytest
 
 import noduslocal
 from noduslocal import testing
-from noduslocal.client.api import Client
-from noduslocal.sockets import SOCKET_ENV
-from noduslocal.states import TERMINAL, Phase
+from noduslocal.domain.sockets import SOCKET_ENV
+from noduslocal.domain.states import TERMINAL, Phase
+from noduslocal.sdk.api_client import Client
 from noduslocal.testing import wait_until
 
 pytestmark = pytest.mark.root

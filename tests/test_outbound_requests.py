@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.config import load_settings
+from noduslocal import testing
+from noduslocal.daemon.config.settings import load_settings
+from noduslocal.domain import errors
 from tests.conftest import run_cli
 
 ALLOW_LOOPBACK = 'webhook_local_networks = ["127.0.0.1/32"]\n'
@@ -233,7 +234,7 @@ def test_an_allowed_local_registrys_answer_stays_out_of_the_message(
 
 
 def test_the_registry_of_an_image_reference_is_read_as_docker_reads_it() -> None:
-    from noduslocal.container_fields import registry_of
+    from noduslocal.domain.container_fields import registry_of
 
     assert [registry_of(image) for image in (
         "python:3.11", "org/train:v2", "ghcr.io/org/train:v2", "localhost/x",

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 APPARENT = 200 * 2**20
 

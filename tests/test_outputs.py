@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -10,8 +10,9 @@ import json
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
-from noduslocal.config import load_settings
+from noduslocal import testing
+from noduslocal.daemon.config.settings import load_settings
+from noduslocal.domain import errors
 from tests.conftest import run_cli
 
 CONFIG = """

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from noduslocal import testing
-from noduslocal.client import wire
+from noduslocal.sdk import wire
 from tests.conftest import run_cli
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noduslocal.scheduler.queue import Capacity, Queue, Request
+from noduslocal.daemon.scheduler.queue import Capacity, Queue, Request
 
 GiB = 2**30
 

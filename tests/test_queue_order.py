@@ -3,11 +3,11 @@ and backfill that never delays a big job at the head."""
 
 from __future__ import annotations
 
-from noduslocal.gpu import simulated
-from noduslocal.gpu.request import GpuRequest
-from noduslocal.scheduler.fairshare import Ledger
-from noduslocal.scheduler.gpus import GpuPool
-from noduslocal.scheduler.queue import Capacity, Limits, Queue, Request
+from noduslocal.daemon.gpus import simulated
+from noduslocal.daemon.scheduler.fairshare import Ledger
+from noduslocal.daemon.scheduler.gpus import GpuPool
+from noduslocal.daemon.scheduler.queue import Capacity, Limits, Queue, Request
+from noduslocal.domain.gpu_request import GpuRequest
 
 GiB = 2**30
 ALICE, BOB = 1001, 1002
@@ -204,7 +204,7 @@ def test_fair_share_charges_in_any_order_decay_the_same() -> None:
 
 
 def test_a_released_gpu_is_not_busy_with_the_ended_jobs_own_processes() -> None:
-    from noduslocal.gpu.model import GpuProcess
+    from noduslocal.daemon.gpus.model import GpuProcess
 
     pool = GpuPool(simulated.parse("1xH100"))
     gpu = pool.inventory.gpus[0]
@@ -238,8 +238,8 @@ def test_a_victim_does_not_take_back_its_gpu_while_another_still_stops() -> None
 
 
 def test_stop_reasons_that_override_one_under_way() -> None:
-    from noduslocal.lifecycle.outcomes import overrides
-    from noduslocal.states import Reason
+    from noduslocal.daemon.jobs.outcomes import overrides
+    from noduslocal.domain.states import Reason
 
     assert overrides(Reason.CANCELLED, Reason.SUSPENDED)
     assert overrides(Reason.CANCELLED, Reason.PREEMPTED)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal import testing
-from noduslocal.sockets import SOCKET_ENV
+from noduslocal.domain.sockets import SOCKET_ENV
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCK = re.compile(r"^```(sh|python)\n(.*?)^```", re.S | re.M)

@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 
-from noduslocal import errors, testing
-from noduslocal.blobs import BlobStore, HashingWriter
-from noduslocal.config import load_settings
-from noduslocal.store import Store, resources, retention
-from noduslocal.store.migrate import migrate
+from noduslocal import testing
+from noduslocal.daemon.config.settings import load_settings
+from noduslocal.daemon.files.blobs import BlobStore, HashingWriter
+from noduslocal.daemon.store import Store, resources, retention
+from noduslocal.daemon.store.migrate import migrate
+from noduslocal.domain import errors
 from tests.conftest import run_cli
 
 HOUR = 3600.0

@@ -11,16 +11,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from noduslocal.config import load_settings
-from noduslocal.layout import JobLayout
-from noduslocal.lifecycle.coordinator import Lifecycle
-from noduslocal.models import Diagnosis, Handle
-from noduslocal.runtime.attempts import AttemptState, Exited, Vanished
-from noduslocal.runtime.base import LOG_FILES, AttemptRef, Launch, Rank, Runtime
-from noduslocal.runtime.execute import ExecResult
-from noduslocal.states import TERMINAL
-from noduslocal.store import Store, ops
-from noduslocal.validation import parse_create
+from noduslocal.daemon.config.settings import load_settings
+from noduslocal.daemon.coordinator import Lifecycle
+from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.runtime.attempts import AttemptState, Exited, Vanished
+from noduslocal.daemon.runtime.base import LOG_FILES, AttemptRef, Launch, Rank, Runtime
+from noduslocal.daemon.runtime.host.execute import ExecResult
+from noduslocal.daemon.store import Store, ops
+from noduslocal.domain.jobs import Diagnosis, Handle
+from noduslocal.domain.states import TERMINAL
+from noduslocal.domain.validation import parse_create
 
 
 class ListRuntime:

@@ -21,7 +21,8 @@ import pytest
 
 import noduslocal
 import noduslocal as nodus
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 USER = "nlsdkargs"

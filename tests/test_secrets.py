@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 VALUE = "hf_Sup3rS3cretV4lue"

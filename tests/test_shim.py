@@ -16,8 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from noduslocal.runtime import compiled_shim, shim
-from noduslocal.runtime.attempts import (
+from noduslocal.daemon.runtime.attempts import (
     Alive,
     AttemptState,
     Exited,
@@ -27,7 +26,8 @@ from noduslocal.runtime.attempts import (
     read_exit,
     read_pid,
 )
-from noduslocal.runtime.spawner import Spawner, SpawnError
+from noduslocal.daemon.runtime.host import compiled_shim, shim
+from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone
 from tests.test_disk_full import fill_disk as fill
 from tests.test_disk_full import tmpfs

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import noduslocal as nodus
-from noduslocal import errors, testing
-from noduslocal.client.source import pack
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.sdk.source import pack
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -102,7 +103,7 @@ def test_upload_must_match_its_hash(daemon: testing.Daemon, tmp_path: Path) -> N
 
 
 def test_large_sources_need_allow_large(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import noduslocal.client.source as source
+    import noduslocal.sdk.source as source
 
     monkeypatch.setattr(source, "LARGE_SOURCE", 10_000)
     (tmp_path / "big.bin").write_bytes(b"x" * 20_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from noduslocal.states import (
+from noduslocal.domain.states import (
     ATTEMPT_TRANSITIONS,
     TERMINAL,
     TRANSITIONS,
@@ -65,11 +65,11 @@ def test_attempt_ends_are_final() -> None:
 
 
 def test_an_exit_before_the_stop_signal_landed_is_the_jobs_own() -> None:
-    from noduslocal.lifecycle.attempt import Attempt
-    from noduslocal.lifecycle.outcomes import outcome_of
-    from noduslocal.models import JobRecord, JobSpec
-    from noduslocal.runtime.attempts import Exited
-    from noduslocal.scheduler.queue import Request
+    from noduslocal.daemon.jobs.attempt import Attempt
+    from noduslocal.daemon.jobs.outcomes import outcome_of
+    from noduslocal.daemon.runtime.attempts import Exited
+    from noduslocal.daemon.scheduler.queue import Request
+    from noduslocal.domain.jobs import JobRecord, JobSpec
 
     job = JobRecord(id=1, project="p", name="j", owner_uid=0, owner_gid=0, owner="root",
                     phase="Running", spec=JobSpec(command=["true"]), labels={},

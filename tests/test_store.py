@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from noduslocal import errors
-from noduslocal.models import CreateRequest, Event, Handle, JobRecord, JobSpec
-from noduslocal.states import AttemptPhase, IllegalTransition, Phase, Reason
-from noduslocal.store import Store, ops
-from noduslocal.store import rows as records
-from noduslocal.store.migrate import available, migrate, split_statements
+from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import rows as records
+from noduslocal.daemon.store.migrate import available, migrate, split_statements
+from noduslocal.domain import errors
+from noduslocal.domain.jobs import CreateRequest, Event, Handle, JobRecord, JobSpec
+from noduslocal.domain.states import AttemptPhase, IllegalTransition, Phase, Reason
 
-# `noduslocal.store` re-exports the function `migrate`, which shadows the submodule of the
+# `noduslocal.daemon.store` re-exports the function `migrate`, which shadows the submodule of the
 # same name as a package attribute; fetch the module itself to patch `available` on it.
-migrate_module = importlib.import_module("noduslocal.store.migrate")
+migrate_module = importlib.import_module("noduslocal.daemon.store.migrate")
 
 ALICE = ops.Owner(uid=1000, gid=1000, name="alice")
 BOB = ops.Owner(uid=1001, gid=1001, name="bob")

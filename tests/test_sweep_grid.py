@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from noduslocal.errors import InvalidArgument
-from noduslocal.states import (
+from noduslocal.domain.errors import InvalidArgument
+from noduslocal.domain.states import (
     SWEEP_TERMINAL,
     SWEEP_TRANSITIONS,
     IllegalTransition,
     SweepPhase,
     check_sweep_transition,
 )
-from noduslocal.sweeps.grid import Grid, parse_grid
+from noduslocal.domain.sweep_grid import Grid, parse_grid
 
 
 def test_cartesian_product_in_key_order_last_key_fastest() -> None:
@@ -64,7 +64,7 @@ def test_sweep_phases() -> None:
 
 
 def test_errors_are_made_alike_for_clustering() -> None:
-    from noduslocal.sweeps.failures import normalise
+    from noduslocal.daemon.sweeps.failures import normalise
 
     assert normalise("FileNotFoundError: [Errno 2] No such file: /data/shard-0042.jsonl") \
         == "FileNotFoundError: [Errno N] No such file: PATH"
@@ -74,7 +74,7 @@ def test_errors_are_made_alike_for_clustering() -> None:
 
 
 def test_what_a_max_cost_affords() -> None:
-    from noduslocal.lifecycle.sweep_state import affordable
+    from noduslocal.daemon.sweeps.state import affordable
 
     # Nothing ended yet (typical 0): as many as there is room for, while under the limit.
     assert affordable(0.0, [], 0.0, 1.6, room=2, held=10) == 2

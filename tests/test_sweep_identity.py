@@ -89,7 +89,7 @@ def test_the_migration_gives_old_canaries_their_sweep_and_no_one_elses_job() -> 
     stranger's job with the label and a try's name stays nobody's canary."""
     import sqlite3
 
-    from noduslocal.store.migrate import available, migrate, split_statements
+    from noduslocal.daemon.store.migrate import available, migrate, split_statements
 
     conn = sqlite3.connect(":memory:", isolation_level=None)
     for version, _, sql in available()[:21]:

@@ -25,7 +25,7 @@ import pytest
 
 import noduslocal
 from noduslocal import testing
-from noduslocal.sockets import SOCKET_ENV
+from noduslocal.domain.sockets import SOCKET_ENV
 from tests.test_multiuser import SOCKET_GROUP, SYSTEM_PYTHON, _copy_tree, _open_up, _run
 
 USER = "nlwalrec"  # a user of this module's own: other modules' users are never touched
@@ -35,7 +35,7 @@ WAL_HEADER, FRAME_HEADER = 32, 24
 # Run as USER with the library copy: create jobs with the SDK's client and wait for them.
 USER_JOBS = '''
 import json, sys
-from noduslocal.client.api import Client
+from noduslocal.sdk.api_client import Client
 client = Client(sys.argv[1])
 for name, code in json.loads(sys.argv[2]):
     client.create_job({"name": name, "cpu": 0.1, "labels": {"who": "user"},

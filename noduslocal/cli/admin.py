@@ -11,8 +11,8 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.gpus import drain, undrain
 from noduslocal.cli.job import json_option, project_option
-from noduslocal.client.api import Client
-from noduslocal.client.wire import quote
+from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.wire import quote
 
 
 @click.group("admin")

@@ -22,7 +22,7 @@ def daemon(config: Path | None, socket: Path | None, data_dir: Path | None, cpus
            memory: str | None, simulate_gpus: str | None, nvml_library: str | None,
            log_level: str) -> None:
     """Run noduslocald in the foreground."""
-    from noduslocal.daemon import main as daemon_main
+    from noduslocal.daemon.main import main as daemon_main
 
     argv = ["--log-level", log_level]
     for flag, value in (("--config", config), ("--socket", socket), ("--data-dir", data_dir),

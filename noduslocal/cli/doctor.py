@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from noduslocal import errors
-from noduslocal.client.api import Client
+from noduslocal.domain import errors
+from noduslocal.sdk.api_client import Client
 
 # The daemon's defaults; a running daemon says the ones it was configured with.
 USERS, ADMINS = "noduslocal", "noduslocal-admin"

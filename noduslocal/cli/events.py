@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from noduslocal import errors
 from noduslocal.cli.job import project_option
-from noduslocal.client.api import Client
+from noduslocal.domain import errors
+from noduslocal.sdk.api_client import Client
 
 RESUME_WAIT = 1.0  # seconds before a followed stream that ended is opened again
 

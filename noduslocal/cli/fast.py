@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from noduslocal import errors
 from noduslocal.cli.usage import Usage
+from noduslocal.domain import errors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

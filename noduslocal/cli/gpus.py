@@ -10,8 +10,8 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
-from noduslocal.client.api import Client
-from noduslocal.units import fmt_bytes
+from noduslocal.domain.units import fmt_bytes
+from noduslocal.sdk.api_client import Client
 
 
 def _rows(doc: dict[str, Any]) -> list[tuple[Any, ...]]:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from noduslocal.cli.job import project_option
-from noduslocal.client.api import Client
+from noduslocal.sdk.api_client import Client
 
 
 def matches(path: str, pattern: str) -> bool:

@@ -9,13 +9,13 @@ from typing import Any
 
 import click
 
-from noduslocal import errors
 from noduslocal.cli import job_actions, output
 from noduslocal.cli.usage import as_click
-from noduslocal.client.api import Client
-from noduslocal.gang import LAUNCHERS, TRANSPORTS
-from noduslocal.states import TERMINAL, Phase
-from noduslocal.units import parse_duration
+from noduslocal.domain import errors
+from noduslocal.domain.gang import LAUNCHERS, TRANSPORTS
+from noduslocal.domain.states import TERMINAL, Phase
+from noduslocal.domain.units import parse_duration
+from noduslocal.sdk.api_client import Client
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import sys
 
-from noduslocal import errors
 from noduslocal.cli.export import exported, pairs
 from noduslocal.cli.usage import Usage
+from noduslocal.domain import errors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from noduslocal.client.api import Client
+    from noduslocal.sdk.api_client import Client
 
 # `job run` values that go into the body under the same name when given.
 _PLAIN = ("name", "project", "cpu", "memory", "disk", "timeout", "workdir", "image",
@@ -29,7 +29,7 @@ _GANG = ("nodes", "gpus_per_node", "launcher", "transport", "startup_timeout")
 
 
 def exit_code(job: dict[str, Any]) -> int:
-    from noduslocal.states import Phase
+    from noduslocal.domain.states import Phase
 
     if job["phase"] == Phase.SUCCEEDED:
         return 0
@@ -41,7 +41,7 @@ def run_body(o: dict[str, Any]) -> dict[str, Any]:
     """The create body `job run` sends for its options O; every refusal of the command line
     is raised here, as `Usage`, before anything reaches the daemon."""
     if o["timeout"] is not None:
-        from noduslocal.units import parse_duration
+        from noduslocal.domain.units import parse_duration
 
         try:
             parse_duration(o["timeout"], "timeout")
@@ -95,7 +95,7 @@ def run(o: dict[str, Any]) -> int:
     """`job run`: submit, then (unless detached) stream the log and return the job's exit
     code. Raises `Usage` only before anything is sent."""
     body = run_body(o)
-    from noduslocal.client.api import Client
+    from noduslocal.sdk.api_client import Client
 
     client = Client()
     if o["uploads"]:
@@ -141,7 +141,7 @@ def run(o: dict[str, Any]) -> int:
 def _replace(client: Client, name: str, project: str | None) -> None:
     """Make the name free: the job that has it is cancelled (and waited for) if it has
     not ended, then removed."""
-    from noduslocal.states import TERMINAL
+    from noduslocal.domain.states import TERMINAL
 
     try:
         old = client.get_job(name, project)
@@ -157,7 +157,7 @@ def list_jobs(o: dict[str, Any]) -> int:
     """`job list`: everyone's jobs as a table, or JSON."""
     phases = None
     if o["phases"]:  # the enum costs an unfiltered listing a millisecond
-        from noduslocal.states import Phase
+        from noduslocal.domain.states import Phase
 
         by_lower = {p.value.lower(): p.value for p in Phase}
         unknown = [x for x in o["phases"] if x.lower() not in by_lower]
@@ -167,7 +167,7 @@ def list_jobs(o: dict[str, Any]) -> int:
         phases = [by_lower[x.lower()] for x in o["phases"]]
     labels = pairs(o["labels"], "--label")
     from noduslocal.cli import output
-    from noduslocal.client.api import Client
+    from noduslocal.sdk.api_client import Client
 
     jobs = Client().list_jobs(phases=phases,
                               owner=o["owner"], project=o["project"], labels=labels,

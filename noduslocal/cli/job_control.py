@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 
-from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.cli.job import job, json_option, project_option
-from noduslocal.client.api import Client
-from noduslocal.states import TERMINAL, Phase
-from noduslocal.units import parse_duration
+from noduslocal.domain import errors
+from noduslocal.domain.states import TERMINAL, Phase
+from noduslocal.domain.units import parse_duration
+from noduslocal.sdk.api_client import Client
 
 
 def _act(doc: dict[str, Any], as_json: bool, said: Callable[[dict[str, Any]], str]) -> None:

@@ -15,7 +15,7 @@ from noduslocal.cli import output
 from noduslocal.cli.export import exported, pairs
 from noduslocal.cli.job import json_option, project_option
 from noduslocal.cli.usage import as_click
-from noduslocal.sweeps import expand
+from noduslocal.domain import map_args as expand
 
 CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 
@@ -83,7 +83,7 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
         for task in tasks.tasks():
             click.echo(shlex.join(task.argv))
         return
-    from noduslocal.client.api import Client
+    from noduslocal.sdk.api_client import Client
 
     client = Client()
     template: dict[str, Any] = {}

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from noduslocal.timefmt import parse_iso
+from noduslocal.domain.timefmt import parse_iso
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

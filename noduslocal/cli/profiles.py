@@ -8,7 +8,7 @@ import json
 import click
 
 from noduslocal.cli.job import json_option
-from noduslocal.client.api import Client
+from noduslocal.sdk.api_client import Client
 
 
 @click.command("profiles")

@@ -6,7 +6,7 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
-from noduslocal.client.api import Client
+from noduslocal.sdk.api_client import Client
 
 
 @click.command("queue")

@@ -7,8 +7,8 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
-from noduslocal.client.api import Client
-from noduslocal.units import fmt_bytes, fmt_duration
+from noduslocal.domain.units import fmt_bytes, fmt_duration
+from noduslocal.sdk.api_client import Client
 
 GC_TIMEOUT = 3600.0  # a pass over a large data dir walks every directory it removes
 

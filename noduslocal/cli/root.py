@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from noduslocal import errors
+from noduslocal.domain import errors
 
 # Each command's module is imported only when that command runs: `job run` is on the
 # submit path, and the others' imports cost it milliseconds (measured: 16 -> 21 ms).

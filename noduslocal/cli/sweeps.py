@@ -12,8 +12,8 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.harvest import harvest
 from noduslocal.cli.job import json_option, project_option
-from noduslocal.client.api import Client
-from noduslocal.states import SWEEP_TERMINAL, SweepPhase
+from noduslocal.domain.states import SWEEP_TERMINAL, SweepPhase
+from noduslocal.sdk.api_client import Client
 
 WATCH_EVERY = 1.0  # seconds between repaints of `status --watch`
 PHASES = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed", "Cancelled")
@@ -169,7 +169,7 @@ def _wait_with_progress(client: Client, name: str, project: str | None,
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from noduslocal import errors
+    from noduslocal.domain import errors
 
     deadline = None if timeout is None else time.monotonic() + timeout
     doc = client.get_sweep(name, project)

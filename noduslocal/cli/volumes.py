@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from noduslocal import errors
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
-from noduslocal.client.api import Client
+from noduslocal.domain import errors
+from noduslocal.sdk.api_client import Client
 
 
 @click.group()

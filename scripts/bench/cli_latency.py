@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import summary_ms, table
 
-from noduslocal import errors, testing
+from noduslocal import testing
+from noduslocal.domain import errors
 
 REPO = Path(__file__).resolve().parents[2]
 def regular_install(where: Path) -> tuple[str, str]:

@@ -44,7 +44,7 @@ from common import pct, table
 
 import noduslocal as nodus
 from noduslocal import testing
-from noduslocal.models import parse_iso
+from noduslocal.domain.jobs import parse_iso
 
 IMAGE = "noduslocal-test/busybox:1"
 COMMAND = ["true"]

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table
 
 from noduslocal import testing
-from noduslocal.runtime.base import LOG_FILES, rank_dir
+from noduslocal.daemon.runtime.base import LOG_FILES, rank_dir
 
 PREFIX = len(b"[r0] ")  # the prefix of every merged line (ranks 0-9)
 

@@ -4,7 +4,7 @@ user (root) while a second Unix user (nlbench, made here) times its own small re
     python scripts/bench/isolation.py [listings|all] [CELLS]     # as root
     cd OLD && PYTHONPATH=OLD python /path/to/isolation.py ...     # the code before
 
-(`python -m noduslocal.daemon` puts its working directory first on the path, so the old
+(`python -m noduslocal.daemon.main` puts its working directory first on the path, so the old
 code's daemon runs only from the old checkout's directory.)
 
 `listings`: a sweep of CELLS cells (100,000) and six readers each paging through
@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import summary_ms, table
 
 import noduslocal
-from noduslocal import errors, testing
-from noduslocal.client.api import Client
+from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.sdk.api_client import Client
 
 USER, GROUP = "nlbench", "noduslocal"
 READERS, TAILERS = 6, 10

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import summary_ms, table
 
-from noduslocal.store import retention
-from noduslocal.store.migrate import migrate
+from noduslocal.daemon.store import retention
+from noduslocal.daemon.store.migrate import migrate
 
 DAY = 86400.0
 

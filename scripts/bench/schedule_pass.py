@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import pct, table
 
-from noduslocal.gpu import simulated
-from noduslocal.gpu.request import GpuRequest
-from noduslocal.scheduler.fairshare import Ledger
-from noduslocal.scheduler.gpus import GpuPool
-from noduslocal.scheduler.queue import Capacity, Limits, Queue, Request
+from noduslocal.daemon.gpus import simulated
+from noduslocal.daemon.scheduler.fairshare import Ledger
+from noduslocal.daemon.scheduler.gpus import GpuPool
+from noduslocal.daemon.scheduler.queue import Capacity, Limits, Queue, Request
+from noduslocal.domain.gpu_request import GpuRequest
 
 GiB = 2**30
 

@@ -1,0 +1,315 @@
+"""Job resources: create, get, list, cancel, wait (a server-side long poll) and attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import pwd
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from noduslocal.daemon.api import lanes
+from noduslocal.daemon.api.body import parse as parse_body
+from noduslocal.daemon.api.identity import Caller
+from noduslocal.daemon.api.lanes import PAGE
+from noduslocal.daemon.api.services import SERVICES
+from noduslocal.domain import errors
+from noduslocal.domain.jobs import JobRecord
+from noduslocal.domain.states import TERMINAL, Phase
+from noduslocal.domain.units import parse_duration
+from noduslocal.domain.validation import SQL_INT_MAX, parse_create, validate_name
+
+routes = web.RouteTableDef()
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+EXEC_TIMEOUT = 300.0  # seconds an exec may run unless the request says otherwise
+EXEC_TIMEOUT_MAX = 24 * 3600.0
+
+
+def job_doc(request: web.Request, job: JobRecord, detail: bool = True) -> dict[str, Any]:
+    caller: Caller = request["caller"]
+    lifecycle = request.app[SERVICES].lifecycle
+    doc = job.to_wire(lifecycle.hold(job.id), redact=not caller.may_control(job.owner_uid),
+                      running_cost=lifecycle.running_cost(job.id),
+                      live_metrics=lifecycle.running_metrics(job.id))
+    if not detail:  # a listing: no file is read per job
+        return doc
+    if (ranks := lifecycle.rank_view(job)) is not None:
+        doc["ranks"] = ranks
+    if (indexes := lifecycle.index_view(job)) is not None:
+        doc["indexes"] = indexes
+    return doc
+
+
+def job_response(request: web.Request, job: JobRecord, status: int = 200) -> web.Response:
+    return web.json_response(job_doc(request, job), status=status)
+
+
+def project_of(request: web.Request) -> str:
+    caller: Caller = request["caller"]
+    project = request.query.get("project")
+    return caller.name if project is None else validate_name(project, "project")
+
+
+async def lookup(request: web.Request) -> JobRecord:
+    services = request.app[SERVICES]
+    name = request.match_info["name"]
+    project = project_of(request)
+    job = await services.store.job(project, name)
+    if job is None:
+        raise errors.NotFound(f"job {name!r} not found in project {project!r}")
+    caller: Caller = request["caller"]
+    if "project" not in request.query and job.owner_uid != caller.uid:
+        # The caller's own project, named implicitly, holds another user's job (made in
+        # it before the caller's account existed): never resolve that by accident.
+        raise errors.NotFound(
+            f"job {name!r} not found among yours in project {project!r}; the job of that "
+            f"name there is {job.owner}'s (pass --project {project} to look at it)")
+    return job
+
+
+def require_control(request: web.Request, job: JobRecord, action: str) -> None:
+    caller: Caller = request["caller"]
+    caller.require_control(f"job {job.name!r}", job.owner_uid, job.owner, action)
+
+
+def check_project(caller: Caller, project: str | None) -> None:
+    """A project named after a local user is that user's: nobody else may take names in
+    it (and so make that user's own submissions fail, or their lookups find a stranger's
+    job). Admins may."""
+    if project is None or project == caller.name or caller.admin:
+        return
+    try:
+        pwd.getpwnam(project)
+    except KeyError:
+        return
+    raise errors.PermissionDenied(
+        f"project: {project!r} belongs to the user of that name; use your own or another")
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    """The create's Idempotency-Key: 1 to 200 characters of UTF-8 text. aiohttp decodes
+    other header bytes to lone surrogates, which the store could never hold."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: not valid UTF-8",
+                                     field=IDEMPOTENCY_HEADER) from None
+    if not 0 < len(key) <= 200:
+        raise errors.InvalidArgument(f"{IDEMPOTENCY_HEADER}: 1 to 200 characters",
+                                     field=IDEMPOTENCY_HEADER)
+    return key
+
+
+@routes.post("/v1/jobs")
+async def create_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    raw = await request.read()
+    body_value: Any = parse_body(raw)
+    req = parse_create(body_value, regions=(services.settings.region,),
+                       profiles=services.settings.profiles)
+    check_project(caller, req.project)
+    key = idempotency_key(request)
+    digest = hashlib.sha256(raw).hexdigest() if key is not None else None
+    job, created = await services.lifecycle.create(req, caller.owner, key, digest)
+    return job_response(request, job, 201 if created else 200)
+
+
+@routes.get("/v1/jobs")
+async def list_jobs(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    query = request.query
+    phases = [p for value in query.getall("phase", []) for p in value.split(",") if p]
+    valid = {p.value for p in Phase}
+    for phase in phases:
+        if phase not in valid:
+            raise errors.InvalidArgument(
+                f"phase: {phase!r} is not a phase; use one of {', '.join(sorted(valid))}",
+                field="phase")
+    labels: dict[str, str] = {}
+    for item in query.getall("label", []):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise errors.InvalidArgument(f"label: {item!r} is not KEY=VALUE", field="label")
+        labels[key] = value
+    limit = int_query(request, "limit", PAGE, 1, PAGE) or PAGE
+    before = int_query(request, "before", None, 1, SQL_INT_MAX)
+    project = query.get("project")
+    sweep_id = None
+    if (sweep := query.get("sweep")) is not None:  # the sweep's own jobs, by its id
+        found = await services.store.sweep(project_of(request), validate_name(sweep, "sweep"))
+        if found is None:
+            raise errors.NotFound(f"sweep {sweep!r} not found in project "
+                                  f"{project_of(request)!r}")
+        sweep_id = found.id
+    caller: Caller = request["caller"]
+    async with services.lanes.read(caller.uid, caller.name, "job list"):
+        jobs = await services.store.jobs(
+            phases=phases or None,
+            owner=query.get("owner"),
+            project=None if project is None else validate_name(project, "project"),
+            labels=labels,
+            active_only=not phases and sweep_id is None
+            and query.get("all") not in ("1", "true"),
+            limit=limit + 1, before=before, sweep_id=sweep_id)
+        more = len(jobs) > limit
+        page = jobs[1:] if more else jobs  # the oldest one read only says there is more
+        docs = await lanes.build(page, lambda job: job_doc(request, job, detail=False))
+        body = await lanes.dumps({"jobs": docs, "next": str(page[0].id) if more else None})
+    return web.Response(body=body, content_type="application/json")
+
+
+def int_query(request: web.Request, name: str, default: int | None, low: int,
+               high: int) -> int | None:
+    """An integer query parameter: absent gives `default`, above `high` is cut to it."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.InvalidArgument(f"{name}: expected an integer", field=name) from None
+    if value < low:
+        raise errors.InvalidArgument(f"{name}: expected at least {low}", field=name)
+    return min(value, high)
+
+
+@routes.get("/v1/jobs/{name}")
+async def get_job(request: web.Request) -> web.Response:
+    return job_response(request, await lookup(request))
+
+
+async def _control(request: web.Request, verb: str,
+                   act: Callable[[JobRecord], Awaitable[None]]) -> web.Response:
+    """An owner's (or admin's) action on a job; answers with the job as it is after."""
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, verb)
+    await act(job)
+    fresh = await services.store.job_by_id(job.id)
+    assert fresh is not None
+    return job_response(request, fresh)
+
+
+@routes.delete("/v1/jobs/{name}")
+async def remove_job(request: web.Request) -> web.Response:
+    """An ended job out of listings, its name free for a new job; its record stays for
+    fair share (owner or admin)."""
+    job = await lookup(request)
+    require_control(request, job, "remove")
+    caller: Caller = request["caller"]
+    await request.app[SERVICES].lifecycle.remove(job, caller.name)
+    return web.json_response({"removed": job.name, "project": job.project})
+
+
+@routes.post("/v1/jobs/{name}/cancel")
+async def cancel_job(request: web.Request) -> web.Response:
+    return await _control(request, "cancel", request.app[SERVICES].lifecycle.cancel)
+
+
+@routes.post("/v1/jobs/{name}/suspend")
+async def suspend_job(request: web.Request) -> web.Response:
+    """Stop the job (SIGTERM, grace, SIGKILL) and keep it aside, its workspace and
+    checkpoint kept, until resume."""
+    return await _control(request, "suspend", request.app[SERVICES].lifecycle.suspend)
+
+
+@routes.post("/v1/jobs/{name}/resume")
+async def resume_job(request: web.Request) -> web.Response:
+    return await _control(request, "resume", request.app[SERVICES].lifecycle.resume)
+
+
+def poll_timeout(request: web.Request) -> float:
+    """A long poll's `timeout` query: finite seconds from 0, at most max_wait_poll."""
+    longest = request.app[SERVICES].settings.max_wait_poll
+    text = request.query.get("timeout")
+    try:
+        timeout = longest if text is None else float(text)
+    except ValueError:
+        timeout = math.nan
+    if not math.isfinite(timeout) or timeout < 0:
+        raise errors.InvalidArgument(f"timeout: expected seconds from 0, not {text!r}",
+                                     field="timeout")
+    return min(timeout, longest)
+
+
+@routes.get("/v1/jobs/{name}/wait")
+async def wait_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + poll_timeout(request)
+    job: JobRecord | None = await lookup(request)
+    while job is not None and job.phase not in TERMINAL:
+        change = services.hub.next_change(job.id)
+        # Read again after registering: a commit between the two reads is not missed.
+        job = await services.store.job_by_id(job.id)
+        remaining = deadline - loop.time()
+        if job is None or job.phase in TERMINAL or remaining <= 0:
+            services.hub.forget(job.id if job else 0, change)
+            break
+        try:
+            await asyncio.wait_for(change, remaining)
+        except TimeoutError:
+            services.hub.forget(job.id, change)
+            job = await services.store.job_by_id(job.id)
+            break
+        job = await services.store.job_by_id(job.id)
+    assert job is not None
+    return job_response(request, job)
+
+
+@routes.get("/v1/jobs/{name}/attempts")
+async def job_attempts(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    attempts = await services.store.attempts(job.id)
+    return web.json_response({"attempts": [a.to_wire() for a in attempts]})
+
+
+def _exec_rank(job: JobRecord, body: dict[str, Any]) -> int:
+    """Beside which rank (a gang's) or index (an indexed job's, which needs one)."""
+    key, plural = ("index", "indexes") if job.spec.indexed is not None else ("rank", "ranks")
+    other = "rank" if key == "index" else "index"
+    if other in body:
+        raise errors.InvalidArgument(f"{other}: job {job.name!r} has {plural}; use {key}",
+                                     field=other)
+    if key == "index" and "index" not in body:
+        raise errors.InvalidArgument(f"index: job {job.name!r} is indexed; say beside which "
+                                     "running index", field="index")
+    value = body.get(key, 0)
+    count = (job.spec.indexed.completions if job.spec.indexed is not None
+             else job.spec.gang.nodes if job.spec.gang is not None else 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise errors.InvalidArgument(f"{key}: job {job.name!r} has {plural} 0 to {count - 1}",
+                                     field=key)
+    return value
+
+
+@routes.post("/v1/jobs/{name}/exec")
+async def exec_in_job(request: web.Request) -> web.Response:
+    """Run a command beside a running job, as its owner, with its environment and workdir."""
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, "exec in")
+    body: Any = parse_body(await request.read())
+    if not isinstance(body, dict) or set(body) - {"command", "timeout", "rank", "index"}:
+        raise errors.InvalidArgument('body: expected {"command": [...], "timeout": S, '
+                                     '"rank": N, "index": I}', field="body")
+    rank = _exec_rank(job, body)
+    command = body.get("command")
+    if (not isinstance(command, list) or not command or not command[0]
+            or not all(isinstance(c, str) and "\0" not in c for c in command)):
+        raise errors.InvalidArgument("command: expected a non-empty list of strings",
+                                     field="command")
+    timeout = parse_duration(body.get("timeout", EXEC_TIMEOUT), "timeout")
+    if timeout > EXEC_TIMEOUT_MAX:
+        raise errors.InvalidArgument("timeout: an exec may run 24h at most; start a job for "
+                                     "longer work", field="timeout")
+    result = await services.lifecycle.exec(job, command, timeout, rank)
+    return web.json_response(result.to_wire())

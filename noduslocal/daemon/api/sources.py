@@ -1,0 +1,102 @@
+"""Uploaded sources: the client sends a tar once (by its sha256); jobs name it with
+source={"sha256": ...} and it is unpacked into their workspace before the first attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from aiohttp import web
+
+from noduslocal.daemon.api.files import job_workspace
+from noduslocal.daemon.api.identity import Caller
+from noduslocal.daemon.api.jobs import lookup, require_control
+from noduslocal.daemon.api.services import SERVICES
+from noduslocal.daemon.files import snapshot
+from noduslocal.daemon.files.blobs import HashingWriter
+from noduslocal.daemon.store import resources
+from noduslocal.domain import errors
+from noduslocal.domain.states import TERMINAL
+from noduslocal.domain.validation import SHA256_RE
+from noduslocal.sdk.source import LARGE_SOURCE
+
+routes = web.RouteTableDef()
+ALLOW_LARGE_HEADER = "X-Nodus-Allow-Large"
+HARD_LIMIT = 64 * 1024**3  # bytes; even allow_large_source stops here
+
+
+def source_sha(request: web.Request) -> str:
+    sha = request.match_info["sha256"]
+    if not SHA256_RE.fullmatch(sha):
+        raise errors.InvalidArgument("sha256: expected 64 lowercase hex digits", field="sha256")
+    return sha
+
+
+@routes.get("/v1/sources/{sha256}")
+async def get_source(request: web.Request) -> web.Response:
+    caller: Caller = request["caller"]
+    sha = source_sha(request)
+    now = time.time()
+    size = await request.app[SERVICES].store.write(
+        lambda c: resources.touch_source(c, sha, caller.uid, now))
+    if size is None:
+        raise errors.NotFound(f"you have uploaded no source {sha}")
+    return web.json_response({"sha256": sha, "size": size})
+
+
+@routes.put("/v1/sources/{sha256}")
+async def put_source(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    sha = source_sha(request)
+    limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
+    services.lifecycle.room.require("uploads", caller.uid, caller.name)
+    blobs = services.layout.blobs
+    fd, tmp = blobs.new()
+    writer = HashingWriter(fd)
+    kept = False
+    try:
+        async for chunk in request.content.iter_chunked(1 << 20):
+            if writer.size + len(chunk) > limit:
+                raise errors.PayloadTooLarge(
+                    f"source: more than {limit // 2**20} MiB; pass allow_large_source=True "
+                    "for a larger one", field="source")
+            await asyncio.to_thread(writer.write, chunk)  # disk writes off the event loop
+        if writer.digest.hexdigest() != sha:
+            raise errors.InvalidArgument(f"sha256: the upload hashes to "
+                                         f"{writer.digest.hexdigest()}, not {sha}",
+                                         field="sha256")
+        size, _ = await asyncio.to_thread(blobs.keep, tmp, writer)
+        kept = True
+    finally:
+        if not kept:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+    await blobs.recorded(services.store.write(
+        lambda c: resources.record_source(c, sha, caller.uid, size, time.time())), [sha])
+    return web.json_response({"sha256": sha, "size": size}, status=201)
+
+
+@routes.post("/v1/jobs/{name}/snapshot")
+async def snapshot_job(request: web.Request) -> web.Response:
+    """A finished job's workspace as a source of the caller's (`map --from JOB`), with the
+    job's image and runtime for the tasks that start from it."""
+    services = request.app[SERVICES]
+    caller: Caller = request["caller"]
+    job = await lookup(request)
+    require_control(request, job, "copy the workspace of")
+    if job.phase not in TERMINAL:
+        raise errors.Conflict(f"from: job {job.name!r} is {job.phase}; stop it first "
+                              f"(noduslocal job cancel {job.name}) so its workspace is final",
+                              field="from")
+    services.lifecycle.room.require("uploads", caller.uid, caller.name)
+    root, _ = await job_workspace(request)
+    limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
+    sha, size = await asyncio.to_thread(snapshot.pack, root, job, services.layout.blobs,
+                                        limit)
+    await services.layout.blobs.recorded(services.store.write(
+        lambda c: resources.record_source(c, sha, caller.uid, size, time.time())), [sha])
+    return web.json_response({"sha256": sha, "size": size, "job": job.name,
+                              "image": job.spec.image, "runtime": job.spec.runtime},
+                             status=201)

@@ -1,0 +1,73 @@
+"""Daemon-level resources: health, what this daemon is (version, capacity, who you are) and
+the profiles it offers."""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+
+from aiohttp import web
+
+from noduslocal import __version__
+from noduslocal.daemon.api.identity import Caller
+from noduslocal.daemon.api.services import SERVICES
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/health")
+async def health(request: web.Request) -> web.Response:
+    """200 while the daemon serves; `ok` false and `status` degraded, with each problem in
+    words, while it cannot take new work or record what happens, or after the database
+    lost commits it had acknowledged."""
+    lifecycle = request.app[SERVICES].lifecycle
+    problems = [*lifecycle.disk.problems(), *lifecycle.recovery.lost_problems()]
+    return web.json_response({"ok": not problems,
+                              "status": "degraded" if problems else "ok",
+                              "problems": problems})
+
+
+@routes.get("/v1/info")
+async def info(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    settings = services.settings
+    capacity = services.lifecycle.queue.capacity
+    caller: Caller = request["caller"]
+    return web.json_response({
+        "version": __version__,
+        "pid": os.getpid(),
+        "socket": str(settings.socket),
+        "data_dir": str(settings.data_dir),
+        "region": settings.region,
+        "user_mode": settings.user_mode,
+        "started_at": services.started_at,
+        "capacity": {
+            "cpus": capacity.cpu_m / 1000,
+            "memory": capacity.memory,
+            "cpus_used": capacity.used_cpu_m / 1000,
+            "memory_used": capacity.used_memory,
+        },
+        "queue": {"pending": len(services.lifecycle.queue),
+                  "active": services.lifecycle.active_count()},
+        "groups": {"users": settings.socket_group, "admins": settings.admin_group},
+        "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
+                   "admin": caller.admin},
+        "config": None if services.config is None else services.config.status.to_wire(),
+        # Job directories the database did not know at start: each one for admins, how
+        # many and the caller's own for everyone.
+        "orphans": [o.to_wire() for o in services.lifecycle.orphans] if caller.admin else [],
+        "lost_jobs": services.lifecycle.recovery.lost_view(caller.uid, caller.admin),
+    })
+
+
+@routes.get("/v1/profiles")
+async def profiles(request: web.Request) -> web.Response:
+    """The daemon's presets of Job.create arguments, by name (anyone may read them)."""
+    return web.json_response({"profiles": request.app[SERVICES].settings.profiles})
+
+
+@routes.get("/v1/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    text = resources.files("noduslocal.daemon.api").joinpath("openapi.json").read_text()
+    return web.json_response(json.loads(text))

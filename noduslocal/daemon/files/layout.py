@@ -1,0 +1,254 @@
+"""Where a job lives on disk (its directory, kept workspace and one directory per attempt,
+volumes, stored blobs), made with the owner's rights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from noduslocal.daemon.accounts import account
+from noduslocal.daemon.files.blobs import BlobStore
+from noduslocal.domain.job_paths import in_workspace
+from noduslocal.domain.jobs import JobRecord
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# In each job's directory: the job as the database has it (owner, project, name, spec),
+# so that a job whose rows a damaged database lost can be put back (lifecycle/orphans.py).
+RECORD = "job.json"
+POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
+# Run as the job's owner in its new workspace ($1): $2 = 1 to unpack the tar on stdin,
+# then `d PATH` to make a directory and `l PATH TARGET` to link a volume, relative paths.
+POPULATE = """set -e
+cd -- "$1"
+if [ "$2" = 1 ]; then tar -x --no-same-owner --no-same-permissions -f -; fi
+shift 2
+while [ $# -gt 1 ]; do
+    case "$1" in
+    d) mkdir -p -- "$2"; shift 2 ;;
+    l) mkdir -p -- "$(dirname -- "$2")"; ln -s -- "$3" "$2"; shift 3 ;;
+    *) exit 2 ;;
+    esac
+done
+"""
+
+
+def failure_cause(stderr: str, code: int) -> str:
+    """What a failed tool said first, the cause; its last line is often only tar's
+    "Exiting with failure status due to previous errors"."""
+    lines = [line for line in stderr.strip().splitlines()
+             if line.strip() and "Exiting with failure status" not in line]
+    if not lines:
+        return f"exit status {code}"
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return lines[0] + more
+
+
+class WorkspaceFailed(RuntimeError):
+    """The job's own input could not be laid out (a source that is not a tar, a path its
+    owner may not make): the job's failure, not the daemon's."""
+
+
+class JobLayout:
+    def __init__(self, data_dir: Path) -> None:
+        self.jobs_dir = data_dir / "jobs"
+        self.volumes_dir = data_dir / "volumes"
+        self.blobs = BlobStore(data_dir / "blobs")
+        self._ahead: set[int] = set()  # jobs whose first attempt's directories exist
+
+    def create_root(self) -> None:
+        for directory in (self.jobs_dir, self.volumes_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, 0o711)
+
+    def volume_dir(self, name: str) -> Path:
+        return self.volumes_dir / name
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(job_id)
+
+    def write_record(self, job: JobRecord) -> None:
+        """The job's record in its directory (readable by root alone: its spec may carry
+        tokens in its environment), written once, whole or not at all."""
+        path = self.job_dir(job.id) / RECORD
+        if path.exists():
+            return
+        record = {"id": job.id, "project": job.project, "name": job.name,
+                  "owner": job.owner, "owner_uid": job.owner_uid,
+                  "owner_gid": job.owner_gid, "created_at": job.created_at,
+                  "labels": job.labels, "sweep_id": job.sweep_id, "cell": job.cell,
+                  "spec": job.spec.to_wire()}
+        tmp = path.with_name(f".{RECORD}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps(record).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+
+    def read_record(self, job_id: int) -> dict[str, Any] | None:
+        """The record write_record() left, or None (none written, or torn)."""
+        try:
+            data = json.loads((self.job_dir(job_id) / RECORD).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("id") == job_id else None
+
+    def job_ids_on_disk(self) -> list[int]:
+        """Every job that has a directory, by id."""
+        try:
+            return sorted(int(e.name) for e in os.scandir(self.jobs_dir) if e.name.isdigit())
+        except FileNotFoundError:
+            return []
+
+    def attempt_dir(self, job_id: int, number: int) -> Path:
+        return self.job_dir(job_id) / f"attempt-{number}"
+
+    def workspace(self, job_id: int) -> Path:
+        return self.job_dir(job_id) / "workspace"
+
+    def free(self, job_id: int) -> None:
+        """Remove an ended job's workspace and a container's checkpoint beside it; its
+        attempt directories (logs, exit records) stay. Links in the workspace are removed,
+        never followed."""
+        for path in (self.workspace(job_id), self.job_dir(job_id) / "checkpoint"):
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(path)
+
+    def remove(self, job_id: int) -> None:
+        """Remove a removed job's whole directory (workspace, logs, checkpoint): renamed
+        aside first, so nothing finds it half gone; links in it are removed, never
+        followed."""
+        directory = self.job_dir(job_id)
+        aside = directory.with_name(f".removed-{job_id}-{time.time_ns()}")
+        try:
+            os.rename(directory, aside)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def checkpoint_dir(self, job: JobRecord) -> Path | None:
+        """Where the job's checkpoint lives on the host (None: in a volume, or none)."""
+        path = job.spec.checkpoint
+        if path is None or path in job.spec.volumes:
+            return None
+        if job.spec.image is None:
+            return self.workspace(job.id) / path
+        rel = in_workspace(path)
+        return self.workspace(job.id) / rel if rel else self.job_dir(job.id) / "checkpoint"
+
+    def prepare(self, job: JobRecord, number: int) -> Path:
+        """Make the attempt's directory, and the job's directory and workspace (owned by the
+        job's owner) where an earlier attempt has not; returns the attempt directory."""
+        directory = self.attempt_dir(job.id, number)
+        if number == 1 and (job.id in self._ahead or self._made_ahead(job)):
+            self._ahead.discard(job.id)  # made ahead (perhaps by the daemon before us)
+            self.job_dir(job.id).mkdir(mode=0o711, exist_ok=True)
+            self.write_record(job)
+            self.workspace(job.id).mkdir(mode=0o700, exist_ok=True)
+            self._own(self.workspace(job.id), job)
+            directory.mkdir(mode=0o700, exist_ok=True)
+            return directory
+        # The first attempt refuses a job directory that exists: one left by another
+        # database must not be reused, nor its workspace handed to a new owner. A later
+        # attempt may find none (the daemon died before the first one made it).
+        self.job_dir(job.id).mkdir(mode=0o711, exist_ok=number > 1)
+        self.write_record(job)
+        workspace = self.workspace(job.id)
+        try:
+            workspace.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # kept from an earlier attempt
+        else:
+            self._own(workspace, job)
+            if (job.spec.source or job.spec.checkpoint or job.spec.volumes
+                    or (job.spec.image and job.spec.workdir)):
+                self._populate(workspace, job)
+            checkpoint = self.checkpoint_dir(job)
+            if checkpoint is not None and checkpoint.parent == self.job_dir(job.id):
+                # A container's checkpoint outside /workspace: beside it, in a directory
+                # only root can change, so making it as root and handing it over is safe.
+                checkpoint.mkdir(mode=0o700, exist_ok=True)
+                self._own(checkpoint, job)
+        directory.mkdir(mode=0o700)
+        return directory
+
+    def _made_ahead(self, job: JobRecord) -> bool:
+        """The job's directory holds nothing but what prepare_ahead() makes, empty."""
+        job_id = job.id
+        try:
+            top = {e.name for e in os.scandir(self.job_dir(job_id))}
+            if RECORD in top and (self.read_record(job_id) or {}).get(
+                    "created_at") != job.created_at:
+                return False  # another database's job of that id
+            return (top <= {"workspace", "attempt-1", RECORD}
+                    and not any(os.scandir(self.workspace(job_id)))
+                    and ("attempt-1" not in top
+                         or not any(os.scandir(self.attempt_dir(job_id, 1)))))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def prepare_ahead(self, job: JobRecord) -> None:
+        """The first attempt's directories of a job about to start (a sweep's next cells),
+        made while others run so its start does not wait for them; only for a job whose
+        workspace needs nothing put in it. prepare() then finds them."""
+        if (job.attempts or job.spec.source or job.spec.checkpoint or job.spec.volumes
+                or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
+            return
+        self._ahead.add(job.id)  # first: prepare() may run while these are being made
+        try:
+            self.job_dir(job.id).mkdir(mode=0o711)
+        except OSError:
+            self._ahead.discard(job.id)  # not ours to reuse: prepare() decides, as ever
+            return
+        with contextlib.suppress(OSError):  # made in part: prepare() finishes the rest
+            self.write_record(job)
+            self.workspace(job.id).mkdir(mode=0o700)
+            self._own(self.workspace(job.id), job)
+            self.attempt_dir(job.id, 1).mkdir(mode=0o700)
+
+    def _populate(self, workspace: Path, job: JobRecord) -> None:
+        """Fill the new workspace as its owner, never as root: the source unpacked by tar,
+        the checkpoint directory, the volume links. Whatever a hostile tar or a race by the
+        owner's other processes could do, it does with the owner's rights only."""
+        steps: list[str] = []
+        container = job.spec.image is not None
+        checkpoint = job.spec.checkpoint
+        if checkpoint is not None and checkpoint not in job.spec.volumes:
+            rel = in_workspace(checkpoint) if container else checkpoint
+            if rel:
+                steps += ["d", rel]
+        if container and job.spec.workdir and (rel := in_workspace(job.spec.workdir)):
+            steps += ["d", rel]  # else docker makes it, as root
+        for path, volume in job.spec.volumes.items():
+            if not container:
+                steps += ["l", path, str(self.volume_dir(volume))]
+            elif rel := in_workspace(path):
+                # The mount point, made by the owner: docker would make it as root.
+                steps += ["d", rel]
+        argv = ["/bin/sh", "-c", POPULATE, "populate", str(workspace),
+                "1" if job.spec.source else "0", *steps]
+        kwargs: dict[str, Any] = {}
+        if os.getuid() == 0 and job.owner_uid != 0:
+            _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)
+            kwargs = {"user": job.owner_uid, "group": job.owner_gid, "extra_groups": groups}
+        with contextlib.ExitStack() as stack:
+            stdin = (stack.enter_context(self.blobs.path(job.spec.source).open("rb"))
+                     if job.spec.source else subprocess.DEVNULL)
+            done = subprocess.run(argv, stdin=stdin, capture_output=True, text=True,
+                                  env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
+                                  timeout=POPULATE_TIMEOUT, **kwargs)
+        if done.returncode != 0:
+            raise WorkspaceFailed(f"preparing the workspace failed: "
+                                  f"{failure_cause(done.stderr, done.returncode)}")
+
+    @staticmethod
+    def _own(path: Path, job: JobRecord) -> None:
+        if os.getuid() == 0:
+            os.chown(path, job.owner_uid, job.owner_gid, follow_symlinks=False)

@@ -1,0 +1,86 @@
+"""The daemon's GPU picture over time: NVML (or a simulation, or nothing) read at start
+and then every `gpu_poll` seconds in a thread, handed to the supervisor so a foreign
+process or a lost GPU changes what may start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.gpus import simulated
+from noduslocal.daemon.gpus.model import Inventory
+from noduslocal.daemon.gpus.nvml import Nvml
+from noduslocal.daemon.gpus.xid import XidWatch, describe
+
+log = logging.getLogger(__name__)
+
+
+class GpuService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.nvml: Nvml | None = None
+        self.inventory = Inventory([], "none", "not read yet")
+        self._task: asyncio.Task[None] | None = None
+        self._xids: XidWatch | None = None
+        self._on_change: Callable[[Inventory], None] | None = None
+        # GPUs an Xid broke: they stay unhealthy until the daemon restarts (after a reset).
+        self.broken: dict[str, str] = {}
+
+    async def start(self) -> Inventory:
+        if self.settings.simulate_gpus:
+            self.inventory = simulated.parse(self.settings.simulate_gpus)
+            log.warning("SIMULATED GPUs (no NVML): %s", self.inventory.summary())
+            return self.inventory
+        self.nvml = Nvml(self.settings.nvml_library)
+        await asyncio.to_thread(self.nvml.open)
+        self.inventory = await asyncio.to_thread(self.nvml.read)
+        if self.inventory.gpus:
+            log.info("GPUs (NVML, driver %s): %s", self.inventory.driver,
+                     self.inventory.summary())
+        else:
+            log.info("zero GPUs: %s", self.inventory.note or "none found")
+        return self.inventory
+
+    def watch(self, on_change: Callable[[Inventory], None]) -> None:
+        self._on_change = on_change
+        if self.nvml is not None and self.nvml.ready:
+            self._task = asyncio.create_task(self._poll(on_change), name="gpu-poll")
+            loop = asyncio.get_running_loop()
+            self._xids = XidWatch(lambda uuid, xid: loop.call_soon_threadsafe(
+                self.mark_broken, uuid, f"Xid {xid} ({describe(xid)})"))
+            self._xids.start()
+
+    def mark_broken(self, uuid: str, why: str) -> None:
+        self.broken[uuid] = why
+        self._apply(self.inventory)
+        if self._on_change is not None:
+            self._on_change(self.inventory)
+
+    def _apply(self, inventory: Inventory) -> None:
+        for gpu in inventory.gpus:
+            if gpu.uuid in self.broken:
+                gpu.healthy, gpu.problem, gpu.fatal = False, self.broken[gpu.uuid], True
+
+    async def _poll(self, on_change: Callable[[Inventory], None]) -> None:
+        assert self.nvml is not None
+        while True:
+            await asyncio.sleep(self.settings.gpu_poll)
+            try:
+                inventory = await asyncio.to_thread(self.nvml.read, self.inventory)
+            except Exception:
+                log.exception("reading the GPUs failed")
+                continue
+            self._apply(inventory)
+            self.inventory = inventory
+            on_change(self.inventory)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._xids is not None:
+            await asyncio.to_thread(self._xids.stop)
+        if self.nvml is not None:
+            await asyncio.to_thread(self.nvml.close)

@@ -1,0 +1,124 @@
+"""The queue pass: pending jobs in, attempts out. Holds the jobs that wait, starts what
+the queue lets start (its start committed with whatever freed the room), asks for the
+preemptions the head needs, and gives an ended attempt's share back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from noduslocal.daemon.gpus.cost import Meter
+from noduslocal.daemon.jobs.accounting import GpuAccounting
+from noduslocal.daemon.jobs.attempt import Attempt, Board
+from noduslocal.daemon.jobs.background import Background
+from noduslocal.daemon.jobs.stops import Stopper
+from noduslocal.daemon.scheduler.queue import Queue, Request
+from noduslocal.daemon.store import Store, ops
+from noduslocal.domain.jobs import JobRecord
+from noduslocal.domain.states import Reason
+
+log = logging.getLogger(__name__)
+
+
+class Dispatch:
+    def __init__(self, store: Store, queue: Queue, board: Board, accounting: GpuAccounting,
+                 stopper: Stopper, background: Background,
+                 on_start: Callable[[Attempt], None]) -> None:
+        """`on_start`: runs a new attempt (its start is queued for commit already)."""
+        self.store = store
+        self.queue = queue
+        self.board = board
+        self.accounting = accounting
+        self.stopper = stopper
+        self.background = background
+        self._on_start = on_start
+        self.pending: dict[int, JobRecord] = {}
+        self._later: dict[int, tuple[asyncio.TimerHandle, float]] = {}  # job id -> (timer, due)
+        self.ready = False  # set once recovery has given running jobs their share back
+        self._scheduled = False
+
+    def enqueue(self, job: JobRecord) -> None:
+        request = Request.of(job.id, job.spec, job.owner_uid)
+        if (why := self.queue.capacity.refusal(request)) is not None:
+            # Admitted by a daemon with more CPUs or memory than this one: it would wait
+            # at the head of the queue forever, and everything behind it too.
+            self.store.write(lambda c: ops.fail_job(
+                c, job.id, time.time(), Reason.UNSCHEDULABLE, f"{why} (after a restart)"))
+            return
+        self.pending[job.id] = job
+        self.queue.push(request)
+        self.kick()
+
+    def enqueue_later(self, job: JobRecord, delay: float) -> None:
+        """Queue the job after `delay` seconds (a failed task's pause before its retry)."""
+        timer = asyncio.get_running_loop().call_later(delay, self._due, job)
+        self._later[job.id] = (timer, time.time() + delay)
+
+    def _due(self, job: JobRecord) -> None:
+        if self._later.pop(job.id, None) is not None and not self.background.closed:
+            self.enqueue(job)
+
+    def remove(self, job_id: int) -> bool:
+        """Take a pending job out of the queue (or out of its pause before a retry);
+        False when it was not waiting there."""
+        if (later := self._later.pop(job_id, None)) is not None:
+            later[0].cancel()
+            return True
+        if self.queue.remove(job_id) is None:
+            return False
+        self.pending.pop(job_id, None)
+        return True
+
+    def retry_hold(self, job_id: int) -> str | None:
+        """Why a job waits for its retry's pause, or None."""
+        if (later := self._later.get(job_id)) is not None:
+            return f"retrying in {max(0.0, later[1] - time.time()):.0f}s"
+        return None
+
+    def kick(self) -> None:
+        """A pass soon, once for everything that changed meanwhile."""
+        if not self._scheduled and not self.background.closed:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.run_pass)
+
+    def run_pass(self) -> None:
+        self._scheduled = False
+        if self.background.closed or not self.ready:
+            return
+        started = self.queue.schedule()
+        for job_id in self.queue.preempt:
+            victim = self.board.active.get(job_id)
+            if victim is not None and victim.stop_reason is None and victim.running:
+                self.queue.stopping.add(job_id)
+                log.info("preempting job %s (interruptible) for a waiting job",
+                         victim.job.name)
+                self.stopper.stop_soon(victim, Reason.PREEMPTED)
+        gpus = self.queue.capacity.gpus
+        for request in started:
+            job = self.pending.pop(request.job_id)
+            attempt = Attempt(job, request)
+            if gpus is not None:
+                attempt.gpus = list(gpus.by_job.get(job.id, []))
+            if attempt.gpus:
+                attempt.meter = Meter.start(attempt.gpus, self.accounting.inventory,
+                                            time.time())
+            self.board.active[job.id] = attempt
+            # Queued now, so it joins the commit of whatever freed the capacity.
+            attempt.started = self.store.write(
+                lambda c, job_id=job.id, uuids=attempt.gpus: ops.start_attempt(
+                    c, job_id, time.time(), uuids))
+            self._on_start(attempt)
+
+    def release(self, attempt: Attempt) -> None:
+        """The attempt holds nothing any more: its share goes to the next pass."""
+        for timer in attempt.timers:
+            timer.cancel()
+        if self.board.holds(attempt):
+            del self.board.active[attempt.job.id]
+            self.queue.stopping.discard(attempt.job.id)
+            self.accounting.charge(attempt.request)
+            self.queue.capacity.give(attempt.request)
+            self.run_pass()

@@ -1,0 +1,277 @@
+"""Running one attempt: prepare its directory, launch its ranks through the job's runtime,
+watch them (timeout, a stop asked for meanwhile, a GPU that broke), and record the end:
+outputs collected before it is committed, the job queued again or ended, the share
+handed on in the same commit as the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from noduslocal.daemon.files.layout import JobLayout, WorkspaceFailed
+from noduslocal.daemon.files.outputs import OutputLimits
+from noduslocal.daemon.files.outputs import collect as collect_output
+from noduslocal.daemon.jobs import gang_logs, gang_view, metrics_watch
+from noduslocal.daemon.jobs.accounting import GpuAccounting
+from noduslocal.daemon.jobs.attempt import Attempt, Board, verdict
+from noduslocal.daemon.jobs.dispatch import Dispatch
+from noduslocal.daemon.jobs.gang_logs import LogMerger
+from noduslocal.daemon.jobs.indexed_run import IndexedRun
+from noduslocal.daemon.jobs.outcomes import outcome_of, retry_pause
+from noduslocal.daemon.jobs.stops import Stopper
+from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.daemon.runtime.base import Launch, LaunchFailed, NotLaunched, Rank, Runtime
+from noduslocal.daemon.runtime.gang_launch import master_port
+from noduslocal.daemon.store import Store, ops
+from noduslocal.domain.indexes import output_path
+from noduslocal.domain.jobs import Collected, JobRecord
+from noduslocal.domain.states import TERMINAL, AttemptPhase, Phase, Reason
+
+log = logging.getLogger(__name__)
+COLLECT_THREADS = 2  # jobs whose outputs are collected at once
+
+
+class AttemptRunner:
+    def __init__(self, store: Store, layout: JobLayout, runtimes: Mapping[str, Runtime],
+                 board: Board, dispatch: Dispatch, stopper: Stopper,
+                 accounting: GpuAccounting, output_limits: OutputLimits,
+                 disk_room: Callable[[], int],
+                 on_end: Callable[[int, str], None] = lambda job_id, phase: None) -> None:
+        """`on_end(job_id, phase)`: an attempt's end, before its commit (a sweep hands the
+        room on)."""
+        self.store = store
+        self.layout = layout
+        self.runtimes = runtimes
+        self.board = board
+        self.dispatch = dispatch
+        self.stopper = stopper
+        self.accounting = accounting
+        self.output_limits = output_limits
+        self.disk_room = disk_room
+        self._on_end = on_end
+        # Copying and hashing outputs (gigabytes, perhaps) has threads of its own: API reads
+        # and everything else on the default pool never queue behind it.
+        self._collect_pool = ThreadPoolExecutor(COLLECT_THREADS, "collect")
+        self._ahead_pool = ThreadPoolExecutor(1, "prepare-ahead")
+        self.indexed = IndexedRun(store, layout, stopper, runtimes, self.collect_index)
+
+    def prepare_ahead(self, job: JobRecord) -> None:
+        """Make a job's first directories on a thread of their own before it starts."""
+        self._ahead_pool.submit(self.layout.prepare_ahead, job)
+
+    def runtime_of(self, job: JobRecord) -> Runtime:
+        return self.runtimes[job.spec.runtime]
+
+    async def launch_of(self, attempt: Attempt) -> Launch:
+        """What the runtime needs for this attempt: its place, secrets and GPUs."""
+        job = attempt.job
+        secrets = await self.store.job_secret_values(job.id) if job.spec.secrets else {}
+        port = 0 if job.spec.gang is None else master_port(attempt.ref.directory)
+        return Launch(attempt.ref, secrets, self.accounting.grant(attempt.gpus), port)
+
+    @staticmethod
+    def take(attempt: Attempt, ranks: list[Rank]) -> None:
+        attempt.handles = [rank.handle for rank in ranks]
+        attempt.ends = [rank.ended for rank in ranks]
+        attempt.running = True
+
+    async def run(self, attempt: Attempt) -> None:
+        job = attempt.job
+        assert attempt.started is not None
+        try:
+            attempt.number = await attempt.started
+            if attempt.stop_reason is not None:
+                await self.finish(attempt, NeverStarted())
+                return
+            if attempt.lost is not None:  # its GPU broke before it was launched
+                await self.finish(attempt, NeverStarted(attempt.lost))
+                return
+            try:
+                # Unpacking may take a while: also for a retry whose workspace was never
+                # made (the daemon died making it).
+                if job.spec.source and not self.layout.workspace(job.id).exists():
+                    attempt.directory = await asyncio.to_thread(self.layout.prepare, job,
+                                                                attempt.number)
+                else:
+                    attempt.directory = self.layout.prepare(job, attempt.number)
+            except WorkspaceFailed as exc:  # its input's fault: said to its owner, no trace
+                log.info("job %s: %s", job.name, exc)
+                await self.give_up(attempt, str(exc))
+                return
+            launch = await self.launch_of(attempt)
+            if job.spec.indexed is not None:
+                try:
+                    await self.watch(attempt, time.time(),
+                                     until=self.indexed.run(attempt, launch))
+                except LaunchFailed as exc:
+                    await self.give_up(attempt, str(exc))
+                return
+            try:
+                ranks = await self.runtime_of(job).launch(launch)
+            except NotLaunched as exc:
+                await self.finish(attempt, exc.state)
+                return
+            except LaunchFailed as exc:
+                await self.give_up(attempt, str(exc))
+                return
+            self.take(attempt, ranks)
+            now = min(rank.started_at for rank in ranks)
+            # Not awaited here: the writer keeps order, so this commits before the end does.
+            running = self.store.write(lambda c: ops.attempt_running(
+                c, job.id, attempt.number, now, attempt.handles))
+            await self.watch(attempt, now, running)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("supervising job %s failed", job.name)
+            await self.give_up(attempt, f"the daemon could not run it: {exc}")
+
+    async def watch(self, attempt: Attempt, started_at: float,
+                    running: asyncio.Future[Any] | None = None,
+                    until: Awaitable[AttemptState] | None = None) -> None:
+        """Until every rank has ended (or, for an indexed job, `until` said how it ended):
+        the timeout, stops asked for meanwhile, and what it reports (its metrics)."""
+        timeout = attempt.job.spec.timeout
+        if attempt.lost is not None:  # its GPU broke while it was being launched
+            await self.stopper.signal(attempt, signal.SIGKILL)
+        if attempt.stop_reason is not None:
+            await self.stopper.send_stop(attempt)
+        elif timeout is not None:
+            delay = max(0.0, started_at + timeout - time.time())
+            attempt.timers.append(asyncio.get_running_loop().call_later(
+                delay, self.stopper.stop_soon, attempt, Reason.TIMEOUT))
+        stop = asyncio.Event()
+        # Not awaited at the end: the watcher notices `stop` only at its next step, and
+        # the end reads the file once more itself.
+        self.stopper.background.spawn(metrics_watch.follow(
+            attempt, self.layout.workspace(attempt.job.id), stop))
+        merging = None
+        if attempt.job.spec.gang is not None:  # its merged log is whole before the end
+            merger = LogMerger(attempt.ref.directory, attempt.job.spec.gang.nodes,
+                               self.runtime_of(attempt.job).log_path)
+            merging = asyncio.ensure_future(gang_logs.follow(merger, stop))
+        try:
+            state = await (until or verdict(attempt, lambda: self.stopper.stop_ranks(attempt)))
+        finally:
+            stop.set()
+        if merging is not None:
+            try:
+                await merging
+                gang_view.record_ends(attempt, self.accounting.inventory)
+            except Exception:  # a record that failed never keeps the end from its job
+                log.exception("recording the ranks of job %s failed", attempt.job.name)
+        await self.finish(attempt, state, running)
+
+    async def finish(self, attempt: Attempt, state: AttemptState,
+                     running: asyncio.Future[Any] | None = None) -> None:
+        job = attempt.job
+        if attempt.lost is not None and not isinstance(state, NeverStarted):
+            state = Vanished(attempt.lost)
+        outcome = replace(outcome_of(state, attempt),
+                          cost=self.accounting.attempt_cost(attempt))
+        runtime = self.runtime_of(job)
+        if outcome.attempt_phase == AttemptPhase.LOST and attempt.directory is not None:
+            await runtime.clear_lost(attempt.ref, attempt.handles)
+        collected, reported = [], attempt.metrics
+        if isinstance(state, Exited):
+            # Before the end is committed, so a wait() that returns finds them.
+            if job.spec.outputs and job.spec.indexed is None:
+                collected = await asyncio.get_running_loop().run_in_executor(
+                    self._collect_pool, self._collect, job)
+            reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
+        ended = self.store.write(lambda c: ops.finish_attempt(
+            c, job.id, attempt.number, outcome, time.time(), collected, reported,
+            indexed=job.spec.indexed is not None))
+        # Its outputs' blobs stay pinned until this commit lands, even if we are cancelled.
+        ended.add_done_callback(
+            lambda _: self.layout.blobs.release([out.sha256 for out in collected]))
+        if outcome.job_phase == Phase.PENDING:
+            # Back in the queue at its old place before its share is handed on; any start
+            # this allows is committed after the end above (the writer keeps order).
+            again = replace(job, phase=Phase.PENDING.value, reason=outcome.reason,
+                            attempts=attempt.number, cost=job.cost + outcome.cost,
+                            retries_used=job.retries_used + outcome.spend_retry)
+            if outcome.reason == Reason.RETRYING:  # a failed task: after a growing pause
+                self.dispatch.enqueue_later(again, retry_pause(job.retries_used))
+            else:
+                self.dispatch.enqueue(again)
+        # The ranks are gone, so their share goes to the next job now: that job's start and
+        # this end share one commit instead of waiting for each other.
+        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.board.finishing[job.id] = recorded
+        self.board.settling[job.id] += 1
+        try:
+            try:
+                self._on_end(job.id, outcome.job_phase)
+                self.dispatch.release(attempt)
+                if running is not None:
+                    await running
+                await asyncio.shield(ended)
+            finally:
+                self.board.finishing.pop(job.id, None)
+                recorded.set_result(None)
+            if attempt.handles and attempt.directory is not None:
+                await runtime.release(attempt.ref, attempt.handles)
+            if job.spec.ephemeral and outcome.job_phase in TERMINAL:
+                await asyncio.to_thread(self.layout.free, job.id)  # its volumes, log stay
+        finally:
+            self.board.settling[job.id] -= 1
+            if not self.board.settling[job.id]:
+                del self.board.settling[job.id]
+
+    async def give_up(self, attempt: Attempt, message: str) -> None:
+        """End a job whose attempt broke in the daemon itself, so it is never left
+        Starting or Running with nobody watching it."""
+        job = attempt.job
+        try:
+            if attempt.running and attempt.directory is not None:
+                await self.stopper.signal(attempt, signal.SIGKILL)
+            if attempt.number:
+                phase = AttemptPhase.LOST if attempt.running else AttemptPhase.NOT_STARTED
+                outcome = ops.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
+                await self.store.write(lambda c: ops.finish_attempt(
+                    c, job.id, attempt.number, outcome, time.time()))
+            else:
+                await self.store.write(lambda c: ops.fail_job(
+                    c, job.id, time.time(), Reason.START_FAILED, message))
+            if attempt.handles and attempt.directory is not None:  # a kill may have failed
+                await self.runtime_of(job).release(attempt.ref, attempt.handles)
+        except Exception:
+            log.exception("recording the failure of job %s failed", job.name)
+        finally:
+            self.dispatch.release(attempt)
+
+    async def collect_index(self, job: JobRecord, index: int) -> list[Collected]:
+        """An indexed job's outputs of one index (their paths name it), as it ends."""
+        collected = await asyncio.get_running_loop().run_in_executor(
+            self._collect_pool, self._collect, job, index)
+        return [replace(out, index=index) for out in collected]
+
+    def _collect(self, job: JobRecord, index: int | None = None) -> list[Collected]:
+        workspace = self.layout.workspace(job.id)
+        collected: list[Collected] = []
+        used = 0
+        for name, path in job.spec.outputs.items():
+            if index is not None:
+                path = output_path(path, index)
+            limit, cap = self.output_limits.for_next(used, self.disk_room())
+            try:
+                out = collect_output(self.layout.blobs, workspace, name, path,
+                                     job.owner_uid, limit, cap)
+            except Exception:  # one bad output never fails the job or the others
+                log.exception("collecting output %s of job %s failed", name, job.name)
+                continue
+            if out is not None:
+                collected.append(out)
+                if out.skipped:
+                    log.info("output %s of job %s left out: %s", name, job.name, out.skipped)
+                else:
+                    used += out.size
+        return collected

@@ -1,0 +1,158 @@
+"""What an attempt directory says about its attempt: the exit a shim recorded, the pids it
+named, the verdict after a restart (exited, alive, vanished, never started), and the
+clean-up of processes a vanished attempt left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from noduslocal.daemon.runtime.host import shim
+
+
+@dataclass(frozen=True)
+class Exited:
+    exit_code: int
+    signal: int | None
+    started_at: float
+    ended_at: float
+    # Containers: True when docker says the kernel killed it for memory; None when it was
+    # SIGKILLed (exit 137) by nobody we know of, which is most likely the OOM killer too.
+    oom_killed: bool | None = False
+
+
+@dataclass(frozen=True)
+class Alive:
+    shim_pid: int  # 0: the shim holds its lock but has not named its pids yet
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """The attempt's shim or container is gone without an exit status we can trust."""
+
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class NeverStarted:
+    """No shim or container ran this attempt, and none ever will (for a shim we left an
+    `abandoned` marker)."""
+
+    detail: str | None = None
+
+
+AttemptState = Exited | Alive | Vanished | NeverStarted
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The file's object, or None when it is absent, empty or torn (a crash can leave a
+    renamed file without its data): all mean "not recorded"."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_exit(directory: Path) -> Exited | None:
+    data = _read_json(directory / shim.EXIT)
+    if data is None:
+        return None
+    return Exited(data["exit_code"], data.get("signal"), data["started_at"], data["ended_at"])
+
+
+def read_pid(directory: Path) -> dict[str, Any] | None:
+    return _read_json(directory / shim.PID)
+
+
+def has_exit(directory: Path) -> bool:
+    try:
+        return os.stat(directory / shim.EXIT).st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def inspect(directory: Path) -> AttemptState:
+    """What became of an attempt, decided under the attempt's lock so a shim that is
+    starting right now cannot slip between the look and the verdict."""
+    if (exited := read_exit(directory)) is not None:
+        return exited  # written last, by a shim that is done with the job
+    try:
+        fd = os.open(directory / shim.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        return NeverStarted()  # the directory was never made: nothing can run there
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = read_pid(directory)
+            # The shim holds the lock from before it starts the job to its own exit.
+            return Alive(pid["shim_pid"]) if pid else Alive(0)
+        if (exited := read_exit(directory)) is not None:
+            return exited
+        if read_pid(directory) is not None:
+            return Vanished()
+        (directory / shim.ABANDONED).touch()
+        return NeverStarted()
+    finally:
+        os.close(fd)
+
+
+def kill_leftovers(directory: Path, shim_pid: int | None, boot: str | None) -> None:
+    """SIGKILL whatever a vanished attempt left running, so a retry never runs beside it:
+    its process group (if the leader's pid still names our job) and every process still
+    in the shim's session. Nothing is killed after a reboot, or when a pid was reused."""
+    if boot != shim.boot_id():
+        return
+    pid = read_pid(directory)
+    if pid is not None and shim.start_ticks(pid["pgid"]) == pid.get("start_ticks"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid["pgid"], signal.SIGKILL)
+    if shim_pid:
+        kill_session(shim_pid)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid`, whose leader (a shim) is dead. While any
+    process of the session lives, the kernel does not hand its id to a new process; so a
+    live process with that pid means our session is empty and the id is someone else's.
+    (Our shim may still be there as a zombie its parent has not reaped.)"""
+    leader = _stat_fields(sid)
+    if leader is not None and leader[0] != b"Z":
+        return
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and entry.name != str(sid):
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and int(fields[3]) == sid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+async def settled_inspect(directory: Path) -> AttemptState:
+    """inspect(), waiting out a shim that holds its lock but has not written pid.json yet
+    (it does so right after starting the job)."""
+    state = inspect(directory)
+    for _ in range(500):
+        if not (isinstance(state, Alive) and state.shim_pid == 0):
+            break
+        await asyncio.sleep(0.01)
+        state = inspect(directory)
+    return state

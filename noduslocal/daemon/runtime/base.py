@@ -1,0 +1,173 @@
+"""The one interface every runtime implements (host processes, docker; later a cluster):
+launch an attempt's ranks, learn each rank's end, signal, adopt or judge after a restart,
+exec beside a rank, and where its logs are. The lifecycle sees only this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from noduslocal.daemon.gpus.model import Gpu, job_env
+from noduslocal.daemon.runtime.attempts import AttemptState, Exited
+from noduslocal.daemon.runtime.host.execute import ExecResult
+from noduslocal.daemon.runtime.host.shim import OUTPUT_LOG, STDERR_LOG
+from noduslocal.daemon.runtime.launchers import RankPlan
+from noduslocal.domain.jobs import Diagnosis, Handle, JobRecord
+
+LOG_FILES = {"all": OUTPUT_LOG, "stderr": STDERR_LOG}
+
+
+@dataclass
+class Rank:
+    """A rank that runs: its handle, when it started, and a future of its end."""
+
+    handle: Handle
+    started_at: float
+    ended: asyncio.Future[AttemptState]
+
+
+@dataclass(frozen=True)
+class GpuGrant:
+    """The GPUs an attempt was given (UUIDs; `gpus` the ones the inventory still lists),
+    and what a job learns of them."""
+
+    uuids: list[str] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
+    box_has_gpus: bool = False
+    simulated: bool = False
+
+    def env(self, in_container: bool) -> dict[str, str]:
+        return job_env(self.gpus, self.box_has_gpus, in_container, self.simulated)
+
+    @property
+    def device_ids(self) -> list[str] | None:
+        """The real GPUs a container is given (simulated ones exist only in its env)."""
+        return None if self.simulated else list(self.uuids)
+
+    def part(self, rank: int, per_rank: int) -> GpuGrant:
+        """A gang rank's share: `per_rank` GPUs in a row (the scheduler ordered them so
+        each share is a connected set)."""
+        uuids = self.uuids[rank * per_rank:(rank + 1) * per_rank]
+        return replace(self, uuids=uuids, gpus=[g for g in self.gpus if g.uuid in uuids])
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    """Which attempt: its job, its number and its directory (logs, pid and exit files)."""
+
+    job: JobRecord
+    number: int
+    directory: Path
+    # An indexed job's index whose start a dead daemon cut off runs again in a directory
+    # of a new name (the old one is marked abandoned): index -> that name.
+    rank_dirs: Mapping[int, str] = field(default_factory=dict)
+
+    def rank_dir(self, rank: int) -> Path:
+        if rank in self.rank_dirs:
+            return self.directory / self.rank_dirs[rank]
+        return rank_dir(self.directory, rank, self.job.spec.indexed is not None)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """All a runtime needs to start, or exec beside, an attempt."""
+
+    ref: AttemptRef
+    secrets: dict[str, str]
+    gpus: GpuGrant
+    master_port: int = 0  # a gang's rendezvous port, chosen by the daemon
+    index: int | None = None  # an indexed job's: this launch is that one index
+
+    @property
+    def mask(self) -> list[str]:
+        return sorted(set(self.secrets.values()))
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks this launch starts or adopts (an indexed job's: its one index)."""
+        gang = self.ref.job.spec.gang
+        if self.index is not None:
+            return [self.index]
+        return list(range(1 if gang is None else gang.nodes))
+
+    def index_env(self) -> dict[str, str]:
+        indexed = self.ref.job.spec.indexed
+        return {} if indexed is None or self.index is None else indexed.env(self.index)
+
+    def rank_gpus(self, rank: int) -> GpuGrant:
+        gang = self.ref.job.spec.gang
+        return self.gpus if gang is None else self.gpus.part(rank, gang.gpus_per_node)
+
+    def plan(self, rank: int, master_addr: str, rank_addr: str) -> RankPlan | None:
+        """A gang rank's rendezvous and command line; None for a job that is no gang."""
+        gang, ref = self.ref.job.spec.gang, self.ref
+        if gang is None:
+            return None
+        return RankPlan(gang, rank, master_addr, self.master_port, rank_addr, ref.job.id,
+                        ref.number)
+
+
+class LaunchFailed(RuntimeError):
+    """The attempt cannot run (a bad image, a refused start); the message is for the user
+    and the job fails StartFailed."""
+
+
+class NotLaunched(RuntimeError):
+    """The attempt did not start, or ended during its launch: `state` says which."""
+
+    def __init__(self, state: AttemptState) -> None:
+        super().__init__(str(state))
+        self.state = state
+
+
+class Runtime(Protocol):
+    kind: str  # recorded in every handle; the job's spec names the runtime it needs
+
+    def hold(self) -> str | None:
+        """Why new attempts cannot be launched now (a queue hold), or None."""
+
+    async def launch(self, launch: Launch) -> list[Rank]:
+        """Start every rank, or none (LaunchFailed, NotLaunched)."""
+
+    async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
+                    stopping: bool) -> list[Rank] | AttemptState:
+        """After a daemon restart: the ranks that still run, or what the attempt became.
+        `stopping`: we had asked it to stop, so kills seen meanwhile are ours."""
+
+    async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
+        """False when it could not be delivered (ended, or the runtime unreachable)."""
+
+    async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        """Before a lost attempt is retried: nothing it left may run beside the retry."""
+
+    async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        """Once the attempt's end is committed: free what the runtime kept for it."""
+
+    async def exec(self, launch: Launch, handle: Handle, command: list[str],
+                   timeout: float) -> ExecResult:
+        """Run a command to its end beside a running rank, as the job's owner."""
+
+    def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
+        """Where a rank's log (stream "all" or "stderr") is written."""
+
+    async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        """What `noduslocal doctor` says of this runtime; `gpus`: the box has real GPUs."""
+
+
+def rank_dir(directory: Path, rank: int, indexed: bool = False) -> Path:
+    """Where a rank's pid, exit and log files are: the attempt directory for rank 0, a
+    directory of its own in there for each further rank; each index of an indexed job has
+    one of its own (made when it starts, so a missing one never ran)."""
+    if indexed:
+        return directory / f"index-{rank}"
+    return directory if rank == 0 else directory / f"rank-{rank}"
+
+
+def failed(state: AttemptState) -> bool:
+    """A rank's end that ends its gang: lost, never started, or any exit but a clean 0."""
+    return not isinstance(state, Exited) or state.exit_code != 0 or (
+        state.oom_killed is not False)

@@ -1,0 +1,190 @@
+"""`job exec` for host-process jobs: a command run to completion beside a running job, with
+the job's environment (secrets masked in what comes back), in its workdir, as its owner;
+each one recorded while it runs, so that the next daemon kills it if this one dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from noduslocal.daemon.runtime.host import shim
+from noduslocal.daemon.runtime.host.shim import ENV, Masker
+from noduslocal.domain import errors
+
+log = logging.getLogger(__name__)
+OUTPUT_LIMIT = 16 * 1024 * 1024  # bytes of stdout and of stderr sent back
+RECORD = "exec-{token}.json"  # in the runtime's records directory while the exec runs
+TOKEN_ENV = "NODUS_EXEC_ID"  # in the exec's environment, and so in all it starts
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    truncated: bool
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": "Process", "returncode": self.returncode, "stdout": self.stdout,
+                "stderr": self.stderr, "truncated": self.truncated}
+
+
+async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
+                     records: Path) -> ExecResult:
+    """`launch` is the job's launch request (layout.launch_request): env, cwd, identity;
+    `records`: where the exec is named while it runs (kill_orphaned_execs)."""
+    argv, kwargs = list(command), {}
+    cwd: str | None = launch["cwd"]
+    if launch.get("uid") is not None and launch["uid"] != os.getuid():
+        # As in the shim: drop to the owner in the child, then enter the workdir and search
+        # PATH with the owner's rights.
+        argv = [ENV, "--chdir", launch["cwd"], "--", *command]
+        kwargs = {"user": launch["uid"], "group": launch["gid"],
+                  "extra_groups": launch.get("groups") or [launch["gid"]]}
+        cwd = None
+    # Recorded before it is spawned: a daemon killed at any moment after the fork leaves
+    # a record that names the exec's processes by the token in their environment.
+    token = uuid.uuid4().hex
+    record = _record(records, token)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env={**launch["env"], TOKEN_ENV: token}, cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, **kwargs)
+    except OSError as exc:
+        _forget(record)
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        return ExecResult(code, "", f"noduslocal: cannot execute {command[0]!r}: "
+                                    f"{exc.strerror}\n", False)
+    try:
+        return await _supervise(proc, launch, timeout)
+    finally:
+        # Kept while the exec may still run (a cancelled call): should this daemon die,
+        # the next one kills it.
+        if proc.returncode is not None:
+            _forget(record)
+
+
+async def _supervise(proc: asyncio.subprocess.Process, launch: dict[str, Any],
+                     timeout: float) -> ExecResult:
+    mask = [v.encode() for v in launch.get("mask", ())]
+    # Read as it comes and keep at most the limit (plus enough to mask a secret that
+    # crosses it): a command that prints without end must not fill the daemon's memory.
+    keep = OUTPUT_LIMIT + max((len(m) for m in mask), default=0)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        (out, out_more), (err, err_more), _ = await asyncio.wait_for(asyncio.gather(
+            _read_capped(proc.stdout, keep), _read_capped(proc.stderr, keep), proc.wait()),
+            timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        raise errors.WaitTimeout(f"the command did not end within {timeout:g}s; "
+                                 "it was killed") from None
+    truncated = out_more or err_more or len(out) > OUTPUT_LIMIT or len(err) > OUTPUT_LIMIT
+    return ExecResult(
+        proc.returncode if proc.returncode is not None else -1,
+        Masker(mask).feed(out, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
+        Masker(mask).feed(err, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
+        truncated)
+
+
+@cache
+def _daemon() -> tuple[int, int | None]:
+    """This process and when it started: told apart from a later one with its pid."""
+    return os.getpid(), shim.start_ticks(os.getpid())
+
+
+def _record(directory: Path, token: str) -> Path | None:
+    """Name the exec and this daemon: if the daemon died (kill -9) while it ran, nothing
+    else would stop it past its timeout, and its caller died with the daemon. None when
+    it could not be written: this daemon still supervises the exec."""
+    pid, ticks = _daemon()
+    path = directory / RECORD.format(token=token)
+    try:
+        shim.write_json_atomic(str(directory), path.name, {
+            "token": token, "boot_id": shim.boot_id(), "daemon_pid": pid,
+            "daemon_ticks": ticks})
+    except OSError:
+        log.warning("recording an exec in %s failed", directory, exc_info=True)
+        return None
+    return path
+
+
+def _forget(record: Path | None) -> None:
+    if record is not None:
+        record.unlink(missing_ok=True)
+
+
+def kill_orphaned_execs(directory: Path) -> int:
+    """SIGKILL every process of the execs recorded in `directory` whose daemon is gone,
+    whether or not their job still runs: each carries its exec's token in its environment
+    (one that cleared its environment is not found); returns how many processes. Execs of
+    a live daemon, and those recorded before a reboot, are left alone (or gone)."""
+    tokens: set[bytes] = set()
+    done: list[Path] = []
+    for path in directory.glob(RECORD.format(token="*")):
+        try:
+            rec = json.loads(path.read_bytes())
+            token, boot = str(rec["token"]), rec.get("boot_id")
+            alive = shim.start_ticks(int(rec["daemon_pid"])) == rec.get("daemon_ticks")
+        except (OSError, ValueError, KeyError, TypeError):
+            # Renamed in whole, so only a power loss tears one: its exec is gone.
+            token, boot, alive = "", None, False
+        if alive:
+            continue  # its daemon lives (this one): it ends the exec itself
+        if token and boot == shim.boot_id():
+            tokens.add(f"{TOKEN_ENV}={token}".encode())
+        done.append(path)
+    killed: set[int] = set()
+    # Only after a crash with execs running: a look at every process, again while the
+    # last look found new ones (one may have forked before it was killed).
+    for _ in range(10 if tokens else 0):
+        found = set(_carrying(tokens))
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if found <= killed:
+            break
+        killed |= found
+    for path in done:
+        path.unlink(missing_ok=True)
+    return len(killed)
+
+
+def _carrying(tokens: set[bytes]) -> list[int]:
+    """Live processes with one of `tokens` in their environment."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes().split(b"\0")
+            state = Path(entry.path, "stat").read_bytes().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or a kernel thread
+        if state not in (b"Z", b"X") and tokens.intersection(environ):
+            found.append(int(entry.name))
+    return found
+
+
+async def _read_capped(stream: asyncio.StreamReader, keep: int) -> tuple[bytes, bool]:
+    """Up to `keep` bytes of a stream, reading (and dropping) the rest to its end."""
+    data, more = bytearray(), False
+    while chunk := await stream.read(1 << 16):
+        room = keep - len(data)
+        if room > 0:
+            data += chunk[:room]
+        more = more or len(chunk) > room
+    return bytes(data), more

@@ -1,0 +1,138 @@
+"""The host runtime: each rank a process group under a shim that outlives the daemon, its
+exit recorded in the attempt directory; adopted again after a restart by the shim's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.runtime.attempts import (
+    Alive,
+    AttemptState,
+    kill_leftovers,
+    read_pid,
+    settled_inspect,
+)
+from noduslocal.daemon.runtime.base import (
+    LOG_FILES,
+    AttemptRef,
+    Handle,
+    Launch,
+    NotLaunched,
+    Rank,
+    rank_dir,
+)
+from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
+from noduslocal.daemon.runtime.host.execute import ExecResult, kill_orphaned_execs, run_in_job
+from noduslocal.daemon.runtime.host.launch import launch_request
+from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
+from noduslocal.domain.jobs import Diagnosis
+
+log = logging.getLogger(__name__)
+EXEC_RECORDS = "execs"  # in the data directory: the host execs that run
+LOOPBACK = "127.0.0.1"
+
+
+class HostRuntime:
+    kind = "process"
+
+    def __init__(self, layout: JobLayout, spawner: Spawner | None = None) -> None:
+        self.layout = layout
+        self.spawner = spawner or Spawner()
+        self.exec_records = layout.jobs_dir.parent / EXEC_RECORDS
+
+    async def start(self) -> None:
+        # Execs a daemon killed meanwhile left running: their callers and their timeouts
+        # died with it, whether their jobs still run or not.
+        self.exec_records.mkdir(mode=0o700, exist_ok=True)
+        if killed := kill_orphaned_execs(self.exec_records):
+            log.warning("killed %d processes of execs the last daemon left running", killed)
+        await self.spawner.start()
+
+    async def close(self) -> None:
+        await self.spawner.close()
+
+    def hold(self) -> str | None:
+        return None
+
+    async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        del gpus
+        if self.spawner.compiled is not None:
+            return [Diagnosis("host jobs", True, f"the compiled shim {self.spawner.compiled}")]
+        return [Diagnosis("host jobs", True, "the Python shim (host_shim = \"python\", or no C "
+                                             "compiler: apt-get install gcc for the faster one)")]
+
+    def _request(self, launch: Launch, rank: int = 0) -> dict[str, Any]:
+        ref = launch.ref
+        # Host ranks meet on the loopback: every one listens there, rank 0 at MASTER_PORT.
+        return launch_request(self.layout, ref.job, ref.number, launch.secrets,
+                              launch.rank_gpus(rank).env(in_container=False),
+                              launch.plan(rank, LOOPBACK, LOOPBACK), ref.rank_dir(rank),
+                              launch.index_env())
+
+    def _rank(self, ref: AttemptRef, rank: int, shim_pid: int, started_at: float) -> Rank:
+        return Rank(Handle(self.kind, str(shim_pid), rank, self.spawner.boot_id), started_at,
+                    self.spawner.watch(ref.rank_dir(rank), shim_pid))
+
+    async def launch(self, launch: Launch) -> list[Rank]:
+        return await launch_ranks(launch, lambda rank: self._launch_rank(launch, rank),
+                                  lambda rank, sig: self.signal(launch.ref, rank.handle, sig))
+
+    async def _launch_rank(self, launch: Launch, rank: int) -> Rank:
+        ref = launch.ref
+        directory = ref.rank_dir(rank)
+        directory.mkdir(mode=0o700, exist_ok=True)
+        try:
+            shim_pid = await self.spawner.launch(self._request(launch, rank))
+        except SpawnError:
+            # The spawner died mid-request: the rank's directory says whether a shim
+            # started (its lock) before it went.
+            log.exception("spawning job %s rank %d failed", ref.job.name, rank)
+            state = await settled_inspect(directory)
+            if not isinstance(state, Alive):
+                raise NotLaunched(state) from None
+            shim_pid = state.shim_pid
+        return self._rank(ref, rank, shim_pid, time.time())
+
+    async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
+                    stopping: bool) -> list[Rank] | AttemptState:
+        # A shim that lives holds its lock whatever was recorded; kills are not ours to
+        # judge here (the shim recorded the exit status itself).
+        del recorded_running, stopping
+        ref = launch.ref
+        found: list[tuple[int, AttemptState, Rank | None]] = []
+        for rank in launch.ranks:
+            directory = ref.rank_dir(rank)
+            state = await settled_inspect(directory)
+            if not isinstance(state, Alive):
+                found.append((rank, state, None))
+                continue
+            log.info("adopting job %s attempt %d rank %d (shim %d)", ref.job.name,
+                     ref.number, rank, state.shim_pid)
+            pid = read_pid(directory)
+            found.append((rank, state, self._rank(ref, rank, state.shim_pid,
+                                                  pid["started_at"] if pid else time.time())))
+        return adopted(found, self.kind, recorded)
+
+    async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
+        return await self.spawner.signal_group(ref.rank_dir(handle.rank), sig)
+
+    async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        for handle in handles:
+            kill_leftovers(ref.rank_dir(handle.rank), int(handle.ref), handle.boot)
+
+    async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        """Nothing is kept: a shim removes nothing and leaves its files for the logs."""
+
+    async def exec(self, launch: Launch, handle: Handle, command: list[str],
+                   timeout: float) -> ExecResult:
+        # Beside the rank, not inside its process group: with its environment and GPUs.
+        return await run_in_job(self._request(launch, handle.rank), command, timeout,
+                                self.exec_records)
+
+    def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
+        return rank_dir(directory, rank) / LOG_FILES[stream]

@@ -1,0 +1,3 @@
+"""The scheduler, pure logic: queue order and admission, capacity, GPU sets, fair share
+and estimates of when a job starts.
+"""

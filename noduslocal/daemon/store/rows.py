@@ -1,0 +1,59 @@
+"""Rows of the jobs and attempts tables as records: the columns read, a job's stored spec
+parsed once however often it is listed, and a sweep's cells grouped for its estimate."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from noduslocal.domain.jobs import AttemptRecord, JobRecord, JobSpec
+from noduslocal.domain.states import TERMINAL
+
+JOB_COLUMNS = (
+    "id, project, name, owner_uid, owner_gid, owner, phase, reason, message, spec, labels, "
+    "created_at, started_at, ended_at, exit_code, signal, attempts, retries_used, cost, "
+    "sweep_id, cell, metrics, collected_at"
+)
+TERMINAL_SQL = ", ".join(f"'{p.value}'" for p in sorted(TERMINAL))
+ATTEMPT_COLUMNS = (
+    "job_id, number, phase, created_at, started_at, ended_at, exit_code, signal, reason, "
+    "message, stop_reason, gpus, cost, handles"
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec(stored: str) -> JobSpec:
+    """A spec from its stored JSON, parsed once: a listing reads every job's, and a stored
+    spec never changes (JobSpec is frozen, and nothing changes its lists in place)."""
+    return JobSpec.from_stored(json.loads(stored))
+
+
+def job_from_row(row: tuple[Any, ...]) -> JobRecord:
+    return JobRecord(
+        id=row[0], project=row[1], name=row[2], owner_uid=row[3], owner_gid=row[4],
+        owner=row[5], phase=row[6], reason=row[7], message=row[8],
+        spec=_spec(row[9]), labels=json.loads(row[10]),
+        created_at=row[11], started_at=row[12], ended_at=row[13], exit_code=row[14],
+        signal=row[15], attempts=row[16], retries_used=row[17], cost=row[18],
+        sweep_id=row[19], cell=row[20], metrics=json.loads(row[21]) if row[21] else {},
+        collected_at=row[22],
+    )
+
+
+def attempt_from_row(row: tuple[Any, ...]) -> AttemptRecord:
+    return AttemptRecord(*row)
+
+
+@dataclass(frozen=True)
+class CellGroup:
+    """The current cells of one phase and one GPU request."""
+    phase: str
+    gpus: int
+    model: str | None
+    expected_duration: float | None
+    count: int
+    wall: float  # seconds, summed over the cells that ran and ended
+    ran: int  # how many ran and ended
+    started: float  # started_at summed over the running ones

@@ -1,0 +1,174 @@
+"""The single writer: operations queue up while a commit is in flight and the next commit
+takes all of them at once (group commit), so synchronous=FULL costs one fsync per batch,
+not one per transition. A batch the disk has no room for is kept and tried again until it
+commits: a job's end is never dropped because the disk filled. A commit needs room once the
+WAL has used the space its last restart left (and a checkpoint, which may grow the database
+file, cannot restart it); tries back off to FULL_RETRY_MAX, so the writer catches up within
+seconds of the space returning.
+
+A batch runs as one call on aiosqlite's worker thread: per-statement calls cost about
+100 us each here (docs/benchmarks.md), more than the whole operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiosqlite
+
+from noduslocal.domain.jobs import Event
+
+log = logging.getLogger(__name__)
+FULL_RETRY_MAX = 5.0  # seconds between tries of a batch while the disk is full
+
+# An operation: runs on the raw connection inside the open transaction and returns
+# (result, events). It must not touch anything but the database.
+Operation = Callable[[sqlite3.Connection], tuple[Any, list[Event]]]
+OnCommit = Callable[[list[Event]], None]
+
+
+class Writer:
+    def __init__(self, conn: aiosqlite.Connection, on_commit: OnCommit, batch_max: int) -> None:
+        self._conn = conn
+        self._on_commit = on_commit
+        self._batch_max = batch_max
+        self._queue: list[tuple[Operation, asyncio.Future[Any]]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.stalled_since: float | None = None  # monotonic; while the disk is full
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="store-writer")
+
+    def submit(self, op: Operation) -> asyncio.Future[Any]:
+        if self._closing:
+            raise RuntimeError("the store is closing")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, future))
+        self._wake.set()
+        return future
+
+    async def close(self) -> None:
+        """Commit what is queued, then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            delay = 0.1
+            while self._queue:
+                batch = self._queue[: self._batch_max]
+                del self._queue[: self._batch_max]
+                kept_out = await self._commit(batch)
+                if not kept_out:
+                    self._recovered()
+                    delay = 0.1
+                    continue
+                self._queue[:0] = kept_out  # first again, in order, once there is room
+                self._stalled()
+                if self._closing and delay >= FULL_RETRY_MAX:
+                    log.error("closing with %d operations the full disk kept out of the "
+                              "database", len(self._queue))
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, FULL_RETRY_MAX)
+            if self._closing:
+                return
+
+    def _stalled(self) -> None:
+        if self.stalled_since is None:
+            self.stalled_since = time.monotonic()
+        log.warning("the database's disk is full: %d operations wait to be committed",
+                    len(self._queue))
+
+    def _recovered(self) -> None:
+        if self.stalled_since is not None:
+            log.info("the database commits again after %.0fs of a full disk",
+                     time.monotonic() - self.stalled_since)
+            self.stalled_since = None
+
+    async def _commit(self, batch: list[tuple[Operation, asyncio.Future[Any]]],
+                      ) -> list[tuple[Operation, asyncio.Future[Any]]]:
+        """Commit the batch; what the disk had no room for comes back, unanswered."""
+        ops = [op for op, _ in batch]
+        try:
+            # aiosqlite's private call-on-thread: the one place we rely on it (see module doc).
+            outcomes = await self._conn._execute(_apply, self._conn._conn, ops)
+        except Exception as exc:  # the connection itself failed: nobody's work is committed
+            if disk_full(exc):
+                return batch
+            log.exception("commit failed")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return []
+        events: list[Event] = []
+        kept_out = []
+        for item, (ok, value, evs) in zip(batch, outcomes, strict=True):
+            future = item[1]
+            if not ok and disk_full(value):
+                kept_out.append(item)
+                continue
+            if ok:
+                events.extend(evs)
+            if future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        if events:
+            self._on_commit(events)
+        return kept_out
+
+
+# What SQLite says when the disk has no room: SQLITE_FULL for the database and the WAL, and
+# SQLITE_IOERR_SHMSIZE when the WAL's index (the -shm file, grown 32 KiB at a time) cannot
+# grow. A connection that got either commits again once there is room.
+NO_ROOM = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR_SHMSIZE})
+
+
+def disk_full(exc: BaseException) -> bool:
+    return (isinstance(exc, sqlite3.OperationalError)
+            and getattr(exc, "sqlite_errorcode", None) in NO_ROOM)
+
+
+def _apply(conn: sqlite3.Connection,
+           ops: list[Operation]) -> list[tuple[bool, Any, list[Event]]]:
+    """Run every operation in one transaction; if one raises, roll back and run each in a
+    transaction of its own so only the faulty one fails."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        results = []
+        for op in ops:
+            value, events = op(conn)
+            results.append((True, value, events))
+        conn.execute("COMMIT")
+        return results
+    except Exception as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if len(ops) == 1 or disk_full(exc):  # no room: the whole batch waits as it is
+            return [(False, exc, [])] * len(ops)
+    return [_apply_one(conn, op) for op in ops]
+
+
+def _apply_one(conn: sqlite3.Connection, op: Operation) -> tuple[bool, Any, list[Event]]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        value, events = op(conn)
+        conn.execute("COMMIT")
+        return True, value, events
+    except Exception as exc:
+        conn.execute("ROLLBACK")
+        return False, exc, []

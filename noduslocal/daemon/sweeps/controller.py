@@ -1,0 +1,399 @@
+"""Running sweeps: the canary (cell 0) runs alone and gates the rest, cells are released
+into the queue in order up to max_parallel, each cell's end is learnt from committed
+events, and the sweep ends Succeeded, Failed (CellsFailed or CanaryFailed) or Cancelled.
+Which cells are held back lives here only, so a restart recomputes it from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from noduslocal.daemon.jobs.background import Background
+from noduslocal.daemon.jobs.dispatch import Dispatch
+from noduslocal.daemon.store import Store
+from noduslocal.daemon.store import sweeps as sweep_ops
+from noduslocal.daemon.sweeps.state import ActiveSweep, HeldCells, affordable, held_because
+from noduslocal.daemon.sweeps.webhooks import Webhooks
+from noduslocal.domain.jobs import Event, JobRecord, SweepRecord
+from noduslocal.domain.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
+
+log = logging.getLogger(__name__)
+ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
+RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING})  # not held
+
+
+class SweepController:
+    def __init__(self, store: Store, dispatch: Dispatch, background: Background,
+                 webhooks: Webhooks, running_cost: Callable[[int], float],
+                 prepare_ahead: Callable[[JobRecord], None] = lambda job: None) -> None:
+        """`running_cost(job_id)`: what a running cell has cost so far; `prepare_ahead`:
+        the next cells, read ahead, may have their directories made meanwhile."""
+        self._prepare_ahead = prepare_ahead
+        self.store = store
+        self.dispatch = dispatch
+        self.background = background
+        self.webhooks = webhooks
+        self._running_cost = running_cost
+        self._sweeps: dict[int, ActiveSweep] = {}
+        self._cell_of: dict[int, int] = {}  # job id -> sweep id, cells of active sweeps
+        self._changes: dict[int, list[asyncio.Future[None]]] = {}
+
+    # --- starting ---------------------------------------------------------------------
+
+    async def add(self, sweep: SweepRecord, job_ids: list[int]) -> None:
+        """A sweep just created: its cells (in cell order) are all held."""
+        active = ActiveSweep(sweep, HeldCells(job_ids))
+        self.track(active, job_ids)
+        await self._begin(active)
+
+    @staticmethod
+    def smoke(sweep: SweepRecord) -> int | None:
+        """The smoke canary's job, when a smoke command gates the sweep."""
+        job_id = sweep.spec.get("smoke_job")
+        return int(job_id) if job_id is not None else None
+
+    async def recover(self) -> None:
+        """After a restart: every unended sweep's cells that never started are held again,
+        those that run count against max_parallel, and a canary that ended meanwhile
+        decides the gate now."""
+        for sweep in await self.store.sweeps(active_only=True, limit=-1):
+            cells = await self.store.sweep_cells(sweep.id)
+            active = ActiveSweep(sweep, HeldCells(j for j, _, p in cells if p == Phase.PENDING),
+                                 {j for j, _, p in cells if p in ACTIVE and p != Phase.PENDING})
+            self.track(active, [j for j, _, p in cells if p not in TERMINAL])
+            if sweep.phase == SweepPhase.PENDING:
+                await self._begin(active)
+                continue
+            if sweep.phase == SweepPhase.SUSPENDED:
+                await self._recover_suspended(active, cells)
+                continue
+            if sweep.phase == SweepPhase.CANARY:
+                job_id, _, phase = cells[0]
+                if (smoke := self.smoke(sweep)) is not None:
+                    job_id, phase = smoke, (await self.store.jobs_by_ids([smoke]))[0].phase
+                    self.track(active, [smoke])
+                    if phase == Phase.PENDING:
+                        active.canary = smoke
+                        self.spawn_enqueue(active, [smoke])
+                if phase in TERMINAL:
+                    await self.gate(active, job_id, phase)
+                    continue
+                active.canary = job_id
+            self.release(active)
+            self.settle_if_done(active)
+
+    async def _recover_suspended(self, active: ActiveSweep,
+                                 cells: list[tuple[int, int, str]]) -> None:
+        """A suspended sweep stays so: what runs is being stopped, and the canary it had
+        when suspended still gates it once resumed (unless it ended meanwhile)."""
+        sweep = active.record
+        active.stopping = set(active.running)
+        if await self.store.sweep_phase_before_suspend(sweep.id) != SweepPhase.CANARY:
+            return
+        job_id, _, phase = cells[0]
+        if (smoke := self.smoke(sweep)) is not None:
+            job_id, phase = smoke, (await self.store.jobs_by_ids([smoke]))[0].phase
+            self.track(active, [smoke])
+        if phase in TERMINAL:
+            await self.gate(active, job_id, phase)
+        else:
+            active.canary = job_id
+
+    def spawn_enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
+        """enqueue() on its own task."""
+        self.background.spawn(self.enqueue(active, ids))
+
+    def active(self, sweep_id: int) -> ActiveSweep | None:
+        """What is known of an unended sweep."""
+        return self._sweeps.get(sweep_id)
+
+    def track(self, active: ActiveSweep, job_ids: list[int]) -> None:
+        self._sweeps[active.record.id] = active
+        for job_id in job_ids:
+            self._cell_of[job_id] = active.record.id
+
+    async def _begin(self, active: ActiveSweep) -> None:
+        smoke = self.smoke(active.record)
+        gated = smoke is not None or (active.record.spec.get("canary") == "cell"
+                                      and active.record.cells > 1)
+        if smoke is not None:
+            active.canary = smoke
+            self.track(active, [smoke])
+            self.spawn_enqueue(active, [smoke])
+        elif gated:
+            active.canary = active.held[0]
+        await self.transition(active, SweepPhase.CANARY if gated else SweepPhase.RUNNING,
+                               Reason.SCHEDULED)
+        self.release(active)
+
+    # --- cells in, cells out ----------------------------------------------------------
+
+    def release(self, active: ActiveSweep) -> None:
+        phase = active.record.phase
+        if phase == SweepPhase.CANARY:
+            room = 1 if active.canary in active.held else 0
+        elif phase == SweepPhase.RUNNING:
+            room = active.record.max_parallel - len(active.running)
+            if active.record.spec.get("max_cost") is not None and active.held:
+                if active.budgeting:
+                    active.again = True
+                else:
+                    active.budgeting = True
+                    self.background.spawn(self._release_within_budget(active))
+                return
+        else:
+            return
+        ids = [active.held.popleft() for _ in range(min(room, len(active.held)))]
+        if not ids:
+            return
+        active.running.update(ids)
+        # Cells read ahead go to the queue now, so their start joins the commit that frees
+        # their room; the others are read first.
+        unread = []
+        for job_id in ids:
+            job = active.ready.pop(job_id, None)
+            if job is None:
+                unread.append(job_id)
+            else:
+                self.dispatch.enqueue(job)
+        active.releasing.update(unread)
+        if unread or len(active.ready) < active.record.max_parallel:
+            self.spawn_enqueue(active, unread)
+
+    async def enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
+        """Queue the released cells `ids`, and read the next held ones ahead."""
+        ahead = [j for j in itertools.islice(active.held, active.record.max_parallel)
+                 if j not in active.ready]
+        for job in await self.store.jobs_by_ids([*ids, *ahead]):
+            if job.id not in ids:
+                if job.phase == Phase.PENDING and job.id in active.held:
+                    active.ready[job.id] = job
+                    self._prepare_ahead(job)
+            # Withdrawn meanwhile (a cancel of that cell, or of the sweep, or a suspend of
+            # the sweep) is not queued.
+            elif (job.phase == Phase.PENDING and active.record.phase in RELEASING
+                  and ((job.id in active.releasing and job.id in active.running)
+                       or job.id == active.canary)):
+                self.dispatch.enqueue(job)
+        active.releasing.difference_update(ids)
+
+    def cell_ending(self, job_id: int, phase: str) -> None:
+        """A cell's end is about to be committed (the runner says so before the commit):
+        its room goes to the next cell at once, whose start then joins that commit. The
+        committed event does the rest (the canary's gate, the sweep's own end)."""
+        active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        # Not under a max_cost: the budget counts a cell's cost once its end is committed.
+        if (active is not None and phase in TERMINAL and job_id in active.running
+                and job_id != active.canary and active.record.spec.get("max_cost") is None):
+            active.running.discard(job_id)
+            self.release(active)
+
+    async def _release_within_budget(self, active: ActiveSweep) -> None:
+        """Release cells while what is spent, what the running cells will cost (each at
+        least a typical cell's cost) and the next cell's estimate stay within max_cost;
+        when nothing runs and the next cell would pass it, the rest never start."""
+        limit = float(active.record.spec["max_cost"])
+        try:
+            while active.record.phase == SweepPhase.RUNNING and active.held:
+                active.again = False
+                spent, typical = await self.store.sweep_costs(active.record.id)
+                count = affordable(spent, [self._running_cost(j) for j in active.running],
+                                   typical, limit,
+                                   active.record.max_parallel - len(active.running),
+                                   len(active.held))
+                ids = [active.held.popleft() for _ in range(count)]
+                if ids:
+                    active.running.update(ids)
+                    active.releasing.update(ids)
+                    self.spawn_enqueue(active, ids)
+                elif not active.running and active.held:
+                    await self._over_budget(active, spent, limit)
+                if not active.again:
+                    return
+        finally:
+            active.budgeting = False
+
+    async def _over_budget(self, active: ActiveSweep, spent: float, limit: float) -> None:
+        why = f"the sweep's max_cost of {limit:g} would be passed (spent {spent:.4g})"
+        waiting = await self.take_waiting(active)
+        await self.transition(active, SweepPhase.FAILED, Reason.MAX_COST_EXCEEDED,
+                               f"{why}; {len(waiting)} cells not started",
+                               cancel=(waiting, Reason.MAX_COST_EXCEEDED, why))
+
+    async def take_waiting(self, active: ActiveSweep) -> list[int]:
+        """Every cell that waits and will not run now: held ones, released ones not queued
+        yet, suspended ones."""
+        cells = await self.store.sweep_cells(active.record.id)
+        waiting = [*active.held, *active.releasing,
+                   *(j for j, _, phase in cells if phase == Phase.SUSPENDED)]
+        active.held.clear()
+        active.running.difference_update(active.releasing)
+        active.releasing.clear()
+        return waiting
+
+    def withdraw(self, job_id: int) -> bool:
+        """Take a held cell back (an owner cancels or suspends it); False when the cell is
+        not held here (it was released, or is no cell)."""
+        active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        if active is None:
+            return False
+        if job_id in active.releasing:  # released, not queued yet: it never started
+            active.releasing.discard(job_id)
+            active.running.discard(job_id)
+            return True
+        if job_id not in active.held:
+            return False
+        active.held.remove(job_id)
+        active.ready.pop(job_id, None)
+        return True
+
+    def hold_again(self, job: JobRecord) -> bool:
+        """A suspended cell of a running sweep, resumed: back among the held cells in its
+        order, so the canary gate and max_parallel still apply; False when the job is no
+        such cell (the caller queues it)."""
+        active = self._sweeps.get(self._cell_of.get(job.id, -1))
+        if active is None:
+            return False
+        active.held.insert(job.id)
+        self.release(active)
+        return True
+
+    def on_events(self, events: list[Event]) -> None:
+        """Committed job events: a cell that ended, was suspended or resumed."""
+        touched: dict[int, ActiveSweep] = {}
+        for event in events:
+            sweep_id = self._cell_of.get(event.job_id)
+            active = self._sweeps.get(sweep_id) if sweep_id is not None else None
+            if active is None:
+                continue
+            if event.phase in TERMINAL or event.phase == Phase.SUSPENDED:
+                active.running.discard(event.job_id)
+                if (event.job_id in active.stopping and event.phase == Phase.SUSPENDED
+                        and active.record.phase != SweepPhase.SUSPENDED):
+                    # Stopped by a suspend of the sweep, which was resumed meanwhile.
+                    self.background.spawn(self.resume_late(active, event.job_id))
+                active.stopping.discard(event.job_id)
+                if event.phase in TERMINAL:
+                    del self._cell_of[event.job_id]
+                if event.job_id == active.canary and event.phase in TERMINAL:
+                    self.background.spawn(self.gate(active, event.job_id, event.phase))
+                    continue
+            touched[active.record.id] = active
+        for active in touched.values():
+            self.release(active)
+            self.settle_if_done(active)
+
+    async def resume_late(self, active: ActiveSweep, job_id: int) -> None:
+        """A cell whose stop the sweep's suspend asked for, suspended after the sweep was
+        resumed: it goes back with the others."""
+        if not await self.store.write(lambda c: sweep_ops.resume_jobs(c, [job_id],
+                                                                       time.time())):
+            return  # cancelled, or resumed by its owner, meanwhile
+        if job_id == self.smoke(active.record):
+            self.spawn_enqueue(active, [job_id])
+        else:
+            active.held.insert(job_id)
+        self.release(active)
+
+    async def gate(self, active: ActiveSweep, job_id: int, phase: str) -> None:
+        """The canary ended: open the gate, or fail the sweep and cancel the rest. While
+        the sweep is suspended a pass only opens the gate for its resume."""
+        active.canary = None
+        which = ("the smoke canary" if job_id == self.smoke(active.record)
+                 else "the canary (cell 0)")
+        if phase == Phase.SUCCEEDED and active.record.phase == SweepPhase.SUSPENDED:
+            return
+        if phase == Phase.SUCCEEDED:
+            await self.transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
+                                   f"{which} succeeded")
+            self.release(active)
+            self.settle_if_done(active)
+            return
+        canary = (await self.store.jobs_by_ids([job_id]))[0]
+        why = f"{which} ended {phase}: {canary.message or canary.reason}"
+        waiting = await self.take_waiting(active)
+        await self.transition(active, SweepPhase.FAILED, Reason.CANARY_FAILED,
+                               f"{why}; nothing else ran",
+                               cancel=(waiting, Reason.CANARY_FAILED, why))
+
+    def settle_if_done(self, active: ActiveSweep) -> None:
+        if (not active.held and not active.running
+                and active.record.phase in (SweepPhase.CANARY, SweepPhase.RUNNING)):
+            if active.settling:
+                active.settle_again = True  # an end committed during the last look
+                return
+            active.settling = True
+            self.background.spawn(self._settle(active))
+
+    async def _settle(self, active: ActiveSweep) -> None:
+        while True:
+            active.settle_again = False
+            counts, _ = await self.store.sweep_totals(active.record.id)
+            if not any(n and phase not in TERMINAL for phase, n in counts.items()):
+                break
+            if not active.settle_again:  # a cell is suspended, or its end not committed:
+                active.settling = False  # the next end or resume looks again
+                return
+        failed = counts.get(Phase.FAILED, 0) + counts.get(Phase.CANCELLED, 0)
+        if failed:
+            await self.transition(active, SweepPhase.FAILED, Reason.CELLS_FAILED,
+                                   f"{failed} of {active.record.cells} cells did not succeed")
+        else:
+            await self.transition(active, SweepPhase.SUCCEEDED, Reason.COMPLETED,
+                                   f"all {active.record.cells} cells succeeded")
+
+    # --- reading ------------------------------------------------------------------------
+
+    def hold(self, job_id: int) -> str | None:
+        """Why a held cell waits, in words."""
+        active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        if active is None or job_id not in active.held:
+            return None
+        return held_because(active, self.smoke(active.record) is not None)
+
+    def is_cell(self, job_id: int) -> bool:
+        """A cell of a sweep that runs (released or held)."""
+        return job_id in self._cell_of
+
+    def next_change(self, sweep_id: int) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._changes.setdefault(sweep_id, []).append(future)
+        return future
+
+    async def transition(self, active: ActiveSweep, phase: SweepPhase, reason: str,
+                         message: str | None = None,
+                         cancel: tuple[list[int], str, str] | None = None,
+                         resume: list[int] | None = None) -> bool:
+        """The sweep's transition; with `cancel` (cells, reason, message) those cells are
+        cancelled, with `resume` those suspended jobs are Pending again, in the same
+        transaction, so a crash leaves both or neither. False: another came first."""
+        sweep = active.record
+        was = SweepPhase(sweep.phase)
+        if was in SWEEP_TERMINAL:  # ended meanwhile (a smoke canary's failure): settled
+            return False
+        now = time.time()
+        applied = await self.store.write(lambda c: sweep_ops.move_sweep(
+            c, sweep.id, phase, now, reason, message, was, cancel, resume))
+        if not applied:  # another transition came first (a cancel during the last end)
+            return False
+        sweep.phase, sweep.reason, sweep.message = phase.value, reason, message
+        sweep.ended_at = now if phase in SWEEP_TERMINAL else None  # as the row has it
+        log.info("sweep %s: %s (%s)", sweep.name, phase.value, message or reason)
+        hooks = {Reason.CANARY_PASSED: ["canary-passed"],
+                 Reason.CANARY_FAILED: ["canary-failed"]}.get(reason, [])
+        self.webhooks.send(sweep, *hooks, *(["completed"] if phase in SWEEP_TERMINAL else []))
+        if phase in SWEEP_TERMINAL:
+            self._sweeps.pop(sweep.id, None)
+            for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
+                del self._cell_of[job_id]
+        self.notify(sweep.id)
+        return True
+
+    def notify(self, sweep_id: int) -> None:
+        for future in self._changes.pop(sweep_id, ()):
+            if not future.done():
+                future.set_result(None)
