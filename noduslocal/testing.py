@@ -27,7 +27,7 @@ from typing import TypeVar
 from noduslocal.daemon.runtime.host.shim import start_ticks
 from noduslocal.domain import errors
 from noduslocal.domain.sockets import SOCKET_ENV
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 T = TypeVar("T")
 
@@ -121,8 +121,8 @@ class Daemon:
         self.kill()
         return self.start()
 
-    def client(self) -> Client:
-        return Client(self.socket)
+    def client(self) -> ApiClient:
+        return ApiClient(self.socket)
 
     def log(self) -> str:
         try:

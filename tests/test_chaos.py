@@ -26,7 +26,7 @@ import pytest
 from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.domain.states import TERMINAL
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from tests.conftest import BUSYBOX
 from tests.test_containers import ours
 from tests.test_disk_full import free_bytes, health, job_pid, tmpfs
@@ -126,7 +126,7 @@ class Submitter(threading.Thread):
 
     def __init__(self, socket: Path, ledger: Ledger) -> None:
         super().__init__(name="chaos-submitter", daemon=True)
-        self.client = Client(socket)
+        self.client = ApiClient(socket)
         self.ledger = ledger
         self.actions: queue.Queue[Callable[[], None] | None] = queue.Queue()
 
@@ -399,7 +399,7 @@ def check_everything(d: testing.Daemon, marker: str, ledger: Ledger, submitter: 
     assert live_processes(d.root, marker) == {}, where
 
 
-def check_created(c: Client, ledger: Ledger, where: str) -> dict[str, int]:
+def check_created(c: ApiClient, ledger: Ledger, where: str) -> dict[str, int]:
     """Every acknowledged create is one job (or sweep) that ended as it should, an
     unanswered one at most one, and nothing else exists. Returns each job that should have
     run (cells too) with the runs it should have: 2 for a task that failed once."""
@@ -430,7 +430,7 @@ def check_created(c: Client, ledger: Ledger, where: str) -> dict[str, int]:
     return names
 
 
-def check_runs(c: Client, names: dict[str, int], volume: Path, where: str) -> None:
+def check_runs(c: ApiClient, names: dict[str, int], volume: Path, where: str) -> None:
     """Each attempt that exited ran exactly once and one that never started not at all;
     nothing ran that the daemon does not know; no two runs of a job overlapped; and no
     attempt was lost (only a shim or container killed from outside loses one)."""
@@ -471,7 +471,7 @@ def check_execs(ledger: Ledger, volume: Path, where: str) -> None:
     assert {e for e, ok in ledger.execs.items() if ok} <= set(lines), (where, lines)
 
 
-def check_ended_once(c: Client, names: dict[str, int], where: str) -> None:
+def check_ended_once(c: ApiClient, names: dict[str, int], where: str) -> None:
     """Each job has one terminal event, its last."""
     by_job: defaultdict[str, list[str]] = defaultdict(list)
     for event in events(c):

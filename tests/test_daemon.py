@@ -25,7 +25,7 @@ import pytest
 from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.domain.sockets import SOCKET_ENV
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import process_gone as gone
 from noduslocal.testing import wait_until
 
@@ -50,7 +50,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-def healthy(c: Client) -> bool:
+def healthy(c: ApiClient) -> bool:
     try:
         c.transport.request("GET", "/v1/health", timeout=5)
     except errors.DaemonUnavailable:
@@ -142,9 +142,9 @@ def test_sigterm_exits_cleanly_and_jobs_run_on_to_be_adopted(fresh: testing.Daem
 
     holders = [
         threading.Thread(target=hold, daemon=True,
-                         args=(lambda: list(Client(fresh.socket).events(follow=True)),)),
+                         args=(lambda: list(ApiClient(fresh.socket).events(follow=True)),)),
         threading.Thread(target=hold, daemon=True, args=(
-            lambda: Client(fresh.socket).transport.request(
+            lambda: ApiClient(fresh.socket).transport.request(
                 "GET", "/v1/jobs/long/wait", query={"timeout": "60"}, timeout=90),)),
     ]
     for thread in holders:

@@ -23,7 +23,7 @@ import pytest
 from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.domain.timefmt import parse_iso
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import process_gone as gone
 from noduslocal.testing import wait_until
 
@@ -54,16 +54,16 @@ def fresh() -> Iterator[Callable[..., testing.Daemon]]:
             d.close()
 
 
-def phase(c: Client, name: str) -> str:
+def phase(c: ApiClient, name: str) -> str:
     return str(c.get_job(name)["phase"])
 
 
-def events(c: Client) -> list[dict[str, Any]]:
+def events(c: ApiClient) -> list[dict[str, Any]]:
     raw = b"".join(c.events())
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
 
 
-def events_of(c: Client, name: str) -> list[dict[str, Any]]:
+def events_of(c: ApiClient, name: str) -> list[dict[str, Any]]:
     return [e for e in events(c) if e["job"] == name]
 
 
@@ -109,7 +109,7 @@ def gated(gate: Path, code: int) -> list[str]:
     return ["sh", "-c", f"while [ ! -e '{gate}' ]; do sleep 0.05; done; exit {code}"]
 
 
-def running(c: Client) -> set[str]:
+def running(c: ApiClient) -> set[str]:
     return {j["name"] for j in c.list_jobs(phases=["Running"])}
 
 
@@ -258,7 +258,7 @@ def test_creates_in_flight_during_kill9_are_recorded_exactly_once(
     stop = threading.Event()
 
     def submit() -> None:
-        client = Client(d.socket)  # retries a lost request with the same idempotency key
+        client = ApiClient(d.socket)  # retries a lost request with the same idempotency key
         try:
             while not stop.is_set():
                 key = uuid.uuid4().hex
@@ -302,7 +302,7 @@ def test_creates_in_flight_during_kill9_are_recorded_exactly_once(
         assert c.wait_job(name, timeout=DEADLINE)["phase"] == "Succeeded"
 
 
-def start_stubborn(fresh: Callable[..., testing.Daemon]) -> tuple[testing.Daemon, Client]:
+def start_stubborn(fresh: Callable[..., testing.Daemon]) -> tuple[testing.Daemon, ApiClient]:
     """A daemon with a 1 s kill grace running `stubborn`, a job that ignores SIGTERM."""
     d = fresh(cpus=2, config='kill_grace = "1s"\n')
     c = d.client()
@@ -414,7 +414,7 @@ def test_200_jobs_from_20_concurrent_clients_are_each_recorded_once(
     start = threading.Barrier(20)
 
     def submit(worker: int) -> None:
-        client = Client(daemon.socket)
+        client = ApiClient(daemon.socket)
         try:
             start.wait()
             for i in range(10):
@@ -548,7 +548,7 @@ def test_lost_attempt_leaves_no_orphan_running_beside_the_retry(
     wait_until(lambda: gone(first["pid"]), "attempt 1's process to be killed", timeout=5)
 
 
-def lost_head_with_two_behind(d: testing.Daemon) -> Client:
+def lost_head_with_two_behind(d: testing.Daemon) -> ApiClient:
     """cpus=2: lost-a (retries=1), busy-b and busy-c, one CPU each; a's shim and process
     group are killed while the daemon runs, so its attempt is lost and it is requeued."""
     c = d.client()
@@ -610,7 +610,7 @@ def test_client_rides_out_the_startup_of_a_restarted_daemon(
         # own; a daemon that swaps the socket atomically never shows this gap.
         while starter.is_alive() and os.path.lexists(d.socket):
             pass
-        job = Client(d.socket).wait_job(name, timeout=DEADLINE)  # allowed to retry for 30 s
+        job = ApiClient(d.socket).wait_job(name, timeout=DEADLINE)  # allowed to retry for 30 s
     finally:
         starter.join(DEADLINE)
     assert job["phase"] == "Succeeded"

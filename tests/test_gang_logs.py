@@ -14,7 +14,7 @@ from noduslocal import testing
 from noduslocal.daemon.jobs.gang_logs import OFFSETS, LogMerger, merged_path
 from noduslocal.daemon.runtime.base import rank_dir
 from noduslocal.daemon.runtime.host.shim import EXIT
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import wait_until
 from tests.conftest import run_cli
 
@@ -34,7 +34,7 @@ sys.stdout.write(f"rank {rank} ends without a newline")
 '''
 
 
-def log_of(c: Client, name: str, rank: int | str, **params: object) -> bytes:
+def log_of(c: ApiClient, name: str, rank: int | str, **params: object) -> bytes:
     return b"".join(c.logs(name, rank=rank, **params))  # type: ignore[arg-type]
 
 

@@ -22,7 +22,7 @@ from noduslocal.daemon.runtime.launchers import RankPlan
 from noduslocal.domain import errors
 from noduslocal.domain.gang import Gang
 from noduslocal.domain.states import TERMINAL
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import wait_until
 from tests.conftest import PYTHON_IMAGE, run_cli
 
@@ -67,14 +67,14 @@ def gang_daemon(config: str | None = FOUR_GPUS, **kwargs: Any) -> Any:
     return testing.daemon(config=config, **kwargs)
 
 
-def start_gated(c: Client, name: str, gate: Path, gpu: str) -> None:
+def start_gated(c: ApiClient, name: str, gate: Path, gpu: str) -> None:
     """A 2-rank gang whose ranks run until `gate` exists; returns once both run."""
     c.create_job({"name": name, "gpu": gpu, "cpu": "100m", "distributed": {"nodes": 2},
                   "command": ["sh", "-c", f"while [ ! -e '{gate}' ]; do sleep 0.05; done"]})
     wait_until(lambda: all_running(c, name), "both ranks running")
 
 
-def log_of(c: Client, name: str, rank: int | str | None = None) -> str:
+def log_of(c: ApiClient, name: str, rank: int | str | None = None) -> str:
     return b"".join(c.logs(name, rank=rank)).decode(errors="replace")
 
 
@@ -83,21 +83,21 @@ def env_of(log: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in line.split()[1:])
 
 
-def ranks_of(c: Client, name: str) -> list[dict[str, Any]]:
+def ranks_of(c: ApiClient, name: str) -> list[dict[str, Any]]:
     ranks: list[dict[str, Any]] = c.get_job(name)["ranks"]
     return ranks
 
 
-def all_running(c: Client, name: str) -> bool:
+def all_running(c: ApiClient, name: str) -> bool:
     job = c.get_job(name)
     return job["phase"] == "Running" and all(r["state"] == "Running" for r in job["ranks"])
 
 
-def job_events(c: Client, name: str) -> list[dict[str, Any]]:
+def job_events(c: ApiClient, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in b"".join(c.events(job=name)).splitlines() if line]
 
 
-def gang_id(c: Client, name: str) -> tuple[int, int]:
+def gang_id(c: ApiClient, name: str) -> tuple[int, int]:
     """(job id, attempt) from the NODUS_GANG a rank printed in its `env` line."""
     log = wait_until(lambda: (text := log_of(c, name, 0)) and "env " in text and text,
                      f"{name} rank 0's env line")

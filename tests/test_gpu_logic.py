@@ -83,12 +83,12 @@ def test_foreign_process_makes_a_gpu_busy_and_the_hold_names_it() -> None:
     pool = GpuPool(inv)
     assert [g.index for g in pool.free(GpuRequest(1))] == [2, 3]
     pool.take(7, ["GPU-2", "GPU-3"])
-    hold = pool.hold(GpuRequest(1))
+    hold = pool.wait_reason(GpuRequest(1))
     assert "needs 1 x GPU, 0 free" in hold
     assert "GPU 0 busy: pid 4242 (bob) holds 21 GiB" in hold
     assert "GPU 1 busy: 5.0 GiB used" in hold
     inv.gpus[1].healthy, inv.gpus[1].problem = False, "Xid 79"
-    assert "GPU 1 unhealthy: Xid 79" in pool.hold(GpuRequest(1))
+    assert "GPU 1 unhealthy: Xid 79" in pool.wait_reason(GpuRequest(1))
 
 
 def test_refusal_lists_what_the_box_has() -> None:

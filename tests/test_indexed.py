@@ -19,7 +19,7 @@ import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.domain.states import TERMINAL
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import process_gone, wait_until
 from tests.conftest import BUSYBOX, PYTHON_IMAGE, run_cli
 
@@ -110,11 +110,11 @@ def gated_env(tmp_path: Path, start: int = 0, only_first_attempt: bool = False
     return env, marks, gate
 
 
-def log_of(c: Client, name: str, index: int | None = None) -> str:
+def log_of(c: ApiClient, name: str, index: int | None = None) -> str:
     return b"".join(c.logs(name, index=index)).decode(errors="replace")
 
 
-def running_indexes(c: Client, name: str) -> list[int]:
+def running_indexes(c: ApiClient, name: str) -> list[int]:
     doc = c.get_job(name)
     return doc["indexes"]["running"] if doc["phase"] == "Running" else []
 
@@ -490,7 +490,7 @@ def test_cancel_mid_job_stops_the_running_indexes_and_starts_no_more(
         assert [e for e in events_of(c, "x") if e in TERMINAL] == ["Cancelled"]
 
 
-def events_of(c: Client, name: str) -> list[str]:
+def events_of(c: ApiClient, name: str) -> list[str]:
     """The phases the job's events recorded, in order."""
     return [json.loads(line)["phase"] for line in b"".join(c.events(job=name)).splitlines()
             if line]

@@ -16,13 +16,13 @@ import pytest
 from noduslocal import testing
 from noduslocal.daemon.api import streams
 from noduslocal.domain import errors
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import wait_until
 
 LONG = 64 << 20  # one line of 64 MiB, far past what a tail reads
 
 
-def log_of(c: Client, name: str, **params: object) -> bytes:
+def log_of(c: ApiClient, name: str, **params: object) -> bytes:
     return b"".join(c.logs(name, **params))  # type: ignore[arg-type]
 
 
@@ -82,7 +82,7 @@ def test_log_reads_stuck_in_the_file_system_leave_the_daemon_answering(
 
     def read(key: str, **params: object) -> None:
         try:
-            got[key] = log_of(Client(daemon.socket), "stuck", **params)
+            got[key] = log_of(ApiClient(daemon.socket), "stuck", **params)
         except BaseException as exc:  # reported by the assertions below
             got[key] = exc
 

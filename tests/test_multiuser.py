@@ -37,7 +37,7 @@ import noduslocal
 from noduslocal import testing
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.domain.states import TERMINAL, Phase
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import wait_until
 
 pytestmark = pytest.mark.root
@@ -253,7 +253,7 @@ def box() -> Iterator[Box]:
 # --- helpers ----------------------------------------------------------------------------
 
 
-def wait_phase(client: Client, name: str, project: str, phases: set[str],
+def wait_phase(client: ApiClient, name: str, project: str, phases: set[str],
                timeout: float = DEADLINE) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -266,7 +266,7 @@ def wait_phase(client: Client, name: str, project: str, phases: set[str],
         time.sleep(0.05)
 
 
-def submit_sleep(client: Client, name: str, project: str | None = None) -> dict[str, Any]:
+def submit_sleep(client: ApiClient, name: str, project: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"name": name, "command": ["sleep", "60"], "cpu": SMALL}
     if project is not None:
         body["project"] = project
@@ -285,7 +285,7 @@ def assert_denied(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def cancel_quietly(client: Client, name: str, project: str) -> None:
+def cancel_quietly(client: ApiClient, name: str, project: str) -> None:
     with contextlib.suppress(Exception):
         client.cancel_job(name, project)
 

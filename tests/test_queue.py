@@ -20,8 +20,8 @@ def test_fifo_within_capacity() -> None:
     for i in range(1, 5):
         q.push(Request(i, 1000, 0))
     assert [r.job_id for r in q.schedule()] == [1, 2]
-    assert q.hold(3) and "needs 1 CPU, 0 free" in q.hold(3)
-    assert q.hold(4) == "queued behind 1 job"
+    assert q.wait_reason(3) and "needs 1 CPU, 0 free" in q.wait_reason(3)
+    assert q.wait_reason(4) == "queued behind 1 job"
     q.capacity.give(Request(1, 1000, 0))
     assert [r.job_id for r in q.schedule()] == [3]
 
@@ -33,7 +33,7 @@ def test_large_head_is_not_starved_by_small_jobs() -> None:
     q.push(Request(2, 4000, 0))  # needs the whole host
     q.push(Request(3, 1000, 0))  # would fit now, but must not jump the head
     assert q.schedule() == []
-    assert "needs 4 CPUs, 1 free" in (q.hold(2) or "")
+    assert "needs 4 CPUs, 1 free" in (q.wait_reason(2) or "")
     q.capacity.give(Request(1, 3000, 0))
     assert [r.job_id for r in q.schedule()] == [2]
 
@@ -43,7 +43,7 @@ def test_memory_is_admitted_too() -> None:
     q.push(Request(1, 1000, 3 * GiB))
     q.push(Request(2, 1000, 2 * GiB))
     assert [r.job_id for r in q.schedule()] == [1]
-    assert "memory" in (q.hold(2) or "")
+    assert "memory" in (q.wait_reason(2) or "")
 
 
 def test_requeued_job_keeps_its_place() -> None:
@@ -98,10 +98,10 @@ def test_a_blocked_runtime_keeps_its_place_without_holding_up_others() -> None:
     q.push(Request(4, 1000, 0))
     q.push(Request(5, 1000, 0))
     assert [r.job_id for r in q.schedule()] == [2, 4]
-    assert q.hold(1) == q.hold(3) == "dockerd unreachable: not running"
-    assert "needs 1 CPU, 0 free" in (q.hold(5) or "")
+    assert q.wait_reason(1) == q.wait_reason(3) == "dockerd unreachable: not running"
+    assert "needs 1 CPU, 0 free" in (q.wait_reason(5) or "")
     del q.blocked["docker"]
     q.capacity.give(Request(2, 1000, 0))
     q.capacity.give(Request(4, 1000, 0))
     assert [r.job_id for r in q.schedule()] == [1, 3]  # back at their places, first
-    assert len(q) == 1 and q.hold(5) is not None
+    assert len(q) == 1 and q.wait_reason(5) is not None

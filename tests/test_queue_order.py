@@ -53,8 +53,8 @@ def test_priority_then_fair_share_then_submission() -> None:
     q.push(job(3, ALICE, priority=5))
     assert [r.job_id for r in q.order()] == [3, 2, 1]
     assert [r.job_id for r in q.schedule()] == [3]
-    assert "needs 1 x GPU, 0 free" in (q.hold(2) or "")
-    assert q.hold(1) == "queued behind 1 job"
+    assert "needs 1 x GPU, 0 free" in (q.wait_reason(2) or "")
+    assert q.wait_reason(1) == "queued behind 1 job"
 
 
 def test_user_limits_pass_over_without_blocking_others() -> None:
@@ -63,7 +63,7 @@ def test_user_limits_pass_over_without_blocking_others() -> None:
         q.push(job(i, ALICE))
     q.push(job(4, BOB))
     assert [r.job_id for r in q.schedule()] == [1, 2, 4]
-    assert q.hold(3) == "user limit 2/2 GPUs"
+    assert q.wait_reason(3) == "user limit 2/2 GPUs"
 
 
 def test_second_user_is_not_stuck_behind_the_first_users_backlog() -> None:
@@ -111,7 +111,7 @@ def test_backfill_only_what_ends_before_the_heads_reserved_start() -> None:
     q.push(job(4, BOB, gpus=1, expected=7200))  # would delay the head: may not
     q.push(job(5, BOB, gpus=1))  # no expected duration: may not
     assert [r.job_id for r in q.schedule()] == [3]
-    hold = q.hold(2) or ""
+    hold = q.wait_reason(2) or ""
     assert "needs 2 x GPU, 0 free" in hold and "expected to start in ~60 min" in hold
     clock.now += 3600
     q.capacity.give(q.capacity.running[1][0])
@@ -141,7 +141,7 @@ def test_a_waiting_job_preempts_interruptible_ones_and_they_do_not_take_it_back(
     q.push(job(5, BOB, gpus=2))
     assert q.schedule() == []
     assert sorted(q.preempt) == [3, 4]  # the two started last
-    assert "preempting" in (q.hold(5) or "")
+    assert "preempting" in (q.wait_reason(5) or "")
     q.stopping.update(q.preempt)
     assert q.schedule() == [] and q.preempt == []  # no more victims while those stop
     for job_id in (3, 4):  # they end and are queued again
@@ -170,7 +170,7 @@ def test_a_job_waiting_on_broken_or_drained_gpus_is_no_head() -> None:
     q.push(job(2, BOB, gpus=1))
     q.push(Request(3, 1000, GiB, owner_uid=BOB))
     assert [r.job_id for r in q.schedule()] == [2, 3]
-    assert "GPU 0 unhealthy: Xid 79" in (q.hold(1) or "")
+    assert "GPU 0 unhealthy: Xid 79" in (q.wait_reason(1) or "")
 
 
 def test_jobs_that_take_nothing_the_head_waits_for_pass_it() -> None:
@@ -191,7 +191,7 @@ def test_a_users_first_job_is_held_to_the_gpu_limit_too() -> None:
     q.push(job(1, ALICE, gpus=2))
     q.push(job(2, ALICE, gpus=1))
     assert [r.job_id for r in q.schedule()] == [1]
-    assert q.hold(2) == "user limit 2/2 GPUs"
+    assert q.wait_reason(2) == "user limit 2/2 GPUs"
 
 
 def test_fair_share_charges_in_any_order_decay_the_same() -> None:

@@ -25,7 +25,7 @@ import pytest
 from noduslocal import testing
 from noduslocal.daemon.config.settings import load_settings
 from noduslocal.daemon.files.blobs import BlobStore, HashingWriter
-from noduslocal.daemon.store import Store, resources, retention
+from noduslocal.daemon.store import Store, reclaim, resources
 from noduslocal.daemon.store.migrate import migrate
 from noduslocal.domain import errors
 from tests.conftest import run_cli
@@ -365,7 +365,7 @@ def test_a_pass_goes_through_many_jobs_in_small_transactions(tmp_path: Path) -> 
     conn = sqlite3.connect(tmp_path / "db", isolation_level=None)
     migrate(conn)
     now, day = time.time(), 86400.0
-    for i in range(1, 2 * retention.BATCH + 51):
+    for i in range(1, 2 * reclaim.BATCH + 51):
         owner = "keeper" if i % 5 == 0 else "user"
         ended = now - (day if i % 7 == 0 else 20 * day)
         conn.execute("INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, "
@@ -379,7 +379,7 @@ def test_a_pass_goes_through_many_jobs_in_small_transactions(tmp_path: Path) -> 
     seen, after, batches = [], (-1.0, 0), 0
     while True:
         conn.execute("BEGIN IMMEDIATE")
-        found, events = retention.collect(conn, now, keep, 14 * day, frozenset({3}), False,
+        found, events = reclaim.reclaim_due(conn, now, keep, 14 * day, frozenset({3}), False,
                                           after)
         conn.execute("COMMIT")
         batches += 1
@@ -388,7 +388,7 @@ def test_a_pass_goes_through_many_jobs_in_small_transactions(tmp_path: Path) -> 
         if found.after is None:
             break
         after = found.after
-    expected = [i for i in range(1, 2 * retention.BATCH + 51)
+    expected = [i for i in range(1, 2 * reclaim.BATCH + 51)
                 if i % 5 and i % 7 and i != 3]
     assert sorted(seen) == expected and len(set(seen)) == len(seen)
     assert batches >= 2
@@ -468,7 +468,7 @@ def test_a_dry_run_past_one_batch_counts_every_upload_the_pass_would_forget(
     conn = sqlite3.connect(tmp_path / "db", isolation_level=None)
     migrate(conn)
     now, day = time.time(), 86400.0
-    for i in range(1, retention.BATCH + 51):
+    for i in range(1, reclaim.BATCH + 51):
         sha = f"{i:064x}"
         conn.execute("INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, "
                      "spec, labels, created_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
@@ -482,17 +482,17 @@ def test_a_dry_run_past_one_batch_counts_every_upload_the_pass_would_forget(
         return 14 * day
 
     for dry_run in (True, False):
-        total, after = retention.Collection(), (-1.0, 0)
+        total, after = reclaim.Reclaimed(), (-1.0, 0)
         while True:
             conn.execute("BEGIN IMMEDIATE")
-            found, _ = retention.collect(conn, now, keep, 14 * day, frozenset(), dry_run,
+            found, _ = reclaim.reclaim_due(conn, now, keep, 14 * day, frozenset(), dry_run,
                                          after, frozenset(j.id for j in total.jobs))
             conn.execute("ROLLBACK" if dry_run else "COMMIT")
             total.add(found)
             if found.after is None:
                 break
             after = found.after
-        assert (len(total.jobs), len(total.sources)) == (retention.BATCH + 50,) * 2, dry_run
+        assert (len(total.jobs), len(total.sources)) == (reclaim.BATCH + 50,) * 2, dry_run
 
 
 def test_a_sweep_whose_source_was_forgotten_is_not_retried_half_made(

@@ -17,7 +17,7 @@ from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime.attempts import AttemptState, Exited, Vanished
 from noduslocal.daemon.runtime.base import LOG_FILES, AttemptRef, Launch, Rank, Runtime
 from noduslocal.daemon.runtime.host.execute import ExecResult
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain.jobs import Diagnosis, Handle
 from noduslocal.domain.states import TERMINAL
 from noduslocal.domain.validation import parse_create
@@ -37,7 +37,7 @@ class ListRuntime:
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         return [Diagnosis("list", gpus, f"{len(self.calls)} calls")]
 
-    def hold(self) -> str | None:
+    def wait_reason(self) -> str | None:
         return None
 
     def _rank(self, ref: str, started_at: float) -> Rank:
@@ -113,7 +113,7 @@ async def settled(store: Store, job_id: int, phase: str | None = None) -> Any:
     raise AssertionError(f"job {job_id} stayed {job.phase if job else None}")
 
 
-OWNER = ops.Owner(0, 0, "root", admin=True)
+OWNER = job_writes.Owner(0, 0, "root", admin=True)
 
 
 def create(lifecycle: Lifecycle, name: str) -> Awaitable[Any]:

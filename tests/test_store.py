@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store import rows as records
 from noduslocal.daemon.store.migrate import available, migrate, split_statements
 from noduslocal.domain import errors
@@ -26,8 +26,8 @@ from noduslocal.domain.states import AttemptPhase, IllegalTransition, Phase, Rea
 # same name as a package attribute; fetch the module itself to patch `available` on it.
 migrate_module = importlib.import_module("noduslocal.daemon.store.migrate")
 
-ALICE = ops.Owner(uid=1000, gid=1000, name="alice")
-BOB = ops.Owner(uid=1001, gid=1001, name="bob")
+ALICE = job_writes.Owner(uid=1000, gid=1000, name="alice")
+BOB = job_writes.Owner(uid=1001, gid=1001, name="bob")
 NOW = 1_700_000_000.0
 
 
@@ -53,30 +53,30 @@ def request(command: tuple[str, ...] = ("echo", "hi"), labels: dict[str, str] | 
                          labels=labels or {})
 
 
-def insert_op(name: str, project: str = "p", owner: ops.Owner = ALICE,
+def insert_op(name: str, project: str = "p", owner: job_writes.Owner = ALICE,
               labels: dict[str, str] | None = None, key: str | None = None,
               request_hash: str | None = None, now: float = NOW,
               ) -> Callable[[sqlite3.Connection], tuple[Any, list[Event]]]:
     req = request(labels=labels)
-    return lambda c: ops.insert_job(c, req, owner, name, project, now, key, request_hash)
+    return lambda c: job_writes.insert_job(c, req, owner, name, project, now, key, request_hash)
 
 
 async def create(store: Store, name: str, **kwargs: Any) -> JobRecord:
-    created: ops.Created = await store.write(insert_op(name, **kwargs))
+    created: job_writes.Created = await store.write(insert_op(name, **kwargs))
     assert created.created
     return created.job
 
 
 async def run_to(store: Store, job_id: int, phase: Phase) -> None:
     """Drive a Pending job through its first attempt to Running or to a terminal phase."""
-    number = await store.write(lambda c: ops.start_attempt(c, job_id, NOW + 1))
-    await store.write(lambda c: ops.attempt_running(c, job_id, number, NOW + 2))
+    number = await store.write(lambda c: job_writes.start_attempt(c, job_id, NOW + 1))
+    await store.write(lambda c: job_writes.attempt_running(c, job_id, number, NOW + 2))
     if phase is Phase.RUNNING:
         return
-    outcome = ops.Outcome(AttemptPhase.EXITED, phase,
+    outcome = job_writes.Outcome(AttemptPhase.EXITED, phase,
                           Reason.COMPLETED if phase is Phase.SUCCEEDED else Reason.ERROR,
                           exit_code=0 if phase is Phase.SUCCEEDED else 1)
-    await store.write(lambda c: ops.finish_attempt(c, job_id, number, outcome, NOW + 3))
+    await store.write(lambda c: job_writes.finish_attempt(c, job_id, number, outcome, NOW + 3))
 
 
 def snapshot(path: Path) -> tuple[list[Any], ...]:
@@ -366,11 +366,11 @@ def test_concurrent_writes_share_commits(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
     count = 500
 
-    async def body() -> tuple[list[ops.Created], list[str], list[Event]]:
+    async def body() -> tuple[list[job_writes.Created], list[str], list[Event]]:
         async with opened(path) as (store, committed):
             statements = await trace_statements(store)
 
-            async def one(i: int) -> ops.Created:
+            async def one(i: int) -> job_writes.Created:
                 return await store.write(insert_op(f"job-{i}"))
 
             results = await asyncio.gather(*(one(i) for i in range(count)))
@@ -391,7 +391,7 @@ def test_concurrent_writes_share_commits(tmp_path: Path) -> None:
 def test_batch_max_bounds_each_commit(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
 
-    async def body() -> tuple[list[ops.Created], list[str]]:
+    async def body() -> tuple[list[job_writes.Created], list[str]]:
         async with opened(path, batch_max=10) as (store, _):
             statements = await trace_statements(store)
             futures = [store.write(insert_op(f"job-{i}")) for i in range(25)]
@@ -420,7 +420,8 @@ def test_a_failing_op_fails_alone_in_its_batch(tmp_path: Path) -> None:
                 store.write(insert_op("ok-0")),
                 store.write(insert_op("taken", owner=BOB)),  # AlreadyExists
                 store.write(insert_op("ok-1")),
-                store.write(lambda c: ops.start_attempt(c, done.id, NOW)),  # Succeeded->Starting
+                # Succeeded->Starting
+                store.write(lambda c: job_writes.start_attempt(c, done.id, NOW)),
                 store.write(insert_op("ok-2")),
             ]
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -428,7 +429,7 @@ def test_a_failing_op_fails_alone_in_its_batch(tmp_path: Path) -> None:
             assert isinstance(results[1], errors.AlreadyExists)
             assert isinstance(results[3], IllegalTransition)
             good = [results[0], results[2], results[4]]
-            assert all(isinstance(r, ops.Created) and r.created for r in good)
+            assert all(isinstance(r, job_writes.Created) and r.created for r in good)
             assert [r.job.name for r in good] == ["ok-0", "ok-1", "ok-2"]
             assert any(s.strip().upper() == "ROLLBACK" for s in statements)
 
@@ -460,7 +461,7 @@ def test_two_creates_of_one_name_in_one_batch(tmp_path: Path) -> None:
             return list(await asyncio.gather(*futures, return_exceptions=True))
 
     first, second = run(body())
-    assert isinstance(first, ops.Created) and first.created
+    assert isinstance(first, job_writes.Created) and first.created
     assert isinstance(second, errors.AlreadyExists)
     jobs, _, events = snapshot(path)
     assert [(row[2], row[5]) for row in jobs] == [("same", "alice")]
@@ -495,18 +496,18 @@ def test_each_transition_writes_one_event(tmp_path: Path) -> None:
             assert [(e.phase, e.reason, e.attempt) for e in await store.events(job_id=job.id)] \
                 == [("Pending", "Created", None)]
 
-            number = await store.write(lambda c: ops.start_attempt(c, job.id, NOW + 1))
+            number = await store.write(lambda c: job_writes.start_attempt(c, job.id, NOW + 1))
             assert number == 1
             assert len(await store.events(job_id=job.id)) == 2
             attempts = await store.attempts(job.id)
             assert [(a.number, a.phase) for a in attempts] == [(1, "Starting")]
 
-            await store.write(lambda c: ops.attempt_running(c, job.id, 1, NOW + 2))
+            await store.write(lambda c: job_writes.attempt_running(c, job.id, 1, NOW + 2))
             assert len(await store.events(job_id=job.id)) == 3
 
-            outcome = ops.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
+            outcome = job_writes.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
                                   exit_code=0)
-            await store.write(lambda c: ops.finish_attempt(c, job.id, 1, outcome, NOW + 3))
+            await store.write(lambda c: job_writes.finish_attempt(c, job.id, 1, outcome, NOW + 3))
             events = await store.events(job_id=job.id)
             assert [(e.phase, e.reason, e.attempt, e.at) for e in events] == [
                 ("Pending", "Created", None, NOW),
@@ -537,11 +538,12 @@ def test_a_lost_attempt_requeues_and_the_next_attempt_counts_on(tmp_path: Path) 
         async with opened(path) as (store, _):
             job = await create(store, "retry")
             await run_to(store, job.id, Phase.RUNNING)
-            await store.write(lambda c: ops.request_stop(c, job.id, 1, "Timeout"))
-            await store.write(lambda c: ops.request_stop(c, job.id, 1, "Cancelled"))
-            lost = ops.Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST, spend_retry=True)
-            await store.write(lambda c: ops.finish_attempt(c, job.id, 1, lost, NOW + 4))
-            second = await store.write(lambda c: ops.start_attempt(c, job.id, NOW + 5))
+            await store.write(lambda c: job_writes.request_stop(c, job.id, 1, "Timeout"))
+            await store.write(lambda c: job_writes.request_stop(c, job.id, 1, "Cancelled"))
+            lost = job_writes.Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST,
+                                      spend_retry=True)
+            await store.write(lambda c: job_writes.finish_attempt(c, job.id, 1, lost, NOW + 4))
+            second = await store.write(lambda c: job_writes.start_attempt(c, job.id, NOW + 5))
             assert second == 2
             record = await store.job_by_id(job.id)
             assert record is not None
@@ -559,7 +561,8 @@ def test_a_lost_attempt_requeues_and_the_next_attempt_counts_on(tmp_path: Path) 
 
 def test_illegal_transitions_raise_and_change_nothing(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
-    succeeded = ops.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED, exit_code=0)
+    succeeded = job_writes.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
+                                   exit_code=0)
 
     async def body() -> None:
         async with opened(path) as (store, committed):
@@ -567,30 +570,31 @@ def test_illegal_transitions_raise_and_change_nothing(tmp_path: Path) -> None:
             done = await create(store, "done")
             await run_to(store, done.id, Phase.SUCCEEDED)
             starting = await create(store, "starting")
-            await store.write(lambda c: ops.start_attempt(c, starting.id, NOW + 1))
+            await store.write(lambda c: job_writes.start_attempt(c, starting.id, NOW + 1))
             before = snapshot(path)
             committed.clear()
 
             # Pending -> Succeeded without an attempt: there is no attempt to finish
             with pytest.raises(errors.NotFound):
-                await store.write(lambda c: ops.finish_attempt(c, pending.id, 1, succeeded, NOW))
+                await store.write(
+                    lambda c: job_writes.finish_attempt(c, pending.id, 1, succeeded, NOW))
             # Succeeded -> Running (the attempt is Exited, the job terminal)
             with pytest.raises(IllegalTransition):
-                await store.write(lambda c: ops.attempt_running(c, done.id, 1, NOW))
+                await store.write(lambda c: job_writes.attempt_running(c, done.id, 1, NOW))
             # Succeeded -> Starting
             with pytest.raises(IllegalTransition, match="Succeeded -> Starting"):
-                await store.write(lambda c: ops.start_attempt(c, done.id, NOW))
+                await store.write(lambda c: job_writes.start_attempt(c, done.id, NOW))
             # Succeeded -> Cancelled
             with pytest.raises(IllegalTransition, match="Succeeded -> Cancelled"):
-                await store.write(lambda c: ops.cancel_pending(c, done.id, NOW, "too late"))
+                await store.write(lambda c: job_writes.cancel_pending(c, done.id, NOW, "too late"))
             # Pending -> Running (no attempt was started)
             with pytest.raises(errors.NotFound):
-                await store.write(lambda c: ops.attempt_running(c, pending.id, 1, NOW))
+                await store.write(lambda c: job_writes.attempt_running(c, pending.id, 1, NOW))
             # the attempt may go Starting -> Exited, but the job may not go Starting ->
             # Starting: the attempt row was already updated when the job check raised
-            odd = ops.Outcome(AttemptPhase.EXITED, Phase.STARTING, Reason.PREEMPTED)
+            odd = job_writes.Outcome(AttemptPhase.EXITED, Phase.STARTING, Reason.PREEMPTED)
             with pytest.raises(IllegalTransition, match="Starting -> Starting"):
-                await store.write(lambda c: ops.finish_attempt(c, starting.id, 1, odd, NOW))
+                await store.write(lambda c: job_writes.finish_attempt(c, starting.id, 1, odd, NOW))
 
             assert snapshot(path) == before
             assert committed == []
@@ -600,19 +604,20 @@ def test_illegal_transitions_raise_and_change_nothing(tmp_path: Path) -> None:
 
 def test_a_partly_written_failing_op_is_rolled_back_inside_a_batch(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
-    odd = ops.Outcome(AttemptPhase.EXITED, Phase.STARTING, Reason.PREEMPTED)
+    odd = job_writes.Outcome(AttemptPhase.EXITED, Phase.STARTING, Reason.PREEMPTED)
 
     async def body() -> None:
         async with opened(path) as (store, _):
             job = await create(store, "starting")
-            await store.write(lambda c: ops.start_attempt(c, job.id, NOW + 1))
+            await store.write(lambda c: job_writes.start_attempt(c, job.id, NOW + 1))
             before = snapshot(path)
             futures = [store.write(insert_op("a")),
-                       store.write(lambda c: ops.finish_attempt(c, job.id, 1, odd, NOW)),
+                       store.write(lambda c: job_writes.finish_attempt(c, job.id, 1, odd, NOW)),
                        store.write(insert_op("b"))]
             results = await asyncio.gather(*futures, return_exceptions=True)
             assert isinstance(results[1], IllegalTransition)
-            assert isinstance(results[0], ops.Created) and isinstance(results[2], ops.Created)
+            assert isinstance(results[0], job_writes.Created)
+            assert isinstance(results[2], job_writes.Created)
             jobs, attempts, events = snapshot(path)
             assert attempts == before[1]
             assert [row for row in jobs if row[0] == job.id] == before[0]
@@ -625,7 +630,7 @@ def test_start_attempt_on_a_missing_job_is_not_found(tmp_path: Path) -> None:
     async def body() -> None:
         async with opened(tmp_path / "db.sqlite") as (store, _):
             with pytest.raises(errors.NotFound):
-                await store.write(lambda c: ops.start_attempt(c, 4242, NOW))
+                await store.write(lambda c: job_writes.start_attempt(c, 4242, NOW))
 
     run(body())
 
@@ -638,11 +643,11 @@ def test_idempotency_key_returns_the_same_job(tmp_path: Path) -> None:
 
     async def body() -> None:
         async with opened(path) as (store, committed):
-            first: ops.Created = await store.write(
+            first: job_writes.Created = await store.write(
                 insert_op("first", key="k1", request_hash="h1"))
             assert first.created
             # the same request again, even under another generated name: the same job back
-            again: ops.Created = await store.write(
+            again: job_writes.Created = await store.write(
                 insert_op("second", key="k1", request_hash="h1", now=NOW + 10))
             assert not again.created
             assert again.job.id == first.job.id
@@ -653,7 +658,7 @@ def test_idempotency_key_returns_the_same_job(tmp_path: Path) -> None:
             with pytest.raises(errors.Conflict, match="k1"):
                 await store.write(insert_op("third", key="k1", request_hash="h2"))
             # keys belong to their owner: bob's k1 is a new job
-            bobs: ops.Created = await store.write(
+            bobs: job_writes.Created = await store.write(
                 insert_op("bobs", owner=BOB, key="k1", request_hash="h2"))
             assert bobs.created and bobs.job.id != first.job.id
             jobs = await store.jobs()
@@ -678,7 +683,7 @@ def test_jobs_filters(tmp_path: Path) -> None:
             d = await create(store, "d", project="p2", owner=BOB)
             await run_to(store, b.id, Phase.RUNNING)
             await run_to(store, c.id, Phase.SUCCEEDED)
-            await store.write(lambda conn: ops.cancel_pending(conn, d.id, NOW, "no"))
+            await store.write(lambda conn: job_writes.cancel_pending(conn, d.id, NOW, "no"))
 
             async def names(**kwargs: Any) -> list[str]:
                 return [j.name for j in await store.jobs(**kwargs)]

@@ -35,8 +35,8 @@ WAL_HEADER, FRAME_HEADER = 32, 24
 # Run as USER with the library copy: create jobs with the SDK's client and wait for them.
 USER_JOBS = '''
 import json, sys
-from noduslocal.sdk.api_client import Client
-client = Client(sys.argv[1])
+from noduslocal.sdk.api_client import ApiClient
+client = ApiClient(sys.argv[1])
 for name, code in json.loads(sys.argv[2]):
     client.create_job({"name": name, "cpu": 0.1, "labels": {"who": "user"},
                        "command": ["/bin/sh", "-c", f"echo out-{name}; exit {code}"]})

@@ -11,7 +11,7 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.gpus import drain, undrain
 from noduslocal.cli.job import json_option, project_option
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.sdk.wire import quote
 
 
@@ -29,7 +29,7 @@ admin.add_command(undrain)
 def users(as_json: bool) -> None:
     """Every user with work here: running jobs, GPUs held, pending jobs, fair-share
     GPU-hours, the limits that apply, and whether their queue is held."""
-    rows = Client().transport.request("GET", "/v1/admin/users")["users"]
+    rows = ApiClient().transport.request("GET", "/v1/admin/users")["users"]
     if as_json:
         output.print_json(rows)
         return
@@ -53,7 +53,7 @@ def users(as_json: bool) -> None:
 @click.option("--reason", help="Said to the user in their jobs' hold.")
 def hold(user: str, reason: str | None) -> None:
     """Hold USER's queue: their pending jobs start no more (what runs goes on)."""
-    Client().transport.request("POST", f"/v1/admin/users/{quote(user)}/hold",
+    ApiClient().transport.request("POST", f"/v1/admin/users/{quote(user)}/hold",
                                body={"reason": reason} if reason else {})
     click.echo(f"{user}'s queue is held; `noduslocal admin release {user}` opens it")
 
@@ -62,7 +62,7 @@ def hold(user: str, reason: str | None) -> None:
 @click.argument("user")
 def release(user: str) -> None:
     """Open USER's held queue again: their jobs start in their old places."""
-    Client().transport.request("POST", f"/v1/admin/users/{quote(user)}/release")
+    ApiClient().transport.request("POST", f"/v1/admin/users/{quote(user)}/release")
     click.echo(f"{user}'s queue is open")
 
 
@@ -72,7 +72,7 @@ def release(user: str) -> None:
 @project_option
 def priority(name: str, priority: int, project: str | None) -> None:
     """Give job NAME another PRIORITY (higher goes first), past the users' maximum."""
-    doc = Client().transport.request("POST", f"/v1/admin/jobs/{quote(name)}/priority",
+    doc = ApiClient().transport.request("POST", f"/v1/admin/jobs/{quote(name)}/priority",
                                      query={"project": project}, body={"priority": priority})
     click.echo(f"{doc['name']}: priority {doc['spec']['priority']}")
 
@@ -86,5 +86,5 @@ def backup(dest: Path) -> None:
     data dir, copy DEST to noduslocal.db there, start the daemon."""
     if dest.exists():
         raise click.UsageError(f"{dest} exists; name a new file")
-    Client().transport.download("/v1/admin/backup", dest)
+    ApiClient().transport.download("/v1/admin/backup", dest)
     click.echo(f"{dest}: {dest.stat().st_size} bytes, checked by sha256")

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from noduslocal.domain import errors
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 # The daemon's defaults; a running daemon says the ones it was configured with.
 USERS, ADMINS = "noduslocal", "noduslocal-admin"
@@ -85,7 +85,7 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _checks(client: Client) -> list[Check]:
+def _checks(client: ApiClient) -> list[Check]:
     checks = []
     try:
         path = client.transport.socket_path
@@ -169,7 +169,7 @@ def lost_jobs_check(lost: dict[str, Any], admin: bool) -> Check:
 def doctor(as_json: bool) -> None:
     """Check the socket, the groups, the daemon and what it needs (dockerd and the NVIDIA
     container runtime, NVML, disk, config, clock), its health and (admins) its database."""
-    checks = _checks(Client())
+    checks = _checks(ApiClient())
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:

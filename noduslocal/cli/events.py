@@ -13,7 +13,7 @@ import click
 
 from noduslocal.cli.job import project_option
 from noduslocal.domain import errors
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 RESUME_WAIT = 1.0  # seconds before a followed stream that ended is opened again
 
@@ -40,7 +40,7 @@ def line(event: dict[str, Any]) -> str:
 def events(follow: bool, since: int, job: str | None, project: str | None,
            as_json: bool) -> None:
     """The event log: every job's phase changes, oldest first (everyone's, as `job list`)."""
-    client = Client()
+    client = ApiClient()
     last = since
     while True:
         try:

@@ -9,7 +9,7 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option, project_option
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 @click.command("ls")
@@ -19,7 +19,7 @@ from noduslocal.sdk.api_client import Client
 @json_option
 def ls(job: str, path: str, project: str | None, as_json: bool) -> None:
     """List PATH (default: the top) of JOB's workspace."""
-    entries = Client().list_files(job, project, path)
+    entries = ApiClient().list_files(job, project, path)
     if as_json:
         output.print_json(entries)
         return
@@ -33,5 +33,5 @@ def ls(job: str, path: str, project: str | None, as_json: bool) -> None:
 @project_option
 def download(job: str, path: str, dest: Path, project: str | None) -> None:
     """Save the file PATH of JOB's workspace at DEST, verified by its sha256."""
-    saved = Client().download_file(job, project, path, dest)
+    saved = ApiClient().download_file(job, project, path, dest)
     click.echo(str(saved))

@@ -11,7 +11,7 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
 from noduslocal.domain.units import fmt_bytes
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 def _rows(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -54,7 +54,7 @@ def gpus(ctx: click.Context, watch: bool, as_json: bool) -> None:
     processes noduslocal did not start. Admins: `gpus drain IDX`, `gpus undrain IDX`."""
     if ctx.invoked_subcommand is not None:
         return
-    client = Client()
+    client = ApiClient()
     if as_json:
         output.print_json(client.gpus())
         return
@@ -95,7 +95,7 @@ def _live_table(doc: dict[str, Any]) -> Any:
 @click.argument("index")
 def drain(index: str) -> None:
     """Let the work on GPU INDEX (or UUID) finish and place nothing new there (admins)."""
-    done = Client().drain_gpu(index, True)
+    done = ApiClient().drain_gpu(index, True)
     click.echo(f"GPU {done['index']} drained: what runs there finishes, nothing new lands")
 
 
@@ -103,5 +103,5 @@ def drain(index: str) -> None:
 @click.argument("index")
 def undrain(index: str) -> None:
     """Place work on GPU INDEX (or UUID) again (admins)."""
-    done = Client().drain_gpu(index, False)
+    done = ApiClient().drain_gpu(index, False)
     click.echo(f"GPU {done['index']} back in service")

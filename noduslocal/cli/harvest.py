@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from noduslocal.cli.job import project_option
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 def matches(path: str, pattern: str) -> bool:
@@ -22,7 +22,7 @@ def matches(path: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], pattern)
 
 
-def walk(client: Client, job: str, project: str | None, path: str = "") -> Iterator[str]:
+def walk(client: ApiClient, job: str, project: str | None, path: str = "") -> Iterator[str]:
     """Every regular file of a job's workspace (links are not followed)."""
     for entry in client.list_files(job, project, path):
         if entry["type"] == "dir":
@@ -40,7 +40,7 @@ def harvest(name: str, pattern: str, dest: Path, project: str | None) -> None:
     """Download the tasks' files that match GLOB to DEST/task-<index>/<path>."""
     from rich.progress import Progress
 
-    client = Client()
+    client = ApiClient()
     cells: list[dict[str, Any]] = client.sweep_cells(name, project)
     got = 0
     with Progress(transient=True) as progress:

@@ -15,7 +15,7 @@ from noduslocal.domain import errors
 from noduslocal.domain.gang import LAUNCHERS, TRANSPORTS
 from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.domain.units import parse_duration
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 project_option = click.option("--project", "-p", help="Project (default: your user name).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -121,7 +121,7 @@ def logs(name: str, project: str | None, follow: bool, tail: int | None, attempt
     """Print a job's output (stdout and stderr, in order)."""
     if rank is not None and rank != "all" and not rank.isdigit():
         raise click.BadParameter("a rank number or all", param_hint="--rank")
-    stream = Client().logs(name, project, follow=follow, tail=tail, attempt=attempt,
+    stream = ApiClient().logs(name, project, follow=follow, tail=tail, attempt=attempt,
                            stream="stderr" if stderr_only else None, rank=rank,
                            index=index)
     try:
@@ -148,7 +148,7 @@ def wait(name: str, project: str | None, timeout: str | None, until: str | None,
             seconds = parse_duration(timeout, "timeout")
         except errors.InvalidArgument as exc:
             raise click.BadParameter(exc.message, param_hint="--timeout") from None
-    client = Client()
+    client = ApiClient()
     if until is not None:
         _wait_running(client, name, project, seconds, as_json)
     try:
@@ -169,7 +169,7 @@ def wait(name: str, project: str | None, timeout: str | None, until: str | None,
     sys.exit(job_actions.exit_code(final))
 
 
-def _wait_running(client: Client, name: str, project: str | None, seconds: float | None,
+def _wait_running(client: ApiClient, name: str, project: str | None, seconds: float | None,
                   as_json: bool) -> None:
     """`job wait --until Running`: for scripts that exec beside a job they just started."""
     deadline = None if seconds is None else time.monotonic() + seconds
@@ -195,7 +195,7 @@ def _wait_running(client: Client, name: str, project: str | None, seconds: float
 @json_option
 def attempts(name: str, project: str | None, as_json: bool) -> None:
     """List a job's attempts with their start, end, exit code and reason."""
-    rows = Client().attempts(name, project)
+    rows = ApiClient().attempts(name, project)
     if as_json:
         output.print_json(rows)
         return

@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from noduslocal.sdk.api_client import Client
+    from noduslocal.sdk.api_client import ApiClient
 
 # `job run` values that go into the body under the same name when given.
 _PLAIN = ("name", "project", "cpu", "memory", "disk", "timeout", "workdir", "image",
@@ -95,9 +95,9 @@ def run(o: dict[str, Any]) -> int:
     """`job run`: submit, then (unless detached) stream the log and return the job's exit
     code. Raises `Usage` only before anything is sent."""
     body = run_body(o)
-    from noduslocal.sdk.api_client import Client
+    from noduslocal.sdk.api_client import ApiClient
 
-    client = Client()
+    client = ApiClient()
     if o["uploads"]:
         body["source"] = client.upload_source(list(o["uploads"]), contents_of_single_dir=False,
                                               allow_large=o["allow_large_source"])
@@ -138,7 +138,7 @@ def run(o: dict[str, Any]) -> int:
     return exit_code(final)
 
 
-def _replace(client: Client, name: str, project: str | None) -> None:
+def _replace(client: ApiClient, name: str, project: str | None) -> None:
     """Make the name free: the job that has it is cancelled (and waited for) if it has
     not ended, then removed."""
     from noduslocal.domain.states import TERMINAL
@@ -167,9 +167,9 @@ def list_jobs(o: dict[str, Any]) -> int:
         phases = [by_lower[x.lower()] for x in o["phases"]]
     labels = pairs(o["labels"], "--label")
     from noduslocal.cli import output
-    from noduslocal.sdk.api_client import Client
+    from noduslocal.sdk.api_client import ApiClient
 
-    jobs = Client().list_jobs(phases=phases,
+    jobs = ApiClient().list_jobs(phases=phases,
                               owner=o["owner"], project=o["project"], labels=labels,
                               all=o["show_all"], limit=o["limit"])
     if o["as_json"]:

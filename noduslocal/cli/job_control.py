@@ -14,7 +14,7 @@ from noduslocal.cli.job import job, json_option, project_option
 from noduslocal.domain import errors
 from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.domain.units import parse_duration
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 def _act(doc: dict[str, Any], as_json: bool, said: Callable[[dict[str, Any]], str]) -> None:
@@ -30,7 +30,7 @@ def _act(doc: dict[str, Any], as_json: bool, said: Callable[[dict[str, Any]], st
 @json_option
 def kill(name: str, project: str | None, as_json: bool) -> None:
     """Cancel a job: SIGTERM to its process group, SIGKILL after the grace period."""
-    _act(Client().cancel_job(name, project), as_json, lambda doc: (
+    _act(ApiClient().cancel_job(name, project), as_json, lambda doc: (
         output.summary(doc) if doc["phase"] in TERMINAL
         else f"{doc['name']}: stopping (SIGTERM sent; SIGKILL after the grace period)"))
 
@@ -41,7 +41,7 @@ def kill(name: str, project: str | None, as_json: bool) -> None:
 @json_option
 def suspend(name: str, project: str | None, as_json: bool) -> None:
     """Stop a job and keep it aside (workspace and checkpoint kept) until `job resume`."""
-    _act(Client().suspend_job(name, project), as_json, lambda doc: f"{doc['name']}: " + (
+    _act(ApiClient().suspend_job(name, project), as_json, lambda doc: f"{doc['name']}: " + (
         "suspended" if doc["phase"] == Phase.SUSPENDED
         else "suspending (SIGTERM sent; SIGKILL after the grace)"))
 
@@ -52,7 +52,7 @@ def suspend(name: str, project: str | None, as_json: bool) -> None:
 @json_option
 def resume(name: str, project: str | None, as_json: bool) -> None:
     """Queue a suspended job again, at its old place."""
-    _act(Client().resume_job(name, project), as_json,
+    _act(ApiClient().resume_job(name, project), as_json,
          lambda doc: f"{doc['name']}: queued again ({doc.get('hold') or doc['phase']})")
 
 
@@ -74,7 +74,7 @@ def exec_(name: str, project: str | None, timeout: str, rank: int | None,
     argv = list(command[1:] if command[0] == "--" else command)
     if not argv:
         raise click.UsageError("give the command to run after NAME")
-    result = Client().exec_job(name, project, argv, seconds, rank=rank, index=index)
+    result = ApiClient().exec_job(name, project, argv, seconds, rank=rank, index=index)
     sys.stdout.write(result["stdout"])
     sys.stderr.write(result["stderr"])
     if result["truncated"]:
@@ -88,7 +88,7 @@ def exec_(name: str, project: str | None, timeout: str, rank: int | None,
 def rm(names: tuple[str, ...], project: str | None) -> None:
     """Remove ended jobs: out of listings, their workspace and logs gone, their names free
     again (their cost stays in fair share)."""
-    client = Client()
+    client = ApiClient()
     for name in names:
         client.remove_job(name, project)
         click.echo(f"{name}: removed")

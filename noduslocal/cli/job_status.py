@@ -10,7 +10,7 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option, project_option
 from noduslocal.domain.units import fmt_bytes
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 @click.command("status")
@@ -19,7 +19,7 @@ from noduslocal.sdk.api_client import Client
 @json_option
 def status(name: str, project: str | None, as_json: bool) -> None:
     """Show one job."""
-    doc = Client().get_job(name, project)
+    doc = ApiClient().get_job(name, project)
     if as_json:
         output.print_json(doc)
         return

@@ -83,9 +83,9 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
         for task in tasks.tasks():
             click.echo(shlex.join(task.argv))
         return
-    from noduslocal.sdk.api_client import Client
+    from noduslocal.sdk.api_client import ApiClient
 
-    client = Client()
+    client = ApiClient()
     template: dict[str, Any] = {}
     for key, value in (("image", image), ("gpu", gpus or sku), ("cpu", cpu),
                        ("memory", memory), ("timeout", timeout)):

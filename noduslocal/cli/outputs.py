@@ -9,7 +9,7 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option, project_option
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 @click.command("outputs")
@@ -18,7 +18,7 @@ from noduslocal.sdk.api_client import Client
 @json_option
 def outputs(job: str, project: str | None, as_json: bool) -> None:
     """List JOB's declared outputs and what was collected."""
-    rows = Client().list_outputs(job, project)
+    rows = ApiClient().list_outputs(job, project)
     if as_json:
         output.print_json(rows)
         return
@@ -40,4 +40,4 @@ def outputs(job: str, project: str | None, as_json: bool) -> None:
 def download_output(job: str, name: str, dest: Path, project: str | None,
                     index: int | None) -> None:
     """Save JOB's output NAME at DEST (a directory output becomes a directory)."""
-    click.echo(str(Client().download_output(job, project, name, dest, index)))
+    click.echo(str(ApiClient().download_output(job, project, name, dest, index)))

@@ -8,14 +8,14 @@ import json
 import click
 
 from noduslocal.cli.job import json_option
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 @click.command("profiles")
 @json_option
 def profiles(as_json: bool) -> None:
     """List the daemon's profiles and what each sets."""
-    found = Client().transport.request("GET", "/v1/profiles")["profiles"]
+    found = ApiClient().transport.request("GET", "/v1/profiles")["profiles"]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return

@@ -6,7 +6,7 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 @click.command("queue")
@@ -14,7 +14,7 @@ from noduslocal.sdk.api_client import Client
 def queue(as_json: bool) -> None:
     """Pending jobs in the order the scheduler takes them (priority, fair share,
     submission), with why each waits and when the first is expected to start."""
-    doc = Client().queue()
+    doc = ApiClient().queue()
     if as_json:
         output.print_json(doc)
         return

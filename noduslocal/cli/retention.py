@@ -8,7 +8,7 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
 from noduslocal.domain.units import fmt_bytes, fmt_duration
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 GC_TIMEOUT = 3600.0  # a pass over a large data dir walks every directory it removes
 
@@ -22,7 +22,7 @@ def du(user: str | None, cached: bool, as_json: bool) -> None:
     """Each user's use of the data dir: job directories (workspaces, logs), volumes and
     blobs (outputs, uploads), against their quota, and how long their ended jobs keep
     their files."""
-    doc = Client().transport.request("GET", "/v1/du",
+    doc = ApiClient().transport.request("GET", "/v1/du",
                                      query={"refresh": "false" if cached else "true"})
     rows = [u for u in doc["users"] if user is None or u["user"] == user]
     if as_json:
@@ -47,7 +47,7 @@ def gc(dry_run: bool, as_json: bool) -> None:
     """Admins: run the retention pass now. Ended jobs past keep_ended lose their
     workspace, logs and outputs (their history stays); blobs and uploads nothing names
     any more are deleted. Running and pending jobs' files are never touched."""
-    doc = Client().transport.request("POST", "/v1/admin/gc",
+    doc = ApiClient().transport.request("POST", "/v1/admin/gc",
                                      query={"dry_run": "true" if dry_run else "false"},
                                      timeout=GC_TIMEOUT)
     if as_json:

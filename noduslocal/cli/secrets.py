@@ -9,7 +9,7 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 @click.group()
@@ -28,7 +28,7 @@ def set_(name: str) -> None:
         value = value[:-1] if value.endswith("\n") else value
     if not value:
         raise click.UsageError("the value is empty; pipe it in or type it at the prompt")
-    created = Client().set_secret(name, value)
+    created = ApiClient().set_secret(name, value)
     click.echo(f"{name}: {'created' if created else 'replaced'}")
 
 
@@ -36,7 +36,7 @@ def set_(name: str) -> None:
 @json_option
 def ls(as_json: bool) -> None:
     """List your secrets' names."""
-    rows = Client().list_secrets()
+    rows = ApiClient().list_secrets()
     if as_json:
         output.print_json(rows)
         return
@@ -47,5 +47,5 @@ def ls(as_json: bool) -> None:
 @click.argument("name")
 def rm(name: str) -> None:
     """Remove NAME (jobs created before keep the value they were given)."""
-    Client().delete_secret(name)
+    ApiClient().delete_secret(name)
     click.echo(f"{name}: removed")

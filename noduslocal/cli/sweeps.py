@@ -13,7 +13,7 @@ from noduslocal.cli import output
 from noduslocal.cli.harvest import harvest
 from noduslocal.cli.job import json_option, project_option
 from noduslocal.domain.states import SWEEP_TERMINAL, SweepPhase
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 WATCH_EVERY = 1.0  # seconds between repaints of `status --watch`
 PHASES = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed", "Cancelled")
@@ -30,7 +30,7 @@ def _counts(sweep: dict[str, Any]) -> str:
 @json_option
 def sweeps(show_all: bool, project: str | None, as_json: bool) -> None:
     """List sweeps (running ones unless --all) with their cells' counts."""
-    found = Client().list_sweeps(project=project, all=show_all)
+    found = ApiClient().list_sweeps(project=project, all=show_all)
     if as_json:
         output.print_json(found)
         return
@@ -92,7 +92,7 @@ def _params(cell: dict[str, Any]) -> str:
 def status(name: str, project: str | None, watch: bool, show_cells: bool,
            as_json: bool) -> None:
     """How the sweep stands: phase, counts per phase and cost; --cells for every cell."""
-    client = Client()
+    client = ApiClient()
     doc = client.get_sweep(name, project)
     if as_json:
         if show_cells:
@@ -129,7 +129,7 @@ def status(name: str, project: str | None, watch: bool, show_cells: bool,
 @click.option("--follow", "-f", is_flag=True, help="Follow until the task ends.")
 def logs(name: str, project: str | None, task: int | None, follow: bool) -> None:
     """A task's log: by default the one failure that stands for the most."""
-    client = Client()
+    client = ApiClient()
     if task is None:
         doc = client.get_sweep(name, project)
         if not doc.get("failures"):
@@ -155,7 +155,7 @@ def logs(name: str, project: str | None, task: int | None, follow: bool) -> None
 @json_option
 def wait(name: str, project: str | None, timeout: float | None, as_json: bool) -> None:
     """Block until the sweep ends; exit 0 when every cell succeeded, 1 otherwise."""
-    doc = _wait_with_progress(Client(), name, project, timeout, quiet=as_json)
+    doc = _wait_with_progress(ApiClient(), name, project, timeout, quiet=as_json)
     if as_json:
         output.print_json(doc)
     else:
@@ -163,7 +163,7 @@ def wait(name: str, project: str | None, timeout: float | None, as_json: bool) -
     sys.exit(0 if doc["phase"] == SweepPhase.SUCCEEDED else 1)
 
 
-def _wait_with_progress(client: Client, name: str, project: str | None,
+def _wait_with_progress(client: ApiClient, name: str, project: str | None,
                         timeout: float | None, quiet: bool) -> dict[str, Any]:
     """wait_sweep in one-second long polls, with a live bar of cells done (on stderr)."""
     from rich.console import Console
@@ -199,7 +199,7 @@ def _wait_with_progress(client: Client, name: str, project: str | None,
 @json_option
 def cancel(name: str, project: str | None, remaining: bool, as_json: bool) -> None:
     """Cancel the sweep: cells not started, and running ones unless --remaining."""
-    doc = Client().cancel_sweep(name, project, remaining)
+    doc = ApiClient().cancel_sweep(name, project, remaining)
     if as_json:
         output.print_json(doc)
     else:
@@ -213,7 +213,7 @@ def cancel(name: str, project: str | None, remaining: bool, as_json: bool) -> No
 def suspend(name: str, project: str | None, as_json: bool) -> None:
     """Start no more cells and stop the running ones (each kept Suspended, its checkpoint
     too) until `sweep resume`."""
-    doc = Client().suspend_sweep(name, project)
+    doc = ApiClient().suspend_sweep(name, project)
     if as_json:
         output.print_json(doc)
     else:
@@ -226,7 +226,7 @@ def suspend(name: str, project: str | None, as_json: bool) -> None:
 @json_option
 def resume(name: str, project: str | None, as_json: bool) -> None:
     """Go on with a suspended sweep: its suspended cells wait again, in order."""
-    doc = Client().resume_sweep(name, project)
+    doc = ApiClient().resume_sweep(name, project)
     if as_json:
         output.print_json(doc)
     else:
@@ -242,7 +242,7 @@ def resume(name: str, project: str | None, as_json: bool) -> None:
 def retry(name: str, project: str | None, include_cancelled: bool, as_json: bool) -> None:
     """Run a failed sweep's failed cells again; after a canary failure, the canary first
     and the rest once it passes."""
-    doc = Client().retry_sweep(name, project, all=include_cancelled)
+    doc = ApiClient().retry_sweep(name, project, all=include_cancelled)
     if as_json:
         output.print_json(doc)
     else:
@@ -256,7 +256,7 @@ def retry(name: str, project: str | None, include_cancelled: bool, as_json: bool
 @json_option
 def gc(name: str, project: str | None, yes: bool, as_json: bool) -> None:
     """Free a finished sweep's workspaces (harvest first); history, logs and cost stay."""
-    client = Client()
+    client = ApiClient()
     doc = client.get_sweep(name, project)
     if not yes:
         if not sys.stdin.isatty():
@@ -278,7 +278,7 @@ def gc(name: str, project: str | None, yes: bool, as_json: bool) -> None:
 @json_option
 def set_(name: str, project: str | None, max_parallel: int, as_json: bool) -> None:
     """Change a running sweep's width."""
-    doc = Client().set_sweep(name, project, max_parallel=max_parallel)
+    doc = ApiClient().set_sweep(name, project, max_parallel=max_parallel)
     if as_json:
         output.print_json(doc)
     else:

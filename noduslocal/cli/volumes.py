@@ -10,7 +10,7 @@ import click
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option
 from noduslocal.domain import errors
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 
 @click.group()
@@ -23,7 +23,7 @@ def volume() -> None:
 @click.option("--exist-ok", is_flag=True, help="A volume NAME of yours already there is fine.")
 def create(name: str, exist_ok: bool) -> None:
     """Create volume NAME, owned by you."""
-    client = Client()
+    client = ApiClient()
     try:
         client.create_volume(name)
     except errors.AlreadyExists:
@@ -38,7 +38,7 @@ def create(name: str, exist_ok: bool) -> None:
 @json_option
 def ls(as_json: bool) -> None:
     """List volumes (everyone's, with their owners)."""
-    rows = Client().list_volumes()
+    rows = ApiClient().list_volumes()
     if as_json:
         output.print_json(rows)
         return
@@ -52,7 +52,7 @@ def ls(as_json: bool) -> None:
 @json_option
 def files(name: str, path: str, as_json: bool) -> None:
     """List PATH (default: the top) of volume NAME."""
-    entries = Client().volume_files(name, path)
+    entries = ApiClient().volume_files(name, path)
     if as_json:
         output.print_json(entries)
         return
@@ -65,12 +65,12 @@ def files(name: str, path: str, as_json: bool) -> None:
 @click.argument("dest", type=click.Path(path_type=Path))
 def download(name: str, path: str, dest: Path) -> None:
     """Save file PATH of volume NAME at DEST, verified by its sha256."""
-    click.echo(str(Client().download_volume_file(name, path, dest)))
+    click.echo(str(ApiClient().download_volume_file(name, path, dest)))
 
 
 @volume.command("rm")
 @click.argument("name")
 def rm(name: str) -> None:
     """Remove volume NAME and its files (refused while an unfinished job uses it)."""
-    Client().delete_volume(name)
+    ApiClient().delete_volume(name)
     click.echo(f"{name}: removed")

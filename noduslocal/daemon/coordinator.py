@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.daemon.config.settings import Settings
-from noduslocal.daemon.disk.reclaim import Retention
+from noduslocal.daemon.disk.reclaim import Reclaimer
 from noduslocal.daemon.disk.room import Room
 from noduslocal.daemon.disk.usage import DiskUsage
 from noduslocal.daemon.disk.watch import DiskWatch
@@ -45,7 +45,7 @@ from noduslocal.daemon.runtime.host.execute import ExecResult
 from noduslocal.daemon.scheduler.fairshare import Ledger
 from noduslocal.daemon.scheduler.gpus import GpuPool
 from noduslocal.daemon.scheduler.queue import Capacity, Limits, Queue
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.sweeps.admission import SweepAdmission
 from noduslocal.daemon.sweeps.controller import SweepController
@@ -106,7 +106,7 @@ class Lifecycle:
                                 self.stopper, self.dispatch.kick)
         self.users = UserAdmin(settings, store, self.queue, self.accounting, self.dispatch)
         self.usage = DiskUsage(settings, store, layout)
-        self.retention = Retention(settings, store, layout, self.board, self.usage)
+        self.retention = Reclaimer(settings, store, layout, self.board, self.usage)
         self.room = Room(self.disk, self.usage, store)
 
     def _run(self, attempt: Attempt) -> None:
@@ -140,7 +140,7 @@ class Lifecycle:
         """A runtime came or went (dockerd): its jobs wait with the reason as their hold,
         without holding up the jobs behind them, or may start again."""
         for kind, runtime in self.runtimes.items():
-            why = runtime.hold()
+            why = runtime.wait_reason()
             if why is None:
                 self.queue.blocked.pop(kind, None)
             else:
@@ -177,7 +177,7 @@ class Lifecycle:
 
     # --- the API's ----------------------------------------------------------------------
 
-    async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
+    async def create(self, req: CreateRequest, owner: job_writes.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
         await self.room.require_unless_made("new jobs", owner.uid, owner.name, "jobs",
                                             idempotency_key)
@@ -196,7 +196,7 @@ class Lifecycle:
         await self.controls.remove(job, by)
         self.usage.refresh_soon()
 
-    async def create_sweep(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
+    async def create_sweep(self, plan: Plan, owner: job_writes.Owner, idempotency_key: str | None,
                            request_hash: str | None) -> tuple[SweepRecord, bool]:
         await self.webhooks.check(plan.webhook)
         await self.room.require_unless_made("new sweeps", owner.uid, owner.name, "sweeps",
@@ -255,12 +255,12 @@ class Lifecycle:
     def ledger(self) -> Ledger:
         return self.accounting.ledger
 
-    def hold(self, job_id: int) -> str | None:
+    def wait_reason(self, job_id: int) -> str | None:
         if (pause := self.dispatch.retry_hold(job_id)) is not None:
             return pause
-        if (why := self.queue.hold(job_id)) is not None and self.sweeps.is_cell(job_id):
+        if (why := self.queue.wait_reason(job_id)) is not None and self.sweeps.is_cell(job_id):
             return f"blocked on capacity: {why}"  # released by its sweep, waiting its turn
-        return why or self.sweeps.hold(job_id)
+        return why or self.sweeps.wait_reason(job_id)
 
     def job_label(self, job_id: int) -> str | None:
         """`project/name` of a job that runs or waits, for messages about it."""
@@ -333,7 +333,7 @@ class Lifecycle:
             raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
         runtime = self.runtimes[job.spec.runtime]
         if not attempt.ends:
-            why = runtime.hold() or "the daemon has just restarted"
+            why = runtime.wait_reason() or "the daemon has just restarted"
             raise errors.Conflict(f"job {job.name!r}: it is not adopted yet ({why}); try "
                                   "again shortly")
         owner = job.owner_uid

@@ -34,7 +34,7 @@ from noduslocal.daemon.jobs.runner import AttemptRunner
 from noduslocal.daemon.runtime.attempts import NeverStarted
 from noduslocal.daemon.runtime.base import Rank, Runtime
 from noduslocal.daemon.scheduler.queue import Request
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store.restore import catch_up, restore_job
 from noduslocal.daemon.sweeps.controller import SweepController
 from noduslocal.domain.jobs import AttemptRecord, JobRecord
@@ -194,7 +194,7 @@ class Recovery:
         if not recorded_running or started is None:
             # The daemon died between the launch and its commit.
             started = min(rank.started_at for rank in ranks)
-            await self.store.write(lambda c, at=started: ops.attempt_running(
+            await self.store.write(lambda c, at=started: job_writes.attempt_running(
                 c, job.id, attempt.number, at, attempt.handles))
         await self.runner.watch(attempt, started)
 

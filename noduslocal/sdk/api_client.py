@@ -27,7 +27,7 @@ CELLS_PAGE = 1000  # a sweep's cells per request
 JOBS_PAGE = 1000  # jobs per request (the daemon's page)
 
 
-class Client:
+class ApiClient:
     def __init__(self, socket_path: str | Path | None = None) -> None:
         self.transport = Transport(socket_path)
 

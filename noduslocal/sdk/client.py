@@ -13,7 +13,7 @@ from typing import Any
 
 from noduslocal.domain import errors
 from noduslocal.domain.states import SweepPhase
-from noduslocal.sdk.api_client import Client as Api
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.sdk.sweep import Sweep
 from noduslocal.sdk.view import View
 
@@ -83,7 +83,7 @@ class Client:
     """`nodus.Client()`: the daemon's SDK mirrors of `super map` and `super job`."""
 
     def __init__(self, socket_path: str | Path | None = None) -> None:
-        self.api = Api(socket_path)
+        self.api = ApiClient(socket_path)
 
     def map(self, cmd: str | Sequence[str], args: Any, *, name: str | None = None,
             sku: str | None = None, gpu: Any = None, image: str | None = None,
@@ -123,7 +123,7 @@ class Client:
 
 
 class Project:
-    def __init__(self, api: Api, name: str | None) -> None:
+    def __init__(self, api: ApiClient, name: str | None) -> None:
         self.api = api
         self.name = name
 
@@ -149,7 +149,7 @@ class Project:
 
 
 class EphemeralJob:
-    def __init__(self, api: Api, doc: Mapping[str, Any]) -> None:
+    def __init__(self, api: ApiClient, doc: Mapping[str, Any]) -> None:
         self.api = api
         self.name: str = doc["name"]
         self.project: str = doc["project"]

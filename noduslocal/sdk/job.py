@@ -14,19 +14,19 @@ from typing import Any
 from noduslocal.domain import errors
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.domain.states import Phase
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 from noduslocal.sdk.view import View
 
-_clients: dict[str | None, Client] = {}
+_clients: dict[str | None, ApiClient] = {}
 LOG_PARAMS = frozenset({"tail", "attempt", "stream", "rank", "index"})
 
 
-def default_client() -> Client:
+def default_client() -> ApiClient:
     """One client per socket override, so `noduslocal.testing` can point the SDK at a
     daemon of its own by setting NODUSLOCAL_SOCKET."""
     key = os.environ.get(SOCKET_ENV)
     if key not in _clients:
-        _clients[key] = Client(key)
+        _clients[key] = ApiClient(key)
     return _clients[key]
 
 

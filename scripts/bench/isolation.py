@@ -34,7 +34,7 @@ from common import summary_ms, table
 import noduslocal
 from noduslocal import testing
 from noduslocal.domain import errors
-from noduslocal.sdk.api_client import Client
+from noduslocal.sdk.api_client import ApiClient
 
 USER, GROUP = "nlbench", "noduslocal"
 READERS, TAILERS = 6, 10
@@ -51,7 +51,7 @@ def ensure_user() -> pwd.struct_passwd:
     return pwd.getpwnam(USER)
 
 
-def list_everything(client: Client, stop: threading.Event, pages: list[int]) -> None:
+def list_everything(client: ApiClient, stop: threading.Event, pages: list[int]) -> None:
     """A reader that pages through every job, again and again (the review's
     `?all=1&limit=100000`, as the paged API answers it)."""
     while not stop.is_set():
@@ -64,7 +64,7 @@ def list_everything(client: Client, stop: threading.Event, pages: list[int]) -> 
                 break
 
 
-def tail(client: Client, stop: threading.Event, count: list[int]) -> None:
+def tail(client: ApiClient, stop: threading.Event, count: list[int]) -> None:
     while not stop.is_set():
         for _ in client.transport.stream("/v1/jobs/longline/logs", query={"tail": 1},
                                          timeout=600):
@@ -77,7 +77,7 @@ def measure(socket: Path, uid: int, gid: int, rounds: int, out: int) -> None:
     os.setgroups([grp.getgrnam(GROUP).gr_gid])
     os.setgid(gid)
     os.setuid(uid)
-    client = Client(socket)
+    client = ApiClient(socket)
     times: dict[str, list[float]] = {"health": [], "job list": [], "job run -- true": []}
     for index in range(rounds):
         start = time.perf_counter()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import summary_ms, table
 
-from noduslocal.daemon.store import retention
+from noduslocal.daemon.store import reclaim
 from noduslocal.daemon.store.migrate import migrate
 
 DAY = 86400.0
@@ -58,7 +58,7 @@ def timed(conn: sqlite3.Connection, now: float, dry_run: bool) -> tuple[float, f
     while True:
         began = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
-        found, _ = retention.collect(conn, now, lambda user: 14 * DAY, 14 * DAY, frozenset(),
+        found, _ = reclaim.reclaim_due(conn, now, lambda user: 14 * DAY, 14 * DAY, frozenset(),
                                      dry_run, after)
         conn.execute("ROLLBACK" if dry_run else "COMMIT")
         longest = max(longest, time.perf_counter() - began)

@@ -34,7 +34,7 @@ async def users(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/admin/users/{user}/hold")
-async def hold(request: web.Request) -> web.Response:
+async def hold_user(request: web.Request) -> web.Response:
     require_admin(request, "hold: you may not hold a user's queue")
     caller: Caller = request["caller"]
     name = request.match_info["user"]
@@ -45,16 +45,16 @@ async def hold(request: web.Request) -> web.Response:
     if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
         raise errors.InvalidArgument("reason: expected words, at most 200 characters",
                                      field="reason")
-    await request.app[SERVICES].lifecycle.users.hold(_uid(name), name, caller.name, reason)
+    await request.app[SERVICES].lifecycle.users.hold_user(_uid(name), name, caller.name, reason)
     return web.json_response({"user": name, "held": True, "reason": reason})
 
 
 @routes.post("/v1/admin/users/{user}/release")
-async def release(request: web.Request) -> web.Response:
+async def release_user(request: web.Request) -> web.Response:
     require_admin(request, "release: you may not release a user's queue")
     caller: Caller = request["caller"]
     name = request.match_info["user"]
-    await request.app[SERVICES].lifecycle.users.release(_uid(name), name, caller.name)
+    await request.app[SERVICES].lifecycle.users.release_user(_uid(name), name, caller.name)
     return web.json_response({"user": name, "held": False})
 
 

@@ -61,11 +61,11 @@ async def estimate(request: web.Request) -> web.Response:
     if spec.gang is not None:
         gang = gang_topology(lifecycle.queue.capacity.gpus, Request.of(job.id, spec, job.owner_uid),
                              spec.gang.nodes, spec.gang.gpus_per_node,
-                             lifecycle.hold(job.id) if job.phase == Phase.PENDING else None)
+                             lifecycle.wait_reason(job.id) if job.phase == Phase.PENDING else None)
     return web.json_response({
         "kind": "Estimate", "name": job.name, "phase": job.phase, "gang": gang,
         "start_at": iso(start_at), "start_in_s": None if start_at is None
         else round(max(0.0, start_at - now), 1), "start_basis": start_why,
         "cost_p50": round(_pct(costs, 50), 6) if costs else None,
         "cost_p90": round(_pct(costs, 90), 6) if costs else None, "cost_basis": source,
-        "hold": lifecycle.hold(job.id)})
+        "hold": lifecycle.wait_reason(job.id)})

@@ -14,7 +14,7 @@ from functools import lru_cache
 from aiohttp import web
 
 from noduslocal.daemon.accounts import user_name
-from noduslocal.daemon.store.jobs import Owner
+from noduslocal.daemon.store.job_writes import Owner
 from noduslocal.domain import errors
 
 

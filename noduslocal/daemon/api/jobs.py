@@ -31,7 +31,7 @@ EXEC_TIMEOUT_MAX = 24 * 3600.0
 def job_doc(request: web.Request, job: JobRecord, detail: bool = True) -> dict[str, Any]:
     caller: Caller = request["caller"]
     lifecycle = request.app[SERVICES].lifecycle
-    doc = job.to_wire(lifecycle.hold(job.id), redact=not caller.may_control(job.owner_uid),
+    doc = job.to_wire(lifecycle.wait_reason(job.id), redact=not caller.may_control(job.owner_uid),
                       running_cost=lifecycle.running_cost(job.id),
                       live_metrics=lifecycle.running_metrics(job.id))
     if not detail:  # a listing: no file is read per job

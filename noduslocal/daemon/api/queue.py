@@ -48,5 +48,5 @@ def _entry(lifecycle: Lifecycle, place: int, job_id: int) -> dict[str, Any] | No
         "gpu": None if job.spec.gpu is None else job.spec.gpu.to_wire(),
         "cpu": job.spec.cpu_m / 1000, "priority": job.spec.priority,
         "expected_duration": job.spec.expected_duration,
-        "hold": queue.hold(job_id), "eta": iso(queue.etas.get(job_id)),
+        "hold": queue.wait_reason(job_id), "eta": iso(queue.etas.get(job_id)),
         "created_at": iso(job.created_at)}

@@ -20,7 +20,7 @@ from noduslocal.daemon.disk.watch import allocated
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs.attempt import Board
 from noduslocal.daemon.store import Store
-from noduslocal.daemon.store import retention as ops
+from noduslocal.daemon.store.reclaim import Cursor, Reclaimed, blob_refs, gone_dirs, reclaim_due
 from noduslocal.domain.jobs import GcReport
 from noduslocal.domain.units import fmt_bytes, fmt_duration
 
@@ -32,7 +32,7 @@ BLOB_GRACE = 600.0
 WAKE_EVERY = 5.0  # seconds between looks at whether a pass is due
 
 
-class Retention:
+class Reclaimer:
     def __init__(self, settings: Settings, store: Store, layout: JobLayout, board: Board,
                  usage: DiskUsage) -> None:
         self.settings = settings
@@ -65,16 +65,16 @@ class Retention:
             now = time.time()
             active = frozenset(self.board.active) | frozenset(self.board.settling)
             keep_for, shortest = self.settings.keep_for, self._shortest_keep()
-            found, after = ops.Collection(), (-1.0, 0)
+            found, after = Reclaimed(), (-1.0, 0)
 
-            def batch(c: sqlite3.Connection, at: ops.Cursor,
-                      due: frozenset[int]) -> tuple[ops.Collection, Any]:
-                return ops.collect(c, now, keep_for, shortest, active, dry_run, at, due)
+            def batch(c: sqlite3.Connection, at: Cursor,
+                      due: frozenset[int]) -> tuple[Reclaimed, Any]:
+                return reclaim_due(c, now, keep_for, shortest, active, dry_run, at, due)
 
             while True:  # in batches, each its own transaction with its events
                 # What earlier batches found is collected already, unless this is a dry run.
                 due = frozenset(job.id for job in found.jobs) if dry_run else frozenset()
-                done: ops.Collection = await self.store.write(partial(batch, at=after,
+                done: Reclaimed = await self.store.write(partial(batch, at=after,
                                                                       due=due))
                 found.add(done)
                 if done.after is None:
@@ -82,8 +82,8 @@ class Retention:
                 after = done.after
             # Blobs released from here on may be recorded where the read below misses them.
             read_since = time.monotonic()
-            referenced = await asyncio.to_thread(ops.blob_refs, self.store, found)
-            gone = await ops.gone_dirs(self.store,
+            referenced = await asyncio.to_thread(blob_refs, self.store, found)
+            gone = await gone_dirs(self.store,
                                        await asyncio.to_thread(self.layout.job_ids_on_disk))
             report = await asyncio.to_thread(self._files, found, referenced, gone, dry_run,
                                              now, read_since)
@@ -100,7 +100,7 @@ class Retention:
                  if k is not None]
         return min(keeps, default=None)
 
-    def _files(self, found: ops.Collection, referenced: set[str], gone: list[int],
+    def _files(self, found: Reclaimed, referenced: set[str], gone: list[int],
                dry_run: bool, now: float, read_since: float) -> GcReport:
         """On a thread: the collected jobs' directories (measured, then removed), those a
         crash left of jobs collected or removed before, and the blobs nobody names."""

@@ -15,7 +15,7 @@ from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.scheduler.capacity import Capacity, Request
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import CreateRequest, JobRecord
 
@@ -48,7 +48,7 @@ class Admission:
         self.dispatch = dispatch
         self.background = background
 
-    def check(self, req: CreateRequest, owner: ops.Owner) -> None:
+    def check(self, req: CreateRequest, owner: job_writes.Owner) -> None:
         """Refuse what can never run here, naming the field and what is allowed."""
         if self.background.closed:
             raise errors.Conflict("the daemon is shutting down; submit again once it is back")
@@ -64,12 +64,12 @@ class Admission:
         if (why := self.capacity.refusal(request) or self.capacity.disk_refusal(request)):
             raise errors.InvalidArgument(why, field=why.split(":")[0])
 
-    async def create(self, req: CreateRequest, owner: ops.Owner, idempotency_key: str | None,
+    async def create(self, req: CreateRequest, owner: job_writes.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[JobRecord, bool]:
         self.check(req, owner)
         project = req.project or owner.name
-        created: ops.Created = await under_a_free_name(
-            self.store, req.name, "job", lambda c, name, now: ops.insert_job(
+        created: job_writes.Created = await under_a_free_name(
+            self.store, req.name, "job", lambda c, name, now: job_writes.insert_job(
                 c, req, owner, name, project, now, idempotency_key, request_hash))
         if created.created:
             self.dispatch.enqueue(created.job)

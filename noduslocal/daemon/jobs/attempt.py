@@ -64,7 +64,7 @@ class Board:
         self.finishing: dict[int, asyncio.Future[None]] = {}
         self.settling: Counter[int] = Counter()  # by job id: runners still in their tail
 
-    def holds(self, attempt: Attempt) -> bool:
+    def occupies(self, attempt: Attempt) -> bool:
         return self.active.get(attempt.job.id) is attempt
 
     def job_name(self, job_id: int) -> str | None:

@@ -14,7 +14,7 @@ from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs.attempt import Board
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.jobs.stops import Stopper
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import TERMINAL, Phase, Reason
@@ -45,7 +45,7 @@ class OwnerControls:
         if job.phase in TERMINAL:
             raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
         if self._take_back(job.id):
-            await self.store.write(lambda c: ops.cancel_pending(
+            await self.store.write(lambda c: job_writes.cancel_pending(
                 c, job.id, time.time(), "cancelled before it started"))
             self.dispatch.kick()
             return
@@ -61,7 +61,7 @@ class OwnerControls:
                                                                             recorded)))
             return
         if job.phase == Phase.SUSPENDED:
-            await self.store.write(lambda c: ops.set_phase(
+            await self.store.write(lambda c: job_writes.set_phase(
                 c, job.id, Phase.CANCELLED, time.time(), Reason.CANCELLED,
                 "cancelled while suspended", expect=Phase.SUSPENDED))
             return
@@ -80,7 +80,7 @@ class OwnerControls:
         if job.phase in TERMINAL:
             raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
         if self._take_back(job.id):
-            await self.store.write(lambda c: ops.set_phase(
+            await self.store.write(lambda c: job_writes.set_phase(
                 c, job.id, Phase.SUSPENDED, time.time(), Reason.SUSPENDED,
                 "suspended before it started; `job resume` queues it again"))
             self.dispatch.kick()
@@ -100,14 +100,14 @@ class OwnerControls:
         if job.phase not in TERMINAL or job.id in self.board.active:
             raise errors.Conflict(f"job {job.name!r} is {job.phase}; cancel it first "
                                   "(`job kill`), or `job run --replace`")
-        await self.store.write(lambda c: ops.remove_job(c, job.id, time.time(), by))
+        await self.store.write(lambda c: job_writes.remove_job(c, job.id, time.time(), by))
         await asyncio.to_thread(self.layout.remove, job.id)
 
     async def resume(self, job: JobRecord) -> None:
         if job.phase != Phase.SUSPENDED:
             raise errors.Conflict(f"job {job.name!r} is {job.phase}; only a suspended job "
                                   "can be resumed")
-        await self.store.write(lambda c: ops.set_phase(
+        await self.store.write(lambda c: job_writes.set_phase(
             c, job.id, Phase.PENDING, time.time(), Reason.RESUMED,
             "resumed; queued again at its old place", expect=Phase.SUSPENDED))
         resumed = replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED)

@@ -16,7 +16,7 @@ from noduslocal.daemon.jobs.attempt import Attempt, Board
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.scheduler.queue import Queue, Request
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import Reason
 
@@ -45,7 +45,7 @@ class Dispatch:
         if (why := self.queue.capacity.refusal(request)) is not None:
             # Admitted by a daemon with more CPUs or memory than this one: it would wait
             # at the head of the queue forever, and everything behind it too.
-            self.store.write(lambda c: ops.fail_job(
+            self.store.write(lambda c: job_writes.fail_job(
                 c, job.id, time.time(), Reason.UNSCHEDULABLE, f"{why} (after a restart)"))
             return
         self.pending[job.id] = job
@@ -108,7 +108,7 @@ class Dispatch:
             self.board.active[job.id] = attempt
             # Queued now, so it joins the commit of whatever freed the capacity.
             attempt.started = self.store.write(
-                lambda c, job_id=job.id, uuids=attempt.gpus: ops.start_attempt(
+                lambda c, job_id=job.id, uuids=attempt.gpus: job_writes.start_attempt(
                     c, job_id, time.time(), uuids))
             self._on_start(attempt)
 
@@ -116,7 +116,7 @@ class Dispatch:
         """The attempt holds nothing any more: its share goes to the next pass."""
         for timer in attempt.timers:
             timer.cancel()
-        if self.board.holds(attempt):
+        if self.board.occupies(attempt):
             del self.board.active[attempt.job.id]
             self.queue.stopping.discard(attempt.job.id)
             self.accounting.charge(attempt.request)

@@ -32,7 +32,7 @@ from noduslocal.daemon.runtime.base import (
     failed,
     rank_dir,
 )
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain.jobs import Collected, JobRecord
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class IndexedRun:
 
     async def _running(self, attempt: Attempt, at: float) -> None:
         attempt.running = True
-        await self.store.write(lambda c: ops.attempt_running(
+        await self.store.write(lambda c: job_writes.attempt_running(
             c, attempt.job.id, attempt.number, at, attempt.handles))
 
     def _take(self, attempt: Attempt, rank: Rank, running: dict[Any, tuple[int, int]],
@@ -211,7 +211,7 @@ class IndexedRun:
             collected = await self.collect(attempt.job, index)
             job_id, number = attempt.job.id, attempt.number
             await self.layout.blobs.recorded(self.store.write(
-                lambda c: ops.record_outputs(c, job_id, number, collected, time.time())),
+                lambda c: job_writes.record_outputs(c, job_id, number, collected, time.time())),
                 [out.sha256 for out in collected])
         return state if failed(state) else None
 

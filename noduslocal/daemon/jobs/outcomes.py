@@ -9,7 +9,7 @@ import signal
 
 from noduslocal.daemon.jobs.attempt import Attempt
 from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
-from noduslocal.daemon.store.jobs import Outcome
+from noduslocal.daemon.store.job_writes import Outcome
 from noduslocal.domain.states import AttemptPhase, Phase, Reason
 from noduslocal.domain.units import fmt_bytes
 

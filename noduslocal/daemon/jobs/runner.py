@@ -29,7 +29,7 @@ from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.runtime.base import Launch, LaunchFailed, NotLaunched, Rank, Runtime
 from noduslocal.daemon.runtime.gang_launch import master_port
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain.indexes import output_path
 from noduslocal.domain.jobs import Collected, JobRecord
 from noduslocal.domain.states import TERMINAL, AttemptPhase, Phase, Reason
@@ -124,7 +124,7 @@ class AttemptRunner:
             self.take(attempt, ranks)
             now = min(rank.started_at for rank in ranks)
             # Not awaited here: the writer keeps order, so this commits before the end does.
-            running = self.store.write(lambda c: ops.attempt_running(
+            running = self.store.write(lambda c: job_writes.attempt_running(
                 c, job.id, attempt.number, now, attempt.handles))
             await self.watch(attempt, now, running)
         except asyncio.CancelledError:
@@ -186,7 +186,7 @@ class AttemptRunner:
                 collected = await asyncio.get_running_loop().run_in_executor(
                     self._collect_pool, self._collect, job)
             reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
-        ended = self.store.write(lambda c: ops.finish_attempt(
+        ended = self.store.write(lambda c: job_writes.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
             indexed=job.spec.indexed is not None))
         # Its outputs' blobs stay pinned until this commit lands, even if we are cancelled.
@@ -235,11 +235,11 @@ class AttemptRunner:
                 await self.stopper.signal(attempt, signal.SIGKILL)
             if attempt.number:
                 phase = AttemptPhase.LOST if attempt.running else AttemptPhase.NOT_STARTED
-                outcome = ops.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
-                await self.store.write(lambda c: ops.finish_attempt(
+                outcome = job_writes.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
+                await self.store.write(lambda c: job_writes.finish_attempt(
                     c, job.id, attempt.number, outcome, time.time()))
             else:
-                await self.store.write(lambda c: ops.fail_job(
+                await self.store.write(lambda c: job_writes.fail_job(
                     c, job.id, time.time(), Reason.START_FAILED, message))
             if attempt.handles and attempt.directory is not None:  # a kill may have failed
                 await self.runtime_of(job).release(attempt.ref, attempt.handles)

@@ -20,7 +20,7 @@ from noduslocal.daemon.jobs.attempt import Attempt, Board
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.outcomes import overrides
 from noduslocal.daemon.runtime.base import Runtime
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 
 log = logging.getLogger(__name__)
 RETRY_STOP = 1.0  # seconds between tries of a stop that could not be delivered
@@ -53,7 +53,7 @@ class Stopper:
     async def stop_ranks(self, attempt: Attempt) -> None:
         """One rank ended its gang: SIGTERM to the others, SIGKILL after the grace. No stop
         is recorded: the end that came first is the attempt's."""
-        if await self.signal(attempt, signal.SIGTERM) and self.board.holds(attempt):
+        if await self.signal(attempt, signal.SIGTERM) and self.board.occupies(attempt):
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 self.settings.kill_grace, lambda: self.kill(attempt)))
 
@@ -77,20 +77,20 @@ class Stopper:
         # same way. An attempt whose start is not committed yet has nothing to signal: the
         # runner ends it unstarted once it is.
         recorded = self._record(attempt, reason)
-        if not resend and self.board.holds(attempt) and attempt.running:
+        if not resend and self.board.occupies(attempt) and attempt.running:
             await self.send_stop(attempt)
         await self.settle(recorded)
 
     def _record(self, attempt: Attempt, reason: str) -> asyncio.Future[Any]:
         if attempt.number or attempt.started is None:
             number = attempt.number
-            return self.store.write(lambda c: ops.request_stop(c, attempt.job.id, number,
+            return self.store.write(lambda c: job_writes.request_stop(c, attempt.job.id, number,
                                                                reason))
 
         async def once_started() -> None:
             assert attempt.started is not None
             attempt.number = number = await attempt.started
-            await self.store.write(lambda c: ops.request_stop(c, attempt.job.id, number,
+            await self.store.write(lambda c: job_writes.request_stop(c, attempt.job.id, number,
                                                               reason))
 
         return self.aside(once_started())
@@ -123,12 +123,12 @@ class Stopper:
 
     def _delivered(self, attempt: Attempt) -> None:
         attempt.stop_sent = True  # no await since the kill: the exit cannot be seen yet
-        if self.board.holds(attempt):
+        if self.board.occupies(attempt):
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 self.settings.kill_grace, lambda: self.kill(attempt)))
 
     async def _retry_stop(self, attempt: Attempt) -> None:
-        while self.board.holds(attempt) and not self.background.closed and not attempt.ended:
+        while self.board.occupies(attempt) and not self.background.closed and not attempt.ended:
             await asyncio.sleep(RETRY_STOP)
             if await self.signal(attempt, signal.SIGTERM):
                 self._delivered(attempt)

@@ -40,7 +40,7 @@ class UserAdmin:
         for uid, (by, _, reason) in (await reports.user_holds(self.store)).items():
             self.queue.held_users[uid] = hold_reason(by, reason)
 
-    async def hold(self, uid: int, name: str, by: str, reason: str | None) -> None:
+    async def hold_user(self, uid: int, name: str, by: str, reason: str | None) -> None:
         await self.store.write(lambda c: resources.set_user_hold(
             c, uid, True, by, time.time(), reason))
         self.queue.held_users[uid] = hold_reason(by, reason)
@@ -48,7 +48,7 @@ class UserAdmin:
                  extra={"user": name})
         self.dispatch.kick()
 
-    async def release(self, uid: int, name: str, by: str) -> None:
+    async def release_user(self, uid: int, name: str, by: str) -> None:
         await self.store.write(lambda c: resources.set_user_hold(c, uid, False, by,
                                                                  time.time(), None))
         self.queue.held_users.pop(uid, None)

@@ -127,7 +127,7 @@ class NotLaunched(RuntimeError):
 class Runtime(Protocol):
     kind: str  # recorded in every handle; the job's spec names the runtime it needs
 
-    def hold(self) -> str | None:
+    def wait_reason(self) -> str | None:
         """Why new attempts cannot be launched now (a queue hold), or None."""
 
     async def launch(self, launch: Launch) -> list[Rank]:

@@ -121,7 +121,7 @@ class GpuPool:
         return sum(1 for g in self.inventory.gpus if self.matches(g, req) and g.healthy
                    and g.uuid not in self.drained and not g.mig) >= req.count
 
-    def hold(self, req: GpuRequest) -> str:
+    def wait_reason(self, req: GpuRequest) -> str:
         free = self.free(req)
         why = f"needs {req.describe()}, {len(free)} free"
         reasons = [r for g in self.inventory.gpus if self.matches(g, req)

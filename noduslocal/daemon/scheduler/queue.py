@@ -36,7 +36,7 @@ class Queue:
     usage: Callable[[int], float] = lambda uid: 0.0  # decayed GPU-hours of a user
     clock: Callable[[], float] = time.time
     _requests: dict[int, Request] = field(default_factory=dict)
-    holds: dict[int, str] = field(default_factory=dict)
+    wait_reasons: dict[int, str] = field(default_factory=dict)
     etas: dict[int, float] = field(default_factory=dict)  # the head's reserved start
     # Running interruptible jobs to stop for the head (the supervisor acts on it), and
     # those being stopped already (their share is on its way back).
@@ -63,7 +63,7 @@ class Queue:
 
     def remove(self, job_id: int) -> Request | None:
         req = self._requests.pop(job_id, None)
-        self.holds.pop(job_id, None)
+        self.wait_reasons.pop(job_id, None)
         self._place = None
         return req
 
@@ -96,7 +96,7 @@ class Queue:
         """Take every request that may start now; set the holds of the rest."""
         cap, now = self.capacity, self.clock()
         started: list[Request] = []
-        holds: dict[int, str] = {}
+        wait_reasons: dict[int, str] = {}
         head: Request | None = None
         reserved: float | None = None
         order = self.order()
@@ -112,7 +112,7 @@ class Queue:
             if blocked and req.runtime in blocked:
                 continue
             if held_users and req.owner_uid in held_users:
-                holds[req.job_id] = held_users[req.owner_uid]
+                wait_reasons[req.job_id] = held_users[req.owner_uid]
                 continue
             # Inlined: this loop walks every pending job on every pass.
             if limited:  # inlined: this loop walks every pending job on every pass
@@ -120,14 +120,14 @@ class Queue:
                 if ((max_jobs is not None and held[0] >= max_jobs)
                         or (max_gpus is not None and req.gpu is not None
                             and held[1] + req.gpu.count > max_gpus)):
-                    holds[req.job_id] = self._over_limit(req) or "user limit"
+                    wait_reasons[req.job_id] = self._over_limit(req) or "user limit"
                     continue
             if impaired and req.gpu is not None:
                 assert pool is not None
                 if (can := possible.get(req.gpu)) is None:
                     can = possible[req.gpu] = pool.possible(req.gpu)
                 if not can:  # its GPUs are broken or drained for now: it is no head
-                    holds[req.job_id] = pool.hold(req.gpu)
+                    wait_reasons[req.job_id] = pool.wait_reason(req.gpu)
                     continue
             if head is None:
                 if cap.fits(req):
@@ -150,23 +150,23 @@ class Queue:
         if head is not None and not head.interruptible:
             self.preempt = [r.job_id for r in self._victims(head)]
         if head is not None:  # said after the backfill, so the free counts are current
-            holds[head.job_id] = self._head_hold(head, reserved, now)
+            wait_reasons[head.job_id] = self._head_wait_reason(head, reserved, now)
             if self.preempt or any(j in self.stopping for j in self.capacity.running):
-                holds[head.job_id] += "; preempting interruptible jobs for it"
+                wait_reasons[head.job_id] += "; preempting interruptible jobs for it"
         self.etas = {head.job_id: reserved} if head is not None and reserved else {}
-        self.holds = holds
+        self.wait_reasons = wait_reasons
         self._last_order = order
         self._place = None  # worked out when a hold is first asked for
         return started
 
-    def hold(self, job_id: int) -> str | None:
+    def wait_reason(self, job_id: int) -> str | None:
         req = self._requests.get(job_id)
         if req is None:
             return None
         if (why := self.blocked.get(req.runtime)) is not None:
             return why
-        if job_id in self.holds:
-            return self.holds[job_id]
+        if job_id in self.wait_reasons:
+            return self.wait_reasons[job_id]
         if self._place is None:
             self._place = {r.job_id: i for i, r in enumerate(
                 r for r in self._last_order if r.job_id in self._requests)}
@@ -278,10 +278,10 @@ class Queue:
             self._freed_by = running.job_id
         return now if enough() else None
 
-    def _head_hold(self, req: Request, reserved: float | None, now: float) -> str:
+    def _head_wait_reason(self, req: Request, reserved: float | None, now: float) -> str:
         cap = self.capacity
         if req.gpu is not None and cap.gpus is not None and cap.gpus.pick(req.gpu) is None:
-            why = cap.gpus.hold(req.gpu)
+            why = cap.gpus.wait_reason(req.gpu)
         else:
             free_cpu = cap.cpu_m - cap.used_cpu_m
             free_mem = cap.memory - cap.used_memory

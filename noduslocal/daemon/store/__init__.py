@@ -14,7 +14,7 @@ from typing import Any
 
 import aiosqlite
 
-from noduslocal.daemon.store import jobs as ops
+from noduslocal.daemon.store import job_writes
 from noduslocal.daemon.store import rows as records
 from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.store.integrity import check_intact
@@ -24,7 +24,7 @@ from noduslocal.daemon.store.writer import OnCommit, Operation, Writer
 from noduslocal.domain.jobs import AttemptRecord, Event, JobRecord, SweepRecord
 from noduslocal.domain.states import ATTEMPT_ENDED
 
-__all__ = ["Store", "ops"]
+__all__ = ["Store", "job_writes"]
 
 _PRAGMAS = (
     "PRAGMA journal_mode = WAL",

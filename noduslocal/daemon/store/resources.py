@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from noduslocal.daemon.store.jobs import Owner
+from noduslocal.daemon.store.job_writes import Owner
 from noduslocal.daemon.store.rows import TERMINAL_SQL
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import Event

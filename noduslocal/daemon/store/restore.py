@@ -9,7 +9,7 @@ import json
 import sqlite3
 from dataclasses import dataclass, replace
 
-from noduslocal.daemon.store.jobs import (
+from noduslocal.daemon.store.job_writes import (
     Outcome,
     _event,
     finish_attempt,

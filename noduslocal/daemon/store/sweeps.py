@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from noduslocal.daemon.store.jobs import (
+from noduslocal.daemon.store.job_writes import (
     Owner,
     _event,
     _transition,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from noduslocal.daemon.jobs.admission import Admission, under_a_free_name
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.sweeps.controller import SweepController
 from noduslocal.domain.jobs import SweepRecord
@@ -22,13 +22,13 @@ class SweepAdmission:
         self.admission = admission
         self.controller = controller
 
-    def check(self, plan: Plan, owner: ops.Owner) -> None:
+    def check(self, plan: Plan, owner: job_writes.Owner) -> None:
         template = plan.template
         for gpu in plan.gpus.values() or [template.spec.gpu]:
             self.admission.check(replace(template, spec=replace(template.spec, gpu=gpu)),
                                  owner)
 
-    async def create(self, plan: Plan, owner: ops.Owner, idempotency_key: str | None,
+    async def create(self, plan: Plan, owner: job_writes.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[SweepRecord, bool]:
         self.check(plan, owner)
         project = plan.project or owner.name

@@ -348,7 +348,7 @@ class SweepController:
 
     # --- reading ------------------------------------------------------------------------
 
-    def hold(self, job_id: int) -> str | None:
+    def wait_reason(self, job_id: int) -> str | None:
         """Why a held cell waits, in words."""
         active = self._sweeps.get(self._cell_of.get(job_id, -1))
         if active is None or job_id not in active.held:

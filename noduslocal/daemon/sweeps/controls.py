@@ -11,7 +11,7 @@ import time
 
 from noduslocal.daemon.jobs.controls import OwnerControls
 from noduslocal.daemon.jobs.dispatch import Dispatch
-from noduslocal.daemon.store import Store, ops
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.sweeps.controller import SweepController
 from noduslocal.daemon.sweeps.state import ActiveSweep, HeldCells
@@ -95,7 +95,7 @@ class SweepControls:
         stopping = sorted(active.running)
         if smoke is not None and self._not_started(smoke):
             with contextlib.suppress(errors.Conflict):  # it is no longer Pending
-                await self.store.write(lambda c: ops.set_phase(
+                await self.store.write(lambda c: job_writes.set_phase(
                     c, smoke, Phase.SUSPENDED, time.time(), Reason.SUSPENDED,
                     "its sweep was suspended before it started", expect=Phase.PENDING))
         elif smoke is not None:

@@ -65,7 +65,7 @@ class DockerRuntime:
             task.cancel()
         await self.engine.close()
 
-    def hold(self) -> str | None:
+    def wait_reason(self) -> str | None:
         if self.engine.available:
             return None
         return f"dockerd unreachable: {self.engine.unavailable_reason}"

@@ -56,7 +56,7 @@ class HostRuntime:
     async def close(self) -> None:
         await self.spawner.close()
 
-    def hold(self) -> str | None:
+    def wait_reason(self) -> str | None:
         return None
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:

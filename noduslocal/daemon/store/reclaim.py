@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from noduslocal.daemon.accounts import user_name
 from noduslocal.daemon.store import Store
-from noduslocal.daemon.store.jobs import _event
+from noduslocal.daemon.store.job_writes import _event
 from noduslocal.daemon.store.rows import TERMINAL_SQL
 from noduslocal.domain.jobs import Event
 from noduslocal.domain.states import SWEEP_TERMINAL, Reason
@@ -37,27 +37,27 @@ Cursor = tuple[float, int]  # (ended_at, id) of the last ended job looked at
 
 
 @dataclass
-class Collection:
+class Reclaimed:
     jobs: list[DueJob] = field(default_factory=list)
     sources: list[tuple[str, int, int]] = field(default_factory=list)  # sha, uid, size
     after: Cursor | None = None  # where the next batch starts; None: this was the last
 
-    def add(self, batch: Collection) -> None:
+    def add(self, batch: Reclaimed) -> None:
         self.jobs += batch.jobs
         self.sources += batch.sources
         self.after = batch.after
 
 
-def collect(conn: sqlite3.Connection, now: float, keep_for: Callable[[str], float | None],
+def reclaim_due(conn: sqlite3.Connection, now: float, keep_for: Callable[[str], float | None],
             shortest: float | None, active: frozenset[int], dry_run: bool,
             after: Cursor = (-1.0, 0),
-            due_before: frozenset[int] = frozenset()) -> tuple[Collection, list[Event]]:
+            due_before: frozenset[int] = frozenset()) -> tuple[Reclaimed, list[Event]]:
     """One batch: the ended jobs after `after` (in order of their end) that are past their
     keep, and with the last batch the uploads nobody needs. `shortest`: the least keep of
     anyone (None: everyone keeps forever); `active`: jobs whose attempt or runner still
     uses their directory; `due_before`: what earlier batches found (a dry run left them
     uncollected, and they name no upload any more)."""
-    found, events = Collection(), []
+    found, events = Reclaimed(), []
     if shortest is None:
         return found, events
     rows = _ended_jobs(conn, now - shortest, after)
@@ -117,7 +117,7 @@ def _named(conn: sqlite3.Connection, sha: str, uid: int, due: set[int]) -> bool:
     return any(job_id not in due for (job_id,) in rows)
 
 
-def blob_refs(store: Store, dropped: Collection) -> set[str]:
+def blob_refs(store: Store, dropped: Reclaimed) -> set[str]:
     """Every blob still named: output rows of uncollected jobs and uploads, read after the
     pass's commit (on a thread, apart from the API's reader). A dry run's rows are still
     there: those the pass would drop are left out."""

@@ -1,5 +1,6 @@
-"""Write operations on jobs and attempts. Each runs inside the writer's open transaction on
-the raw sqlite3 connection, checks the transition table, and appends its event rows.
+"""Write operations on jobs and attempts (imported as `job_writes`, never aliased). Each
+runs inside the writer's open transaction on the raw sqlite3 connection, checks the
+transition table, and appends its event rows.
 
 An operation that raises is rolled back with its batch, and the batch is replayed without
 it (writer.py), so it never leaves half its writes behind.
