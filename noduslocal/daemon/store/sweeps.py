@@ -22,6 +22,7 @@ from noduslocal.daemon.store.job_writes import (
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import CreateRequest, Event, JobSpec, SweepRecord
 from noduslocal.domain.states import Phase, Reason, SweepPhase, check_sweep_transition
+from noduslocal.domain.sweep_plan import SMOKE_SUFFIX
 
 SWEEP_COLUMNS = ("id, project, name, owner_uid, owner_gid, owner, phase, spec, labels, cells, "
                  "max_parallel, created_at, reason, message, ended_at, freed_at")
@@ -93,7 +94,7 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[s
     smoke_id = None
     if smoke is not None:
         smoke_id = first + cells
-        smoke_name = f"{name}-canary"
+        smoke_name = f"{name}-{SMOKE_SUFFIX}"
         if conn.execute("SELECT 1 FROM jobs WHERE project = ? AND name = ?",
                         (project, smoke_name)).fetchone():
             raise errors.AlreadyExists(f"name: job {smoke_name!r} already exists in project "
@@ -289,7 +290,7 @@ def _copy_smoke(conn: sqlite3.Connection, old: int, sweep_name: str,
                                      (old,)).fetchone()
     tries = conn.execute("SELECT COUNT(*) FROM jobs WHERE canary_of = ?",
                          (sweep_id,)).fetchone()[0]
-    name = f"{sweep_name}-canary-r{tries + 1}"
+    name = f"{sweep_name}-{SMOKE_SUFFIX}-r{tries + 1}"
     if conn.execute("SELECT 1 FROM jobs WHERE project = ? AND name = ?",
                     (project, name)).fetchone():
         raise errors.AlreadyExists(f"name: job {name!r} already exists in project "
