@@ -19,7 +19,7 @@ from typing import Any
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.gpus.cost import Meter
 from noduslocal.daemon.jobs.accounting import GpuAccounting
-from noduslocal.daemon.jobs.attempt import Attempt, Board
+from noduslocal.daemon.jobs.attempt import Attempt, Board, recorded_life
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.jobs.orphans import (
     RECOVERED,
@@ -146,8 +146,9 @@ class Recovery:
         attempt = Attempt(job, Request.of(job.id, job.spec, job.owner_uid),
                           number=last.number,
                           directory=self.layout.attempt_dir(job.id, last.number),
-                          running=last.phase == AttemptPhase.RUNNING, handles=last.handles,
-                          stop_reason=last.stop_reason)
+                          life=recorded_life(last.phase == AttemptPhase.RUNNING,
+                                             last.stop_reason is not None),
+                          handles=last.handles, stop_reason=last.stop_reason)
         attempt.gpus = last.gpus
         if last.gpus:  # the energy before the restart is not known: time only, from here
             attempt.meter = Meter.start(last.gpus, self.accounting.inventory,
@@ -169,7 +170,7 @@ class Recovery:
                                         until=self.runner.indexed.run(attempt, launch, True))
                 return
             found = await self.runner.runtime_of(job).adopt(
-                launch, attempt.handles, recorded_running=attempt.running,
+                launch, attempt.handles, recorded_running=attempt.launched,
                 stopping=attempt.stop_reason is not None)
             if not isinstance(found, list):
                 if isinstance(found, NeverStarted) and await asyncio.to_thread(
@@ -188,7 +189,7 @@ class Recovery:
     async def _watch_adopted(self, attempt: Attempt, last: AttemptRecord,
                              ranks: list[Rank]) -> None:
         job = attempt.job
-        recorded_running = attempt.running
+        recorded_running = attempt.launched
         self.runner.take(attempt, ranks)
         started = last.started_at
         if not recorded_running or started is None:

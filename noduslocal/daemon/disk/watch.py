@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.jobs.attempt import Attempt, Board
+from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife, Board
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.scheduler.capacity import Capacity
 from noduslocal.domain import errors
@@ -210,7 +210,7 @@ class DiskWatch:
                 if sizes.get(a.job.id, 0) > (a.job.spec.disk or 0)]
 
     def _running(self) -> list[Attempt]:
-        return [a for a in self.board.active.values() if a.running and a.stop_reason is None]
+        return [a for a in self.board.active.values() if a.life is AttemptLife.RUNNING]
 
     def _scan(self, reading: DiskReading, running: list[Attempt], first: bool) -> None:
         """What the running jobs' directories take (on a thread, from a list the loop

@@ -1,5 +1,6 @@
 """An attempt as the lifecycle holds it (runtime-neutral: a handle and an end per rank),
-and the board of attempts that hold resources, which every part of the lifecycle reads.
+its life (launched or not, and how far a stop has got) with the moves it allows, and the
+board of attempts that hold resources, which every part of the lifecycle reads.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from noduslocal.daemon.gpus.cost import Meter
@@ -15,6 +17,52 @@ from noduslocal.daemon.runtime.attempts import AttemptState
 from noduslocal.daemon.runtime.base import AttemptRef, Handle, failed
 from noduslocal.daemon.scheduler.queue import Request
 from noduslocal.domain.jobs import JobRecord
+from noduslocal.domain.states import IllegalTransition
+
+
+class AttemptLife(StrEnum):
+    """Where an attempt is between its start and its end. Its end is not a life of its
+    own: it is its ranks' futures (`Attempt.ended`), and how the end reads still depends
+    on whether it was launched and how far its stop got."""
+
+    STARTING = "Starting"  # its start is queued for commit; no rank launched yet
+    RUNNING = "Running"  # its ranks were launched (the attempt row says Running); no stop
+    # A stop asked before its ranks were launched (or, after a restart, recorded so): they
+    # are stopped as they come, and however they end, that end is the stop's.
+    STOP_DUE = "StopDue"
+    # Launched; a stop asked whose SIGTERM has not reached it yet: an exit meanwhile is
+    # the job's own, not the stop's.
+    STOP_ASKED = "StopAsked"
+    # Launched; the stop's signal reached it (or, adopted after a restart, may have): its
+    # end is the stop's.
+    STOPPING = "Stopping"
+
+
+LAUNCHED: frozenset[AttemptLife] = frozenset(
+    {AttemptLife.RUNNING, AttemptLife.STOP_ASKED, AttemptLife.STOPPING})
+
+# A stop is never taken back, and a launched attempt is never unlaunched; a second stop
+# (a cancel over a suspend) changes its reason, not its life.
+LIFE_TRANSITIONS: dict[AttemptLife, frozenset[AttemptLife]] = {
+    AttemptLife.STARTING: frozenset({AttemptLife.RUNNING, AttemptLife.STOP_DUE}),
+    AttemptLife.RUNNING: frozenset({AttemptLife.STOP_ASKED}),
+    AttemptLife.STOP_DUE: frozenset({AttemptLife.STOPPING}),
+    AttemptLife.STOP_ASKED: frozenset({AttemptLife.STOPPING}),
+    AttemptLife.STOPPING: frozenset(),
+}
+
+
+def check_life_transition(current: AttemptLife, target: AttemptLife) -> None:
+    if target not in LIFE_TRANSITIONS[current]:
+        raise IllegalTransition(f"attempt life {current} -> {target} is not a legal transition")
+
+
+def recorded_life(running: bool, stopping: bool) -> AttemptLife:
+    """The life of an attempt read back after a restart: whether its row says Running, and
+    whether a stop was recorded (whether its signal went out is not known: it counts)."""
+    if running:
+        return AttemptLife.STOPPING if stopping else AttemptLife.RUNNING
+    return AttemptLife.STOP_DUE if stopping else AttemptLife.STARTING
 
 
 @dataclass
@@ -26,17 +74,14 @@ class Attempt:
     number: int = 0
     directory: Path | None = None
     started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
-    running: bool = False  # its ranks were launched (the attempt row says Running)
+    life: AttemptLife = AttemptLife.STARTING  # moved by the methods below only
     # One per rank: set at launch or adoption; after a restart, as recorded until then.
     handles: list[Handle] = field(default_factory=list)
     ends: list[asyncio.Future[AttemptState]] = field(default_factory=list)  # each rank's
     gpus: list[str] = field(default_factory=list)  # UUIDs of the GPUs it holds
     lost: str | None = None  # why the daemon ended it as lost (a GPU broke under it)
     meter: Meter | None = None  # what its GPUs cost so far
-    stop_reason: str | None = None
-    # Whether the stop's SIGTERM reached the job: False while it has not (a job that ends on
-    # its own meanwhile was not stopped), None when unknown (adopted after a restart).
-    stop_sent: bool | None = None
+    stop_reason: str | None = None  # set with the life's first stop; a later one may replace it
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     retry_stop: asyncio.Task[None] | None = None  # a stop waiting for its runtime
     metrics: dict[str, float] = field(default_factory=dict)  # what it reported so far
@@ -52,6 +97,38 @@ class Attempt:
     def ended(self) -> bool:
         """Every rank it launched has ended (the end may not be recorded yet)."""
         return bool(self.ends) and all(end.done() for end in self.ends)
+
+    @property
+    def launched(self) -> bool:
+        """Its ranks were launched (the attempt row says Running), stopped or not."""
+        return self.life in LAUNCHED
+
+    def _become(self, life: AttemptLife) -> None:
+        check_life_transition(self.life, life)
+        self.life = life
+
+    def mark_launched(self) -> None:
+        """Its ranks run: launched now, or found running by an adoption (which may have
+        known so already). A stop due goes out as they come, and their end is its."""
+        if self.life is AttemptLife.STARTING:
+            self._become(AttemptLife.RUNNING)
+        elif self.life is AttemptLife.STOP_DUE:
+            self._become(AttemptLife.STOPPING)
+
+    def ask_stop(self, reason: str) -> bool:
+        """A stop for `reason` (the caller decided it may replace one under way); True for
+        its first stop, whose signal is still to go out (launched) or due (not yet)."""
+        first = self.stop_reason is None
+        if first:
+            self._become(AttemptLife.STOP_ASKED if self.launched else AttemptLife.STOP_DUE)
+        self.stop_reason = reason
+        return first
+
+    def stop_landed(self) -> None:
+        """Its stop reached it (the SIGTERM was delivered, or it stopped between two
+        indexes): from now on its end is the stop's. Without a stop asked, a bug."""
+        if self.life not in (AttemptLife.STOP_DUE, AttemptLife.STOPPING):
+            self._become(AttemptLife.STOPPING)
 
 
 class Board:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from noduslocal.daemon.gpus.cost import Meter
 from noduslocal.daemon.jobs.accounting import GpuAccounting
-from noduslocal.daemon.jobs.attempt import Attempt, Board
+from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife, Board
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.scheduler.queue import Queue, Request
@@ -91,7 +91,7 @@ class Dispatch:
         started = self.queue.schedule()
         for job_id in self.queue.preempt:
             victim = self.board.active.get(job_id)
-            if victim is not None and victim.stop_reason is None and victim.running:
+            if victim is not None and victim.life is AttemptLife.RUNNING:  # no stop yet
                 self.queue.stopping.add(job_id)
                 log.info("preempting job %s (interruptible) for a waiting job",
                          victim.job.name)

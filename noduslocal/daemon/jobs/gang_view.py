@@ -39,7 +39,7 @@ def rank_view(job: JobRecord, attempt: Attempt | None, directory: Path | None,
             view["gpus"] = _gpus(attempt.gpus, rank, gang.gpus_per_node, inventory)
             end = attempt.ends[rank] if rank < len(attempt.ends) else None
             if end is None:
-                view["state"] = "Running" if attempt.running else "Starting"
+                view["state"] = "Running" if attempt.launched else "Starting"
             elif not end.done():
                 view["state"] = "Running"
             else:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.gpus.model import Inventory
 from noduslocal.daemon.jobs.accounting import GpuAccounting
-from noduslocal.daemon.jobs.attempt import Board
+from noduslocal.daemon.jobs.attempt import AttemptLife, Board
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.scheduler.capacity import Capacity
 from noduslocal.domain.states import Reason
@@ -45,7 +45,7 @@ class GpuHealth:
                 # The work cannot go on there: lost, so it is retried on another GPU.
                 attempt.lost = f"GPU {hit.index} unhealthy: {hit.problem or 'unknown'}"
                 log.warning("job %s: %s; stopping it", attempt.job.name, attempt.lost)
-                if attempt.running:
+                if attempt.launched:
                     self.stopper.kill(attempt)
         self._kick()
 
@@ -66,7 +66,7 @@ class GpuHealth:
             for attempt in list(self.board.active.values()):
                 try:
                     limit = attempt.job.spec.max_cost
-                    if (limit is not None and attempt.running and attempt.stop_reason is None
+                    if (limit is not None and attempt.life is AttemptLife.RUNNING
                             and attempt.job.cost + self.accounting.attempt_cost(attempt)
                             > limit):
                         log.info("job %s passed its max_cost of %g", attempt.job.name, limit)

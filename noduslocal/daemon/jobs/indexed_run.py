@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.jobs.attempt import Attempt
+from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted
 from noduslocal.daemon.runtime.base import (
@@ -115,7 +115,7 @@ class IndexedRun:
                 if index in journal["ends"]:
                     continue
                 found = await runtime.adopt(index_launch(launch, index, slot), recorded,
-                                            recorded_running=attempt.running,
+                                            recorded_running=attempt.launched,
                                             stopping=attempt.stop_reason is not None)
                 if isinstance(found, list):
                     self._take(attempt, found[0], running, index, slot)
@@ -126,7 +126,7 @@ class IndexedRun:
                     decider = decider or verdict
                     if not failed(found):
                         done.add(index)
-            if running and not attempt.running:  # it died between a launch and its commit
+            if running and not attempt.launched:  # it died between a launch and its commit
                 await self._running(attempt, time.time())
         todo = sorted([i for i in range(indexed.completions)
                        if i not in done and i not in journal["slots"]] + again, reverse=True)
@@ -154,7 +154,7 @@ class IndexedRun:
                         await asyncio.wait(running)
                     raise
                 self._take(attempt, ranks[0], running, index, slot)
-                if not attempt.running:
+                if not attempt.launched:
                     await self._running(attempt, ranks[0].started_at)
             if not running:
                 break
@@ -170,8 +170,8 @@ class IndexedRun:
                 slots.append(slot)
         if decider is not None:
             return decider
-        if todo:  # stopped (cancel, suspend) between indexes: as asked
-            attempt.stop_sent = True
+        if todo and attempt.life is AttemptLife.STOP_ASKED:
+            attempt.stop_landed()  # stopped (cancel, suspend) between indexes: as asked
         now = time.time()
         return Exited(143 if todo else 0, None, now, now)
 
@@ -187,7 +187,7 @@ class IndexedRun:
         attempt.rank_dirs[index] = name
 
     async def _running(self, attempt: Attempt, at: float) -> None:
-        attempt.running = True
+        attempt.mark_launched()
         await self.store.write(lambda c: job_writes.attempt_running(
             c, attempt.job.id, attempt.number, at, attempt.handles))
 

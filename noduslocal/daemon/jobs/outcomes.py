@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 
-from noduslocal.daemon.jobs.attempt import Attempt
+from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife
 from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.store.job_writes import Outcome
 from noduslocal.domain.states import AttemptPhase, Phase, Reason
@@ -39,9 +39,9 @@ def overrides(new: str, current: str) -> bool:
 
 def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
     job, stop = attempt.job, attempt.stop_reason
-    if isinstance(state, Exited) and attempt.stop_sent is False:
+    if isinstance(state, Exited) and attempt.life is AttemptLife.STOP_ASKED:
         stop = None  # it ended before our signal reached it: as it ended, not as we asked
-    if isinstance(state, NeverStarted) and attempt.running:
+    if isinstance(state, NeverStarted) and attempt.launched:
         state = Vanished()  # a shim was started: whether the job ran, nobody knows
     if isinstance(state, Exited):
         code, sig = state.exit_code, state.signal

@@ -80,7 +80,7 @@ class AttemptRunner:
     def take(attempt: Attempt, ranks: list[Rank]) -> None:
         attempt.handles = [rank.handle for rank in ranks]
         attempt.ends = [rank.ended for rank in ranks]
-        attempt.running = True
+        attempt.mark_launched()
 
     async def run(self, attempt: Attempt) -> None:
         job = attempt.job
@@ -231,10 +231,10 @@ class AttemptRunner:
         Starting or Running with nobody watching it."""
         job = attempt.job
         try:
-            if attempt.running and attempt.directory is not None:
+            if attempt.launched and attempt.directory is not None:
                 await self.stopper.signal(attempt, signal.SIGKILL)
             if attempt.number:
-                phase = AttemptPhase.LOST if attempt.running else AttemptPhase.NOT_STARTED
+                phase = AttemptPhase.LOST if attempt.launched else AttemptPhase.NOT_STARTED
                 outcome = job_writes.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
                 await self.store.write(lambda c: job_writes.finish_attempt(
                     c, job.id, attempt.number, outcome, time.time()))

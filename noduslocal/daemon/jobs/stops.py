@@ -68,16 +68,16 @@ class Stopper:
     async def request_stop(self, attempt: Attempt, reason: str) -> None:
         if attempt.stop_reason is not None and not overrides(reason, attempt.stop_reason):
             return
-        resend = attempt.stop_reason is not None  # e.g. a cancel over a suspend: stopping
-        attempt.stop_reason = reason
-        if attempt.running and not resend:
-            attempt.stop_sent = False  # until the signal lands; an exit before it is the job's
+        # A second stop (a cancel over a suspend) only changes the reason: one is under way.
+        # A first one of a launched attempt is StopAsked until its signal lands: an exit
+        # before that is the job's own.
+        first = attempt.ask_stop(reason)
         # Queued before the signal goes (the writer keeps order: the end the signal causes
         # is committed after it), and persisted so a restarted daemon reads the exit the
         # same way. An attempt whose start is not committed yet has nothing to signal: the
         # runner ends it unstarted once it is.
         recorded = self._record(attempt, reason)
-        if not resend and self.board.occupies(attempt) and attempt.running:
+        if first and self.board.occupies(attempt) and attempt.launched:
             await self.send_stop(attempt)
         await self.settle(recorded)
 
@@ -122,7 +122,7 @@ class Stopper:
             attempt.retry_stop = asyncio.create_task(self._retry_stop(attempt))
 
     def _delivered(self, attempt: Attempt) -> None:
-        attempt.stop_sent = True  # no await since the kill: the exit cannot be seen yet
+        attempt.stop_landed()  # no await since the kill: the exit cannot be seen yet
         if self.board.occupies(attempt):
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 self.settings.kill_grace, lambda: self.kill(attempt)))
