@@ -23,17 +23,17 @@ from noduslocal.domain.states import TERMINAL, Phase, Reason
 class OwnerControls:
     def __init__(self, store: Store, layout: JobLayout, dispatch: Dispatch, board: Board,
                  stopper: Stopper, withdraw: Callable[[int], bool],
-                 hold_again: Callable[[JobRecord], bool]) -> None:
+                 return_to_unreleased: Callable[[JobRecord], bool]) -> None:
         """`withdraw(job_id)`: takes back a sweep's cell that was never queued; False when
-        the job is not such a cell. `hold_again(job)`: a resumed cell goes back to its
-        sweep's held cells; False when it is no cell of a running sweep."""
+        the job is not such a cell. `return_to_unreleased(job)`: a resumed cell goes back
+        among its sweep's unreleased cells; False when it is no cell of a running sweep."""
         self.store = store
         self.layout = layout
         self.dispatch = dispatch
         self.board = board
         self.stopper = stopper
         self._withdraw = withdraw
-        self._hold_again = hold_again
+        self._return_to_unreleased = return_to_unreleased
 
     def _take_back(self, job_id: int) -> bool:
         """Out of the queue, or out of its sweep's held cells: it never started."""
@@ -111,5 +111,5 @@ class OwnerControls:
             c, job.id, Phase.PENDING, time.time(), Reason.RESUMED,
             "resumed; queued again at its old place", expect=Phase.SUSPENDED))
         resumed = replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED)
-        if not self._hold_again(resumed):
+        if not self._return_to_unreleased(resumed):
             self.dispatch.enqueue(resumed)

@@ -16,7 +16,14 @@ from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.store import Store
 from noduslocal.daemon.store import sweeps as sweep_ops
-from noduslocal.daemon.sweeps.state import ActiveSweep, HeldCells, affordable, held_because
+from noduslocal.daemon.sweeps.state import (
+    ActiveSweep,
+    BudgetLook,
+    HeldCells,
+    SettleLook,
+    affordable,
+    held_because,
+)
 from noduslocal.daemon.sweeps.webhooks import Webhooks
 from noduslocal.domain.jobs import Event, JobRecord, SweepRecord
 from noduslocal.domain.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
@@ -139,11 +146,11 @@ class SweepController:
         elif phase == SweepPhase.RUNNING:
             room = active.record.max_parallel - len(active.running)
             if active.record.spec.get("max_cost") is not None and active.held:
-                if active.budgeting:
-                    active.again = True
-                else:
-                    active.budgeting = True
+                if active.budget is BudgetLook.IDLE:
+                    active.budget_to(BudgetLook.LOOKING)
                     self.background.spawn(self._release_within_budget(active))
+                elif active.budget is BudgetLook.LOOKING:
+                    active.budget_to(BudgetLook.AGAIN)  # the look under way goes once more
                 return
         else:
             return
@@ -199,7 +206,8 @@ class SweepController:
         limit = float(active.record.spec["max_cost"])
         try:
             while active.record.phase == SweepPhase.RUNNING and active.held:
-                active.again = False
+                if active.budget is BudgetLook.AGAIN:  # a round begins: changes from now
+                    active.budget_to(BudgetLook.LOOKING)  # on ask for another
                 spent, typical = await self.store.sweep_costs(active.record.id)
                 count = affordable(spent, [self._running_cost(j) for j in active.running],
                                    typical, limit,
@@ -212,10 +220,10 @@ class SweepController:
                     self.spawn_enqueue(active, ids)
                 elif not active.running and active.held:
                     await self._over_budget(active, spent, limit)
-                if not active.again:
+                if active.budget is BudgetLook.LOOKING:  # nothing changed meanwhile
                     return
         finally:
-            active.budgeting = False
+            active.budget_to(BudgetLook.IDLE)
 
     async def _over_budget(self, active: ActiveSweep, spent: float, limit: float) -> None:
         why = f"the sweep's max_cost of {limit:g} would be passed (spent {spent:.4g})"
@@ -251,10 +259,10 @@ class SweepController:
         active.ready.pop(job_id, None)
         return True
 
-    def hold_again(self, job: JobRecord) -> bool:
-        """A suspended cell of a running sweep, resumed: back among the held cells in its
-        order, so the canary gate and max_parallel still apply; False when the job is no
-        such cell (the caller queues it)."""
+    def return_to_unreleased(self, job: JobRecord) -> bool:
+        """A suspended cell of a running sweep, resumed: back among the sweep's unreleased
+        (held) cells in its order, so the canary gate and max_parallel still apply; False
+        when the job is no such cell (the caller queues it)."""
         active = self._sweeps.get(self._cell_of.get(job.id, -1))
         if active is None:
             return False
@@ -323,21 +331,24 @@ class SweepController:
     def settle_if_done(self, active: ActiveSweep) -> None:
         if (not active.held and not active.running
                 and active.record.phase in (SweepPhase.CANARY, SweepPhase.RUNNING)):
-            if active.settling:
-                active.settle_again = True  # an end committed during the last look
-                return
-            active.settling = True
-            self.background.spawn(self._settle(active))
+            if active.settle is SettleLook.IDLE:
+                active.settle_to(SettleLook.LOOKING)
+                self.background.spawn(self._settle(active))
+            elif active.settle is SettleLook.LOOKING:
+                active.settle_to(SettleLook.AGAIN)  # an end committed during the look
+            # Again: it reads once more already; Ending: the sweep's end is on its way.
 
     async def _settle(self, active: ActiveSweep) -> None:
         while True:
-            active.settle_again = False
+            if active.settle is SettleLook.AGAIN:  # a round begins: ends committed from
+                active.settle_to(SettleLook.LOOKING)  # now on ask for another
             counts, _ = await self.store.sweep_totals(active.record.id)
             if not any(n and phase not in TERMINAL for phase, n in counts.items()):
                 break
-            if not active.settle_again:  # a cell is suspended, or its end not committed:
-                active.settling = False  # the next end or resume looks again
+            if active.settle is SettleLook.LOOKING:  # a cell is suspended, or its end not
+                active.settle_to(SettleLook.IDLE)  # committed: the next end or resume looks
                 return
+        active.settle_to(SettleLook.ENDING)
         failed = counts.get(Phase.FAILED, 0) + counts.get(Phase.CANCELLED, 0)
         if failed:
             await self.transition(active, SweepPhase.FAILED, Reason.CELLS_FAILED,

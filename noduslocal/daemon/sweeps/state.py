@@ -1,6 +1,6 @@
 """What the sweep controller knows of each running sweep (its held, released and running
-cells, the canary, the flags of its async looks), how many cells a max_cost affords, and
-why a held cell waits.
+cells, the canary, the state of each of its async looks with the moves it allows), how
+many cells a max_cost affords, and why a held cell waits.
 """
 
 from __future__ import annotations
@@ -9,9 +9,58 @@ import bisect
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from noduslocal.domain.jobs import JobRecord, SweepRecord
-from noduslocal.domain.states import SweepPhase
+from noduslocal.domain.states import IllegalTransition, SweepPhase
+
+
+class SettleLook(StrEnum):
+    """The look that works out whether a sweep whose cells were all let go has ended: it
+    reads the cells' totals, off the event loop's critical path, one at a time."""
+
+    IDLE = "Idle"  # none under way: the next cell end or resume starts one
+    LOOKING = "Looking"  # reading the totals
+    AGAIN = "Again"  # ... and a cell's end was committed meanwhile: it reads once more
+    ENDING = "Ending"  # every cell ended: the sweep's own end is being committed
+
+
+SETTLE_TRANSITIONS: dict[SettleLook, frozenset[SettleLook]] = {
+    SettleLook.IDLE: frozenset({SettleLook.LOOKING}),
+    # Idle: a cell is suspended, or its end is not committed yet; the next one looks again.
+    SettleLook.LOOKING: frozenset({SettleLook.AGAIN, SettleLook.IDLE, SettleLook.ENDING}),
+    SettleLook.AGAIN: frozenset({SettleLook.LOOKING, SettleLook.ENDING}),
+    SettleLook.ENDING: frozenset(),  # the sweep is out of the controller once it ended
+}
+
+
+class BudgetLook(StrEnum):
+    """The look that releases a sweep's cells within its max_cost: it reads what the sweep
+    spent before each release, one at a time."""
+
+    IDLE = "Idle"  # none under way: the next release() starts one
+    LOOKING = "Looking"  # reading the costs, releasing what they afford
+    AGAIN = "Again"  # ... and something changed meanwhile (room, a held cell): once more
+
+
+BUDGET_TRANSITIONS: dict[BudgetLook, frozenset[BudgetLook]] = {
+    BudgetLook.IDLE: frozenset({BudgetLook.LOOKING}),
+    BudgetLook.LOOKING: frozenset({BudgetLook.AGAIN, BudgetLook.IDLE}),
+    # Idle from Again: the sweep stopped running, or has nothing held, before another look.
+    BudgetLook.AGAIN: frozenset({BudgetLook.LOOKING, BudgetLook.IDLE}),
+}
+
+
+def check_settle_transition(current: SettleLook, target: SettleLook) -> None:
+    if target not in SETTLE_TRANSITIONS[current]:
+        raise IllegalTransition(f"sweep settle look {current} -> {target} is not a legal "
+                                "transition")
+
+
+def check_budget_transition(current: BudgetLook, target: BudgetLook) -> None:
+    if target not in BUDGET_TRANSITIONS[current]:
+        raise IllegalTransition(f"sweep budget look {current} -> {target} is not a legal "
+                                "transition")
 
 
 class HeldCells:
@@ -61,13 +110,20 @@ class ActiveSweep:
     held: HeldCells = field(default_factory=HeldCells)  # cells not released, in order
     running: set[int] = field(default_factory=set)  # released cells that have not ended
     canary: int | None = None  # the canary cell's job id while the gate is shut
-    settling: bool = False  # its end is being worked out
-    settle_again: bool = False  # a cell's end was committed meanwhile: look once more
-    budgeting: bool = False  # a release within max_cost is being worked out
     ready: dict[int, JobRecord] = field(default_factory=dict)  # held cells, read ahead
     releasing: set[int] = field(default_factory=set)  # released, being read to be queued
-    again: bool = False  # ... and something changed meanwhile: work it out once more
     stopping: set[int] = field(default_factory=set)  # running cells a suspend stops
+    # Each async look's state, moved by settle_to() and budget_to() only.
+    settle: SettleLook = SettleLook.IDLE
+    budget: BudgetLook = BudgetLook.IDLE
+
+    def settle_to(self, target: SettleLook) -> None:
+        check_settle_transition(self.settle, target)
+        self.settle = target
+
+    def budget_to(self, target: BudgetLook) -> None:
+        check_budget_transition(self.budget, target)
+        self.budget = target
 
 
 def affordable(spent: float, running: list[float], typical: float, limit: float,
