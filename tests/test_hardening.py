@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from noduslocal import testing
-from tests.test_api import job_count, raw
+from tests.daemon.test_jobs_api import job_count, raw
 
 BIG = "x" * 200_000  # one argument over the kernel's 128 KiB for a single string
 

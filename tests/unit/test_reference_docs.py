@@ -16,7 +16,7 @@ import pytest
 
 import noduslocal
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 
 

@@ -21,7 +21,7 @@ import pytest
 from noduslocal import testing
 from tests.conftest import run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
 DAEMON = Path(sys.executable).parent / "noduslocald"
 DEADLINE = 30.0

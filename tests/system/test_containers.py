@@ -258,7 +258,7 @@ def test_secret_is_masked_and_exec_runs_in_the_container(daemon: testing.Daemon,
 
 def test_an_exec_whose_container_ends_before_it_starts_is_a_conflict(
         docker_client: Any) -> None:
-    """Found by tests/test_chaos.py: dockerd refuses to start an exec created in a container
+    """Found by tests/system/test_chaos.py: dockerd refuses to start an exec created in a container
     that ended since (a 500 "is not running", or a 404 once it dropped the exec), which
     was the daemon's Internal error."""
     container = docker_client.containers.run(BUSYBOX, ["sleep", "60"], detach=True)

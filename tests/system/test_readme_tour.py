@@ -15,7 +15,7 @@ from typing import Any
 from noduslocal import testing
 from noduslocal.domain.sockets import SOCKET_ENV
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCK = re.compile(r"^```(sh|python)\n(.*?)^```", re.S | re.M)
 
 

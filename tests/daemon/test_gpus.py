@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvml_standin.build import build_or_skip, sample_state, write_state
 
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.domain.states import Phase, Reason
 from tests.conftest import BUSYBOX, run_cli
+from tests.nvml_standin.build import build_or_skip, sample_state, write_state
 
 
 class Box:

@@ -2,7 +2,7 @@
 cell reaches them (the cells listing, the sweep's status, and the cell jobs' status and
 listing, whose spec.command holds a map's values and whose env a grid's).
 
-Two real Unix users (the `box` of tests/test_multiuser.py).
+Two real Unix users (the `box` of tests/system/test_multiuser.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import urllib.parse
 from typing import Any
 
-from test_multiuser import ALICE, BOB, SMALL, Box, box  # noqa: F401
+from tests.system.test_multiuser import ALICE, BOB, SMALL, Box, box  # noqa: F401
 
 MAP_SECRET = "s3cr3t-map-value"
 GRID_SECRET = "s3cr3t-grid-value"

@@ -73,7 +73,7 @@ def test_exec_needs_a_running_job(daemon: testing.Daemon) -> None:
 
 def test_an_exec_the_daemon_died_under_is_killed_by_the_next_one(
         running: nodus.Job, daemon: testing.Daemon, tmp_path: Path) -> None:
-    """Found by tests/test_chaos.py: the exec's timeout and its caller die with the daemon,
+    """Found by tests/system/test_chaos.py: the exec's timeout and its caller die with the daemon,
     so it used to run on unwatched, past its timeout and past the job."""
     pids = tmp_path / "pids"
     failures: list[BaseException] = []

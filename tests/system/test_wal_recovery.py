@@ -26,7 +26,7 @@ import pytest
 import noduslocal
 from noduslocal import testing
 from noduslocal.domain.sockets import SOCKET_ENV
-from tests.test_multiuser import SOCKET_GROUP, SYSTEM_PYTHON, _copy_tree, _open_up, _run
+from tests.system.test_multiuser import SOCKET_GROUP, SYSTEM_PYTHON, _copy_tree, _open_up, _run
 
 USER = "nlwalrec"  # a user of this module's own: other modules' users are never touched
 DEADLINE = 60.0

@@ -1,7 +1,7 @@
 """A sweep's jobs are found by the sweep's id, never by the `sweep` label or a name pattern
 that any user can put on a job of their own: `sweep gc`, `Sweep.jobs()`, a canary's retry.
 
-Two real Unix users share a project (the `box` of tests/test_multiuser.py): the label one
+Two real Unix users share a project (the `box` of tests/system/test_multiuser.py): the label one
 puts on a job must not let the other's sweep free it, list it, or block it.
 """
 
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 
-from test_multiuser import ALICE, BOB, SMALL, SYSTEM_PYTHON, Box, box  # noqa: F401
-
 from noduslocal import testing
+from tests.system.test_multiuser import ALICE, BOB, SMALL, SYSTEM_PYTHON, Box, box  # noqa: F401
 
 PROJECT = "team"
 

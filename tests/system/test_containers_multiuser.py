@@ -26,7 +26,7 @@ import pytest
 from noduslocal.daemon.runtime.docker.spec import LABEL, instance_id, job_filter
 from noduslocal.domain.states import Phase
 from tests.conftest import BUSYBOX
-from tests.test_multiuser import (
+from tests.system.test_multiuser import (
     ALICE,
     BOB,
     DEADLINE,

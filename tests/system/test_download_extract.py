@@ -26,7 +26,7 @@ from noduslocal import testing
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.sdk import extract
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 

@@ -29,7 +29,7 @@ import pytest
 
 from noduslocal import testing
 from noduslocal.domain.states import TERMINAL, Phase
-from tests.test_multiuser import ALICE, BOB, DEADLINE, Box, box
+from tests.system.test_multiuser import ALICE, BOB, DEADLINE, Box, box
 
 __all__ = ["box"]  # the fixture, imported so that pytest finds it in this module
 

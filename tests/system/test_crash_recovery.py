@@ -725,7 +725,7 @@ def test_a_retried_attempt_sees_the_checkpoint_the_lost_one_wrote(
 
 def test_a_workspace_the_daemon_died_making_is_made_again(
         fresh: Callable[..., testing.Daemon], tmp_path: Path) -> None:
-    """Found by tests/test_chaos.py: a kill -9 while the first attempt's workspace was
+    """Found by tests/system/test_chaos.py: a kill -9 while the first attempt's workspace was
     being filled (source unpacked, volume links made) left it half made, and the next
     attempt took it for one kept from an earlier run: the job ran without its code."""
     d = fresh(cpus=2)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvml_standin import build as standin
+
+from tests.nvml_standin import build as standin
 
 STANDIN_PARENT = Path(standin.__file__).resolve().parent.parent
 RESULT = "@@RESULT@@"
@@ -26,7 +27,7 @@ PRELUDE = f"""\
 import ctypes, json, os, sys, threading, time
 sys.path.insert(0, {str(STANDIN_PARENT)!r})
 import pynvml as N
-from nvml_standin.build import write_state
+from tests.nvml_standin.build import write_state
 STATE = os.environ.get("NODUS_FAKE_NVML")
 
 def h(i):

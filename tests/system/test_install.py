@@ -15,7 +15,7 @@ import pytest
 
 from noduslocal import testing
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PREFIX = "/opt/nl-test"
 
 pytestmark = [

@@ -42,7 +42,7 @@ from noduslocal.testing import wait_until
 
 pytestmark = pytest.mark.root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
 SOCKET_GROUP = "noduslocal"
 ADMIN_GROUP = "noduslocal-admin"

@@ -28,9 +28,9 @@ from noduslocal.domain import errors
 from noduslocal.domain.states import TERMINAL
 from noduslocal.sdk.api_client import ApiClient
 from tests.conftest import BUSYBOX
-from tests.test_containers import ours
-from tests.test_disk_full import free_bytes, health, job_pid, tmpfs
-from tests.test_faults import events
+from tests.system.test_containers import ours
+from tests.system.test_crash_recovery import events
+from tests.system.test_disk_full import free_bytes, health, job_pid, tmpfs
 
 ROUNDS = 20
 SEED_ENV = "NODUSLOCAL_CHAOS_SEED"  # replay a run: the seed it printed

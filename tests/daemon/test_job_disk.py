@@ -13,7 +13,7 @@ from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.testing import wait_until
 from tests.conftest import run_cli
-from tests.test_disk_full import tmpfs
+from tests.system.test_disk_full import tmpfs
 
 
 def test_a_job_that_writes_past_its_disk_ends_disk_exceeded() -> None:

@@ -29,8 +29,8 @@ from noduslocal.daemon.runtime.attempts import (
 from noduslocal.daemon.runtime.host import compiled_shim, shim
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone
-from tests.test_disk_full import fill_disk as fill
-from tests.test_disk_full import tmpfs
+from tests.system.test_disk_full import fill_disk as fill
+from tests.system.test_disk_full import tmpfs
 
 T = TypeVar("T")
 SHIM: list[Path | None] = [None]  # the compiled shim the spawner starts, None: Python's
