@@ -6,12 +6,12 @@ Which cells are held back lives here only, so a restart recomputes it from the s
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
 from collections.abc import Callable
 
+from noduslocal.daemon.events import EventHub, sweep_topic
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.store import Store
@@ -35,19 +35,20 @@ RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING
 
 class SweepController:
     def __init__(self, store: Store, dispatch: Dispatch, background: Background,
-                 webhooks: Webhooks, running_cost: Callable[[int], float],
+                 webhooks: Webhooks, hub: EventHub, running_cost: Callable[[int], float],
                  prepare_ahead: Callable[[JobRecord], None] = lambda job: None) -> None:
-        """`running_cost(job_id)`: what a running cell has cost so far; `prepare_ahead`:
-        the next cells, read ahead, may have their directories made meanwhile."""
+        """`hub`: told of each transition (a sweep's long polls wait there);
+        `running_cost(job_id)`: what a running cell has cost so far; `prepare_ahead`: the
+        next cells, read ahead, may have their directories made meanwhile."""
         self._prepare_ahead = prepare_ahead
         self.store = store
         self.dispatch = dispatch
         self.background = background
         self.webhooks = webhooks
+        self.hub = hub
         self._running_cost = running_cost
         self._sweeps: dict[int, ActiveSweep] = {}
         self._cell_of: dict[int, int] = {}  # job id -> sweep id, cells of active sweeps
-        self._changes: dict[int, list[asyncio.Future[None]]] = {}
 
     # --- starting ---------------------------------------------------------------------
 
@@ -370,11 +371,6 @@ class SweepController:
         """A cell of a sweep that runs (released or held)."""
         return job_id in self._cell_of
 
-    def next_change(self, sweep_id: int) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._changes.setdefault(sweep_id, []).append(future)
-        return future
-
     async def transition(self, active: ActiveSweep, phase: SweepPhase, reason: str,
                          message: str | None = None,
                          cancel: tuple[list[int], str, str] | None = None,
@@ -405,6 +401,5 @@ class SweepController:
         return True
 
     def notify(self, sweep_id: int) -> None:
-        for future in self._changes.pop(sweep_id, ()):
-            if not future.done():
-                future.set_result(None)
+        """The sweep's row changed (committed): its long polls look again."""
+        self.hub.changed(sweep_topic(sweep_id))
