@@ -7,27 +7,56 @@
 The daemon is a separate process on a short socket path; `kill()` and `start()` again
 test what a crash does. On exit every job process it started is killed and the directory
 removed.
+
+For unit tests of the lifecycle with no daemon and no processes: FakeRuntime, an in-memory
+runtime whose ranks end when the test says, and lifecycle(), the daemon's lifecycle parts
+built on a real SQLite store in a directory, driven through that runtime.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.daemon.runtime.base import (
+    LOG_FILES,
+    AttemptRef,
+    Launch,
+    LaunchFailed,
+    NotLaunched,
+    Rank,
+    rank_dir,
+)
+from noduslocal.daemon.runtime.host.execute import ExecResult
 from noduslocal.daemon.runtime.host.shim import start_ticks
 from noduslocal.domain import errors
+from noduslocal.domain.jobs import Diagnosis, Handle
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.sdk.api_client import ApiClient
+
+if TYPE_CHECKING:
+    from noduslocal.daemon.config.settings import Settings
+    from noduslocal.daemon.coordinator import Lifecycle
+    from noduslocal.daemon.events import EventHub
+    from noduslocal.daemon.files.layout import JobLayout
+    from noduslocal.daemon.store import Store
+    from noduslocal.daemon.store.job_writes import Owner
+    from noduslocal.domain.jobs import JobRecord, SweepRecord
 
 T = TypeVar("T")
 
@@ -193,3 +222,269 @@ def daemon(**kwargs: object) -> Iterator[Daemon]:
             yield instance
     finally:
         instance.close()
+
+
+# --- the lifecycle without a daemon --------------------------------------------------------
+
+FAKE_BOOT = "fake-boot"
+
+
+@dataclass
+class FakeRank:
+    """A rank the fake runtime launched: the signals it got, and its end, which the test
+    decides (exit(), vanish()) unless a signal ends it."""
+
+    job_id: int
+    number: int  # the attempt's
+    rank: int  # a gang's rank, or an indexed job's index
+    handle: Handle
+    ended: asyncio.Future[AttemptState]
+    signals: list[int] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.ended.done()
+
+    def exit(self, code: int = 0, sig: int | None = None) -> None:
+        """The rank's process exits with `code` (killed by `sig`)."""
+        now = time.time()
+        self.ended.set_result(Exited(code, sig, now, now))
+
+    def vanish(self, detail: str = "the fake runtime lost it") -> None:
+        """The rank is gone with no exit status (a lost box)."""
+        self.ended.set_result(Vanished(detail))
+
+
+class FakeRuntime:
+    """An in-memory Runtime (runtime.base) for unit tests: launch() makes FakeRanks at once
+    (or when the test releases held launches), their ends are futures the test resolves,
+    every call is recorded, and after a restart adopt() finds the ranks that have not
+    ended, or judges the attempt by how its ranks ended. Signals are delivered while the
+    runtime is reachable: SIGKILL ends a rank (137), SIGTERM too (143) unless
+    `ignore_sigterm` (a job that traps it)."""
+
+    def __init__(self, kind: str = "process") -> None:
+        self.kind = kind
+        self.ranks: list[FakeRank] = []  # every rank launched or adopted, in order
+        self.calls: list[tuple[str, Any]] = []  # (method, what it was called with)
+        self.unreachable: str | None = None  # its wait_reason; no launch or signal lands
+        self.ignore_sigterm = False
+        self.refused: dict[str, str] = {}  # job name -> why its launch fails (LaunchFailed)
+        self._held: asyncio.Future[None] | None = None  # launches wait on it while set
+        self.waiting: list[int] = []  # job ids whose launch waits for release_launches()
+        self._serial = 0
+
+    # --- what the test does -----------------------------------------------------------
+
+    def hold_launches(self) -> None:
+        """Launches from now on wait (the attempt stays Starting) until release_launches()."""
+        if self._held is None:
+            self._held = asyncio.get_running_loop().create_future()
+
+    def release_launches(self) -> None:
+        if self._held is not None:
+            self._held.set_result(None)
+            self._held = None
+
+    def of(self, job_id: int, number: int | None = None) -> list[FakeRank]:
+        """The job's ranks (of attempt `number`, else of its last attempt), by rank."""
+        mine = [r for r in self.ranks if r.job_id == job_id]
+        if number is None and mine:
+            number = max(r.number for r in mine)
+        return sorted((r for r in mine if r.number == number), key=lambda r: r.rank)
+
+    def signals(self, job_id: int) -> list[int]:
+        """Every signal the job's ranks got, in order (all ranks and attempts together)."""
+        return [what[3] for kind, what in self.calls if kind == "signal" and what[0] == job_id]
+
+    # --- the Runtime protocol ---------------------------------------------------------
+
+    def wait_reason(self) -> str | None:
+        return self.unreachable
+
+    async def launch(self, launch: Launch) -> list[Rank]:
+        job = launch.ref.job
+        if self._held is not None:
+            self.waiting.append(job.id)
+            try:
+                await asyncio.shield(self._held)
+            finally:
+                self.waiting.remove(job.id)
+        if self.unreachable is not None:
+            raise NotLaunched(NeverStarted(self.unreachable))
+        if job.name in self.refused:
+            raise LaunchFailed(self.refused[job.name])
+        self.calls.append(("launch", (job.id, launch.ref.number, launch.ranks)))
+        now = time.time()
+        return [self._rank(job.id, launch.ref.number, rank, now) for rank in launch.ranks]
+
+    def _rank(self, job_id: int, number: int, rank: int, now: float) -> Rank:
+        self._serial += 1
+        handle = Handle(self.kind, f"fake-{self._serial}", rank, FAKE_BOOT)
+        fake = FakeRank(job_id, number, rank, handle,
+                        asyncio.get_running_loop().create_future())
+        self.ranks.append(fake)
+        return Rank(handle, now, fake.ended)
+
+    def _find(self, handle: Handle) -> FakeRank | None:
+        return next((r for r in self.ranks if r.handle == handle), None)
+
+    async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
+                    stopping: bool) -> list[Rank] | AttemptState:
+        job = launch.ref.job
+        self.calls.append(("adopt", (job.id, launch.ref.number, [h.ref for h in recorded],
+                                     recorded_running, stopping)))
+        if self.unreachable is not None:
+            raise NotLaunched(NeverStarted(self.unreachable))
+        found = [r for h in recorded if (r := self._find(h)) is not None
+                 and r.rank in launch.ranks]
+        if not found:
+            return NeverStarted() if not recorded else Vanished("the fake runtime lost it")
+        if all(r.done for r in found):  # ended while no lifecycle watched: its verdict
+            return found[0].ended.result()
+        return [Rank(r.handle, time.time(), r.ended) for r in found]
+
+    async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
+        rank = self._find(handle)
+        if rank is None or rank.done or self.unreachable is not None:
+            return False
+        self.calls.append(("signal", (rank.job_id, rank.number, rank.rank, sig)))
+        rank.signals.append(sig)
+        if sig == signal.SIGKILL or (sig == signal.SIGTERM and not self.ignore_sigterm):
+            rank.exit(128 + sig, sig)
+        return True
+
+    async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        self.calls.append(("clear_lost", (ref.job.id, ref.number)))
+
+    async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
+        self.calls.append(("release", (ref.job.id, ref.number)))
+
+    async def exec(self, launch: Launch, handle: Handle, command: list[str],
+                   timeout: float) -> ExecResult:
+        self.calls.append(("exec", (launch.ref.job.id, handle.rank, command)))
+        return ExecResult(0, "", "", False)
+
+    def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
+        return rank_dir(directory, rank) / LOG_FILES[stream]
+
+    async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        return [Diagnosis("fake runtime", self.unreachable is None,
+                          self.unreachable or "in memory")]
+
+
+async def eventually(predicate: Callable[[], T | Awaitable[T]], what: str,
+                     timeout: float = 30.0) -> T:
+    """Await `predicate` (sync or async) until it returns something true and return that;
+    fail naming `what` after `timeout` seconds. The lifecycle moves on the same event
+    loop, so each look yields to it first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+@dataclass
+class LifecycleHarness:
+    """What lifecycle() yields: the parts, the fake runtime, and a few shortcuts."""
+
+    settings: Settings
+    store: Store
+    layout: JobLayout
+    hub: EventHub
+    lifecycle: Lifecycle
+    runtime: FakeRuntime
+    owner: Owner
+
+    async def create_job(self, name: str, **fields: Any) -> JobRecord:
+        """A job as `Job.create(name=..., **fields)` makes it (command: ["train"])."""
+        from noduslocal.domain.validation import parse_create
+
+        req = parse_create({"name": name, "command": ["train"], **fields},
+                           regions=(self.settings.region,))
+        job, _ = await self.lifecycle.admission.create(req, self.owner, None, None)
+        return job
+
+    async def create_sweep(self, name: str, **fields: Any) -> SweepRecord:
+        """A sweep as `Sweep.create(name=..., **fields)` makes it (template: ["train"])."""
+        from noduslocal.domain.sweep_plan import parse_sweep
+
+        body = {"name": name, "template": {"command": ["train"]}, **fields}
+        plan = parse_sweep(body, regions=(self.settings.region,))
+        sweep, _ = await self.lifecycle.sweep_admission.create(plan, self.owner, None, None)
+        return sweep
+
+    async def job(self, job_id: int) -> JobRecord:
+        job = await self.store.job_by_id(job_id)
+        assert job is not None, f"no job {job_id}"
+        return job
+
+    async def sweep(self, sweep: SweepRecord) -> SweepRecord:
+        fresh = await self.store.sweep(sweep.project, sweep.name)
+        assert fresh is not None, f"no sweep {sweep.name}"
+        return fresh
+
+    async def cells(self, sweep: SweepRecord) -> list[JobRecord]:
+        """The sweep's cells, in cell order (a smoke canary is no cell)."""
+        ids = [job_id for job_id, _, _ in await self.store.sweep_cells(sweep.id)]
+        return await self.store.jobs_by_ids(ids)
+
+    async def phase_of(self, job_id: int, *phases: str) -> JobRecord | None:
+        """The job once it is in one of `phases` (for eventually())."""
+        job = await self.job(job_id)
+        return job if job.phase in phases else None
+
+    async def launched(self, job_id: int, ranks: int = 1) -> list[FakeRank]:
+        """The ranks of the job's last attempt, once that many were launched."""
+        return await eventually(lambda: len(self.runtime.of(job_id)) >= ranks
+                                and self.runtime.of(job_id),
+                                f"job {job_id} to be launched")
+
+    async def ended(self, job_id: int) -> JobRecord:
+        from noduslocal.domain.states import TERMINAL
+
+        return await eventually(lambda: self.phase_of(job_id, *TERMINAL),
+                                f"job {job_id} to end")
+
+
+@contextlib.asynccontextmanager
+async def lifecycle(directory: Path, runtime: FakeRuntime | None = None, *,
+                    cpus: float = 4, memory: int = 4 * 2**30, kill_grace: float = 10.0,
+                    **settings: Any) -> AsyncIterator[LifecycleHarness]:
+    """The daemon's lifecycle (coordinator.Lifecycle, as main.py builds it, without the
+    API) on a real store under `directory`, its one runtime `runtime`, started and
+    recovered. Built again on the same directory and runtime, it is a restarted daemon:
+    it adopts what still runs there. Settings not given are the defaults, except that
+    the disk reserve is 0 (a test's disk need not have 2 GiB free)."""
+    from noduslocal.daemon.config.settings import Settings
+    from noduslocal.daemon.coordinator import Lifecycle
+    from noduslocal.daemon.events import EventHub
+    from noduslocal.daemon.files.layout import JobLayout
+    from noduslocal.daemon.store import Store, job_writes
+
+    runtime = runtime or FakeRuntime()
+    data_dir = directory / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = Settings(**{"socket": directory / "api.sock", "data_dir": data_dir,
+                         "cpus_m": int(cpus * 1000), "memory": memory,
+                         "kill_grace": kill_grace, "disk_reserve": 0, **settings})
+    hub = EventHub()
+    store = Store(data_dir / "noduslocal.db")
+    await store.open(hub.publish, config.commit_batch)
+    layout = JobLayout(data_dir)
+    parts = Lifecycle(config, store, layout, {runtime.kind: runtime}, hub=hub)
+    hub.listen(parts.on_committed)
+    owner = job_writes.Owner(os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name,
+                             admin=True)
+    try:
+        await parts.start()
+        yield LifecycleHarness(config, store, layout, hub, parts, runtime, owner)
+    finally:
+        await parts.stop()
+        await store.close()

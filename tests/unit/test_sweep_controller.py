@@ -1,0 +1,250 @@
+"""The sweep controller (sweeps/controller.py) against the in-memory fake runtime
+(noduslocal.testing): the canary gates the cells, cells are released up to max_parallel in
+cell order, a failing canary cancels the rest, a failed cell fails the sweep at its end, a
+resumed cell goes back among the unreleased ones, releases within a max_cost; and the
+moves its async looks (settle, budget) allow. The lifecycle parts are the daemon's own on
+a real SQLite store; no daemon, no processes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from noduslocal.daemon.sweeps.state import (
+    BUDGET_TRANSITIONS,
+    SETTLE_TRANSITIONS,
+    BudgetLook,
+    SettleLook,
+    check_budget_transition,
+    check_settle_transition,
+)
+from noduslocal.domain.jobs import JobRecord, SweepRecord
+from noduslocal.domain.states import IllegalTransition, Phase, Reason, SweepPhase
+from noduslocal.testing import LifecycleHarness, eventually, lifecycle
+
+
+def run(tmp_path: Path, body: Callable[[LifecycleHarness], Awaitable[None]],
+        **settings: object) -> None:
+    async def main() -> None:
+        async with lifecycle(tmp_path, **settings) as parts:  # type: ignore[arg-type]
+            await body(parts)
+
+    asyncio.run(main())
+
+
+async def in_phase(h: LifecycleHarness, sweep: SweepRecord, phase: SweepPhase
+                   ) -> SweepRecord:
+    async def look() -> SweepRecord | None:
+        fresh = await h.sweep(sweep)
+        return fresh if fresh.phase == phase else None
+
+    return await eventually(look, f"sweep {sweep.name} to be {phase}")
+
+
+def launched_cells(h: LifecycleHarness, cells: list[JobRecord]) -> list[int]:
+    """The cells (by index) the runtime was asked to launch."""
+    return [i for i, cell in enumerate(cells) if h.runtime.of(cell.id)]
+
+
+def test_the_canary_gates_the_cells_then_they_run_max_parallel_at_a_time(
+        tmp_path: Path) -> None:
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("grid", grid={"X": [1, 2, 3, 4, 5]}, max_parallel=2)
+        cells = await h.cells(sweep)
+        assert (await h.sweep(sweep)).phase == SweepPhase.CANARY
+        (canary,) = await h.launched(cells[0].id)
+        # Only the canary runs; the others wait, saying for what.
+        assert launched_cells(h, cells) == [0]
+        for cell in cells[1:]:
+            assert h.lifecycle.jobs.wait_reason(cell.id) == (
+                "sweep grid: waiting for its canary (cell 0) to succeed")
+        canary.exit(0)
+        passed = await in_phase(h, sweep, SweepPhase.RUNNING)
+        assert passed.reason == Reason.CANARY_PASSED
+        await h.launched(cells[1].id)
+        await h.launched(cells[2].id)
+        assert launched_cells(h, cells) == [0, 1, 2]
+        assert h.lifecycle.jobs.wait_reason(cells[3].id) == (
+            "sweep grid: 2 of 2 cells running (max_parallel)")
+        # A cell's end makes room for the next in order.
+        h.runtime.of(cells[2].id)[0].exit(0)
+        await h.launched(cells[3].id)
+        assert launched_cells(h, cells) == [0, 1, 2, 3]
+        active = h.lifecycle.sweeps.active(sweep.id)
+        assert active is not None and active.settle is SettleLook.IDLE
+        for index in (1, 3):
+            h.runtime.of(cells[index].id)[0].exit(0)
+        (last,) = await h.launched(cells[4].id)
+        last.exit(0)
+        done = await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+        assert (done.reason, done.message) == (Reason.COMPLETED, "all 5 cells succeeded")
+        # Its end was worked out by the settle look, and the controller let go of it.
+        assert active.settle is SettleLook.ENDING
+        assert h.lifecycle.sweeps.active(sweep.id) is None
+        assert all(len(h.runtime.of(cell.id)) == 1 for cell in cells)
+
+    run(tmp_path, body)
+
+
+def test_a_failing_canary_fails_the_sweep_and_nothing_else_runs(tmp_path: Path) -> None:
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("doomed", grid={"X": [1, 2, 3, 4]}, max_parallel=4)
+        cells = await h.cells(sweep)
+        (canary,) = await h.launched(cells[0].id)
+        canary.exit(3)
+        failed = await in_phase(h, sweep, SweepPhase.FAILED)
+        assert failed.reason == Reason.CANARY_FAILED
+        assert failed.message == ("the canary (cell 0) ended Failed: exited with code 3; "
+                                  "nothing else ran")
+        for cell in cells[1:]:
+            fresh = await h.job(cell.id)
+            assert (fresh.phase, fresh.reason) == (Phase.CANCELLED, Reason.CANARY_FAILED)
+        assert launched_cells(h, cells) == [0]
+
+    run(tmp_path, body)
+
+
+def test_a_smoke_canary_gates_every_cell(tmp_path: Path) -> None:
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("smoked", grid={"X": [1, 2]}, canary_smoke="true")
+        cells = await h.cells(sweep)
+        smoke = await h.store.job(sweep.project, "smoked-canary")
+        assert smoke is not None
+        (rank,) = await h.launched(smoke.id)
+        assert launched_cells(h, cells) == []
+        assert h.lifecycle.jobs.wait_reason(cells[0].id) == (
+            "sweep smoked: waiting for its smoke canary to succeed")
+        rank.exit(0)
+        await in_phase(h, sweep, SweepPhase.RUNNING)
+        for cell in cells:
+            (ran,) = await h.launched(cell.id)
+            ran.exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+
+    run(tmp_path, body)
+
+
+def test_a_failed_cell_fails_the_sweep_once_every_cell_ended(tmp_path: Path) -> None:
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("mixed", grid={"X": [1, 2, 3]}, canary="none",
+                                     max_parallel=3)
+        assert (await h.sweep(sweep)).phase == SweepPhase.RUNNING
+        cells = await h.cells(sweep)
+        ranks = [(await h.launched(cell.id))[0] for cell in cells]
+        ranks[1].exit(1)
+        ranks[0].exit(0)
+        await h.ended(cells[1].id)
+        assert (await h.sweep(sweep)).phase == SweepPhase.RUNNING  # one still runs
+        ranks[2].exit(0)
+        done = await in_phase(h, sweep, SweepPhase.FAILED)
+        assert (done.reason, done.message) == (Reason.CELLS_FAILED,
+                                               "1 of 3 cells did not succeed")
+
+    run(tmp_path, body)
+
+
+def test_a_suspended_cell_holds_the_end_and_resumed_goes_back_among_the_unreleased(
+        tmp_path: Path) -> None:
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("paused", grid={"X": [1, 2, 3]}, canary="none",
+                                     max_parallel=1)
+        cells = await h.cells(sweep)
+        await h.launched(cells[0].id)
+        await eventually(lambda: h.phase_of(cells[0].id, Phase.RUNNING), "cell 0 Running")
+        await h.lifecycle.controls.suspend(await h.job(cells[0].id))
+        await eventually(lambda: h.phase_of(cells[0].id, Phase.SUSPENDED), "cell 0 aside")
+        # Its room went to the next cell.
+        (second,) = await h.launched(cells[1].id)
+        await h.lifecycle.controls.resume(await h.job(cells[0].id))
+        # Back among the unreleased cells, ahead of cell 2 but behind max_parallel.
+        assert h.lifecycle.jobs.wait_reason(cells[0].id) == (
+            "sweep paused: 1 of 1 cells running (max_parallel)")
+        assert len(h.runtime.of(cells[0].id)) == 1  # its one attempt, suspended
+        second.exit(0)
+        await eventually(lambda: len(h.runtime.of(cells[0].id)) == 1
+                         and h.runtime.of(cells[0].id)[0].number == 2, "cell 0 again")
+        assert launched_cells(h, cells) == [0, 1]
+        h.runtime.of(cells[0].id)[0].exit(0)
+        (third,) = await h.launched(cells[2].id)
+        third.exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+
+    run(tmp_path, body)
+
+
+def test_cells_all_let_go_but_one_suspended_settle_nothing_until_it_ends(
+        tmp_path: Path) -> None:
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("waits", grid={"X": [1, 2]}, canary="none")
+        cells = await h.cells(sweep)
+        first, second = [(await h.launched(cell.id))[0] for cell in cells]
+        await eventually(lambda: h.phase_of(cells[0].id, Phase.RUNNING), "cell 0 Running")
+        await h.lifecycle.controls.suspend(await h.job(cells[0].id))
+        await eventually(lambda: h.phase_of(cells[0].id, Phase.SUSPENDED), "cell 0 aside")
+        active = h.lifecycle.sweeps.active(sweep.id)
+        assert active is not None
+        second.exit(0)
+        await h.ended(cells[1].id)
+        # The look ran (the end's commit started it) and found a cell not ended.
+        await eventually(lambda: active.settle is SettleLook.IDLE, "the look to end")
+        assert (await h.sweep(sweep)).phase == SweepPhase.RUNNING
+        await h.lifecycle.controls.resume(await h.job(cells[0].id))
+        await eventually(lambda: h.runtime.of(cells[0].id)[0].number == 2, "cell 0 again")
+        h.runtime.of(cells[0].id)[0].exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+        assert first.signals  # it was stopped by the suspend
+
+    run(tmp_path, body)
+
+
+def test_cells_are_released_within_a_max_cost_by_the_budget_look(tmp_path: Path) -> None:
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("budget", grid={"X": [1, 2, 3, 4]}, canary="none",
+                                     max_parallel=2, max_cost=1.0)
+        cells = await h.cells(sweep)
+        active = h.lifecycle.sweeps.active(sweep.id)
+        assert active is not None
+        first, second = [(await h.launched(cell.id))[0] for cell in cells[:2]]
+        await eventually(lambda: active.budget is BudgetLook.IDLE, "the look to end")
+        assert launched_cells(h, cells) == [0, 1]  # nothing spent yet: max_parallel
+        # Under a max_cost a cell's room is handed on once its cost is committed.
+        first.exit(0)
+        third = (await h.launched(cells[2].id))[0]
+        second.exit(0)
+        fourth = (await h.launched(cells[3].id))[0]
+        third.exit(0)
+        fourth.exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+        assert active.budget is BudgetLook.IDLE
+
+    run(tmp_path, body)
+
+
+def test_each_look_names_every_state_and_refuses_the_moves_it_does_not_allow() -> None:
+    settle = {(a, b) for a, targets in SETTLE_TRANSITIONS.items() for b in targets}
+    assert set(SETTLE_TRANSITIONS) == set(SettleLook)
+    assert settle == {(SettleLook.IDLE, SettleLook.LOOKING),
+                      (SettleLook.LOOKING, SettleLook.AGAIN),
+                      (SettleLook.LOOKING, SettleLook.IDLE),
+                      (SettleLook.LOOKING, SettleLook.ENDING),
+                      (SettleLook.AGAIN, SettleLook.LOOKING),
+                      (SettleLook.AGAIN, SettleLook.ENDING)}
+    for current, target in itertools.product(SettleLook, SettleLook):
+        if (current, target) not in settle:
+            with pytest.raises(IllegalTransition):
+                check_settle_transition(current, target)
+    budget = {(a, b) for a, targets in BUDGET_TRANSITIONS.items() for b in targets}
+    assert set(BUDGET_TRANSITIONS) == set(BudgetLook)
+    assert budget == {(BudgetLook.IDLE, BudgetLook.LOOKING),
+                      (BudgetLook.LOOKING, BudgetLook.AGAIN),
+                      (BudgetLook.LOOKING, BudgetLook.IDLE),
+                      (BudgetLook.AGAIN, BudgetLook.LOOKING),
+                      (BudgetLook.AGAIN, BudgetLook.IDLE)}
+    for current, target in itertools.product(BudgetLook, BudgetLook):
+        if (current, target) not in budget:
+            with pytest.raises(IllegalTransition):
+                check_budget_transition(current, target)
