@@ -1,12 +1,14 @@
-"""Shared fixtures: a real daemon per test (noduslocal.testing) and the CLI as a real
-process pointed at it."""
+"""What every tier shares: the CLI as a real process pointed at a daemon, the test images
+and docker, and the groups an installed box has. Each tier's own fixtures are in its
+conftest.py: tests/unit (none of these), tests/daemon (a daemon shared by a module's
+tests), tests/system (a daemon of each test's own, which it may kill)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,18 +17,7 @@ from noduslocal import testing
 from noduslocal.domain.sockets import SOCKET_ENV
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def daemon() -> Iterator[testing.Daemon]:
-    """A started noduslocald with 2 CPUs that the SDK uses for the test."""
-    d = testing.Daemon(cpus=2, memory="8GiB")
-    try:
-        d.start()
-        with d.as_default():
-            yield d
-    finally:
-        d.close()
+Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def run_cli(d: testing.Daemon, *args: str, input: str | None = None,
@@ -39,7 +30,8 @@ def run_cli(d: testing.Daemon, *args: str, input: str | None = None,
 
 
 @pytest.fixture
-def cli(daemon: testing.Daemon):
+def cli(daemon: testing.Daemon) -> Cli:
+    """The CLI against the test's `daemon` (whichever the tier's conftest gives)."""
     def call(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
         return run_cli(daemon, *args, **kwargs)  # type: ignore[arg-type]
 

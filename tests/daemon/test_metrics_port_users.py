@@ -8,14 +8,11 @@ from __future__ import annotations
 import socket
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from noduslocal import testing
-from noduslocal.daemon.config.settings import load_settings
-from noduslocal.domain import errors
 
 PER_USER = ("noduslocal_queue_length", "noduslocal_user_disk_bytes")
 
@@ -98,13 +95,3 @@ def test_by_default_the_tcp_port_has_them() -> None:
         d.close()
 
 
-@pytest.mark.parametrize("value", ['"no"', "0", '""'])
-def test_the_setting_is_checked_like_its_siblings(tmp_path: Path, value: str) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(f"metrics_port_per_user = {value}\n")
-    with pytest.raises(errors.InvalidArgument) as caught:
-        load_settings(config)
-    assert caught.value.field == "metrics_port_per_user"
-    config.write_text("metrics_port_per_user = false\n")
-    assert load_settings(config).metrics_port_per_user is False
-    assert load_settings(None).metrics_port_per_user is True

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from noduslocal import testing
-from noduslocal.daemon.config.settings import load_settings
 from noduslocal.domain import errors
 from tests.conftest import run_cli
 
@@ -178,24 +177,6 @@ def test_a_name_that_resolves_to_loopback_by_the_post_is_refused_there(
         d.close()
 
 
-def test_the_admin_setting_is_checked_at_start(tmp_path: Path) -> None:
-    config = tmp_path / "config.toml"
-    for text, field in (('webhook_local_networks = ["localhost"]', "webhook_local_networks"),
-                        ('webhook_local_networks = "127.0.0.1/32"', "webhook_local_networks"),
-                        ('local_registries = ["http://127.0.0.1:5000"]', "local_registries"),
-                        ("webhook_local_networks = [5]", "webhook_local_networks"),
-                        ("local_registries = [5000]", "local_registries")):
-        config.write_text(text + "\n")
-        with pytest.raises(errors.InvalidArgument) as caught:
-            load_settings(config, socket=tmp_path / "s", data_dir=tmp_path / "d")
-        assert caught.value.field == field and field in str(caught.value), text
-    config.write_text('webhook_local_networks = ["127.0.0.0/8", "::1"]\n'
-                      'local_registries = ["127.0.0.1:5000", "localhost"]\n')
-    settings = load_settings(config, socket=tmp_path / "s", data_dir=tmp_path / "d")
-    assert [str(n) for n in settings.webhook_local_networks] == ["127.0.0.0/8", "::1/128"]
-    assert settings.local_registries == ("127.0.0.1:5000", "localhost")
-
-
 # --- image registries -----------------------------------------------------------------------
 
 
@@ -231,15 +212,6 @@ def test_an_allowed_local_registrys_answer_stays_out_of_the_message(
         assert SECRET in d.log()  # the detail is the admin's, in the daemon's log
         status = run_cli(d, "job", "status", "pulled")
         assert SECRET not in status.stdout + status.stderr
-
-
-def test_the_registry_of_an_image_reference_is_read_as_docker_reads_it() -> None:
-    from noduslocal.domain.container_fields import registry_of
-
-    assert [registry_of(image) for image in (
-        "python:3.11", "org/train:v2", "ghcr.io/org/train:v2", "localhost/x",
-        "127.0.0.1:5000/x@sha256:" + "0" * 64, "MyHost/x:1", "localhost:5000")] == [
-        None, None, "ghcr.io", "localhost", "127.0.0.1:5000", "myhost", None]
 
 
 def test_allowing_webhooks_to_this_host_applies_on_a_reload(listener: Listener) -> None:

@@ -11,7 +11,6 @@ import pytest
 
 import noduslocal as nodus
 from noduslocal import testing
-from noduslocal.daemon.config.settings import load_settings
 from noduslocal.domain import errors
 from tests.conftest import run_cli
 
@@ -81,15 +80,3 @@ def test_a_sweep_template_takes_a_profile(d: testing.Daemon) -> None:
     assert d.client().get_job("ps-1")["spec"]["cpu"] == 0.5
 
 
-@pytest.mark.parametrize(("config", "named"), [
-    ('[profiles.bad]\ncpu = "lots"\n', "profiles.bad.cpu"),
-    ('[profiles.bad]\ncommand = ["rm"]\n', "profiles.bad.command: not for a profile"),
-    ('[profiles.bad]\nregion = "mars"\n', "profiles.bad.region"),
-    ('[profiles.Bad_Name]\ncpu = 1\n', "profiles.Bad_Name"),
-])
-def test_a_bad_profile_is_refused_when_the_config_is_read(tmp_path: object, config: str,
-                                                          named: str) -> None:
-    path = tmp_path / "config.toml"  # type: ignore[operator]
-    path.write_text(config)
-    with pytest.raises(errors.InvalidArgument, match=named):
-        load_settings(path)

@@ -15,7 +15,6 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
-from noduslocal.sdk.source import pack
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -100,18 +99,6 @@ def test_upload_must_match_its_hash(daemon: testing.Daemon, tmp_path: Path) -> N
     archive.write_bytes(b"not what the name says")
     with pytest.raises(errors.InvalidArgument, match="hashes to"):
         daemon.client().transport.upload(f"/v1/sources/{'a' * 64}", archive, 22)
-
-
-def test_large_sources_need_allow_large(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import noduslocal.sdk.source as source
-
-    monkeypatch.setattr(source, "LARGE_SOURCE", 10_000)
-    (tmp_path / "big.bin").write_bytes(b"x" * 20_000)
-    with pytest.raises(errors.InvalidArgument, match="allow_large_source=True"):
-        pack([tmp_path], contents_of_single_dir=True)
-    packed = pack([tmp_path], contents_of_single_dir=True, allow_large=True)
-    assert packed.size > 20_000
-    packed.path.unlink()
 
 
 def test_a_source_that_is_not_a_tar_fails_its_job_saying_why(daemon: testing.Daemon,

@@ -28,13 +28,6 @@ def test_built_once_named_by_its_source_and_trusted_only_if_safe(tmp_path: Path)
     assert not compiled_shim._trusted(built)
 
 
-def test_without_a_compiler_there_is_none(tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compiled_shim.shutil, "which", lambda name: None)
-    monkeypatch.setattr(compiled_shim, "PACKAGE_BIN", tmp_path / "nothing-here")
-    assert compiled_shim.find(tmp_path / "data") is None
-
-
 def test_the_daemon_starts_the_compiled_shim_unless_told_not_to(tmp_path: Path) -> None:
     if compiled_shim.find(tmp_path / "probe") is None:
         if os.environ.get("CI"):

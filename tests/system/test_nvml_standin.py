@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.nvml_standin import build as standin
+from tests.unit.test_nvml_standin_state import gpu
 
 STANDIN_PARENT = Path(standin.__file__).resolve().parent.parent
 RESULT = "@@RESULT@@"
@@ -71,14 +72,6 @@ def run(lib: Path, state: dict[str, Any] | Path | None, body: str, *, tmp: Path,
     assert proc.returncode == 0, f"scenario failed:\n{proc.stdout}\n{proc.stderr}"
     line = next(x for x in proc.stdout.splitlines() if x.startswith(RESULT))
     return json.loads(line[len(RESULT):]), proc.stderr
-
-
-def gpu(i: int, **fields: Any) -> dict[str, Any]:
-    return {"index": i, "uuid": f"GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd",
-            "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": f"00000000:{0x17 + i:02X}:00.0",
-            "memory_total": 80 * GiB, "memory_used": 0, "utilization_gpu": 0,
-            "utilization_memory": 0, "power_mw": 70000, "energy_mj": 0, "mig_mode": 0,
-            "numa_node": 0, "processes": [], "missing": False, **fields}
 
 
 def test_inventory_and_metrics(lib: Path, tmp_path: Path) -> None:
@@ -453,31 +446,6 @@ def test_exports_every_symbol_pynvml_needs(lib: Path, tmp_path: Path) -> None:
     """, tmp=tmp_path)
     assert out == {"missing": [], "errstr": "GPU is lost", "nvml_version": "12.550.54.15",
                    "cuda": 12040, "mem_v2": [80 * GiB, 0, 80 * GiB, 0]}
-
-
-def test_write_state_checks_the_schema_and_is_atomic(tmp_path: Path) -> None:
-    path = tmp_path / "state.json"
-    standin.write_state(path, standin.sample_state(4))
-    standin.write_state(path, {"gpus": [gpu(0)], "_comment": "ignored"})
-    assert json.loads(path.read_text())["gpus"][0]["uuid"].startswith("GPU-00000000")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
-    for bad in ({"gpus": [gpu(0, memory_use=1)]},
-                {"gpu": []},
-                {"gpus": [gpu(0), gpu(2)]},
-                {"gpus": [gpu(0, processes=[{"used_memory": 1}])]},
-                {"gpus": [gpu(0)], "topology": [[0, 10]]},
-                {"gpus": [gpu(0), gpu(1)], "nvlink": [[0, 0]]},
-                {"gpus": [gpu(0)], "events": [{"gpu": 0, "type": "xyz", "seq": 1}]},
-                {"gpus": [gpu(0)], "events": [{"gpu": 1, "type": "xid", "seq": 1}]},
-                {"gpus": [gpu(0, missing="yes")]},
-                {"gpus": [gpu(0, mig_mode=2)]},
-                {"gpus": [gpu(0, pci_bus_id="17:00")]},
-                {"gpus": [gpu(0, utilization_gpu=101)]},
-                {"gpus": [gpu(0, power_mw=1 << 32)]},
-                {"gpus": [gpu(0, memory_used=81 * GiB)]}):
-        with pytest.raises(ValueError):
-            standin.write_state(path, bad)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 
 
 def test_build_is_skipped_when_up_to_date(lib: Path, tmp_path: Path,

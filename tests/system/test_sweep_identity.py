@@ -83,26 +83,3 @@ def test_a_canary_retry_counts_its_own_tries_not_anothers_like_named_jobs(
                      "gate-canary-r2"}, names
 
 
-def test_the_migration_gives_old_canaries_their_sweep_and_no_one_elses_job() -> None:
-    """Schema 22 backfills canary_of from the sweep's spec and the owner's own tries; a
-    stranger's job with the label and a try's name stays nobody's canary."""
-    import sqlite3
-
-    from noduslocal.daemon.store.migrate import available, migrate, split_statements
-
-    conn = sqlite3.connect(":memory:", isolation_level=None)
-    for version, _, sql in available()[:21]:
-        for statement in split_statements(sql):
-            conn.execute(statement)
-        conn.execute(f"PRAGMA user_version = {version}")
-    conn.execute("INSERT INTO sweeps (id, project, name, owner_uid, owner_gid, owner, phase, "
-                 "spec, labels, cells, max_parallel, created_at) VALUES (7, 'team', 'gate', "
-                 "1001, 1001, 'alice', 'Failed', '{\"smoke_job\": 12}', '{}', 1, 1, 0)")
-    for job_id, uid, name in ((10, 1001, "gate-canary"), (11, 1002, "gate-canary-r2"),
-                              (12, 1001, "gate-canary-r3"), (13, 1001, "other")):
-        conn.execute("INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, "
-                     "phase, spec, labels, created_at) VALUES (?, 'team', ?, ?, ?, 'x', "
-                     "'Failed', '{}', '{\"sweep\": \"gate\"}', 0)", (job_id, name, uid, uid))
-    assert migrate(conn) >= 22
-    rows = dict(conn.execute("SELECT id, canary_of FROM jobs").fetchall())
-    assert rows == {10: 7, 11: None, 12: 7, 13: None}

@@ -116,3 +116,29 @@ def test_rendezvous_env_and_launcher_command_lines() -> None:
     assert verl.env()["RAY_ADDRESS"] == "h:9"
     worker = RankPlan(Gang(2, 4, "Ray"), 1, "h", 9, "w", 7, 3).argv(["python", "x.py"])
     assert worker[:2] == ["sh", "-c"] and "x.py" not in worker  # workers serve rank 0
+
+
+def test_torchrun_argv_and_env_of_a_rank() -> None:
+    gang = Gang(nodes=2, gpus_per_node=2, launcher="Torchrun", transport="tcp")
+    plan = RankPlan(gang, rank=1, master_addr="host", master_port=1234, rank_addr="host-r1",
+                    job_id=7, attempt=2)
+    head = ["torchrun", "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2",
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", "host:1234",
+            "--rdzv_id", "nodus-7-2"]
+    assert plan.argv(["python", "train.py", "--lr", "1"]) == [*head, "train.py", "--lr", "1"]
+    assert plan.argv(["/usr/bin/python3.11", "train.py"]) == [*head, "train.py"]
+    assert plan.argv(["./train.sh", "--lr", "1"]) == [*head, "--no-python", "./train.sh",
+                                                      "--lr", "1"]
+    env = plan.env()
+    assert {k: env[k] for k in ("RANK", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                "MASTER_ADDR", "MASTER_PORT", "NODUS_RANK_ADDR",
+                                "NODUS_GANG", "NODUS_LAUNCHER")} == {
+        "RANK": "1", "NODE_RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+        "MASTER_ADDR": "host", "MASTER_PORT": "1234", "NODUS_RANK_ADDR": "host-r1",
+        "NODUS_GANG": "7-2", "NODUS_LAUNCHER": "Torchrun"}
+    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_P2P_DISABLE"] == "1"
+    assert env["NCCL_SHM_DISABLE"] == "1" and "RAY_ADDRESS" not in env
+    cpu_gang = RankPlan(Gang(nodes=3, gpus_per_node=0, launcher="Torchrun"), 0, "h", 1, "h", 1, 1)
+    assert cpu_gang.argv(["python", "t.py"])[:6] == ["torchrun", "--nnodes", "3",
+                                                     "--node_rank", "0", "--nproc_per_node"]
+    assert cpu_gang.argv(["python", "t.py"])[6] == "1"

@@ -1,5 +1,6 @@
-"""Parsing and validation of what crosses the socket: durations, sizes, CPUs, names, and
-the create body, which must be refused completely before anything is written."""
+"""Parsing and validation of what crosses the socket: durations, sizes, CPUs, names, image
+references (docker's grammar, and the registry docker reads in one), and the create body,
+which must be refused completely before anything is written."""
 
 from __future__ import annotations
 
@@ -161,3 +162,23 @@ def test_checkpoint_forms() -> None:
     for value in ("/workspace/ckpt/a", "ckpt/a", {"path": "./ckpt/a"}):
         assert parse_create({"command": ["true"], "checkpoint": value},
                             regions=REGIONS).spec.checkpoint == "ckpt/a"
+
+
+GOOD_IMAGES = ["python:3.11", "ghcr.io/org/train:v2", "registry.example.com:5000/a/b:1",
+               "noduslocal-test/busybox:1", "library/busybox", "a__b/c.d-e---f",
+               "busybox@sha256:" + "0" * 64, "busybox:1.36@sha256:" + "f" * 64,
+               "Registry.Example.com/team/x", "a" * 64, "sha256:" + "0" * 64]
+
+
+@pytest.mark.parametrize("image", GOOD_IMAGES)
+def test_an_image_reference_in_dockers_grammar_is_taken(image: str) -> None:
+    assert parse_create({"image": image}, regions=("local",)).spec.image == image
+
+
+def test_the_registry_of_an_image_reference_is_read_as_docker_reads_it() -> None:
+    from noduslocal.domain.container_fields import registry_of
+
+    assert [registry_of(image) for image in (
+        "python:3.11", "org/train:v2", "ghcr.io/org/train:v2", "localhost/x",
+        "127.0.0.1:5000/x@sha256:" + "0" * 64, "MyHost/x:1", "localhost:5000")] == [
+        None, None, "ghcr.io", "localhost", "127.0.0.1:5000", "myhost", None]

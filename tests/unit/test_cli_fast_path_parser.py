@@ -1,0 +1,116 @@
+"""The fast path of `job run` and `job list` (cli/fast.py) without a daemon: its option
+table is click's, its parser gives what click's gives and leaves the rest to click, and its
+time and JSON helpers agree with the standard library's. What it sends and prints is held to
+click's path against a real daemon in tests/daemon/test_cli_fast_path.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+import pytest
+
+from noduslocal.cli import fast
+from noduslocal.cli.job import list_, run
+from noduslocal.domain.timefmt import iso, parse_iso
+
+
+@pytest.mark.parametrize(("command", "table", "left_to_click"), [
+    (run, fast.RUN_OPTIONS, fast.RUN_LEFT_TO_CLICK),
+    (list_, fast.LIST_OPTIONS, {}),
+])
+def test_the_table_is_clicks_options(command: click.Command, table: dict[str, Any],
+                                     left_to_click: dict[str, Any]) -> None:
+    params = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    with click.Context(command) as ctx:
+        command.parse_args(ctx, [])
+        defaults = dict(ctx.params)
+    for flag, (dest, kind, lo, hi, default) in table.items():
+        param = params[dest]
+        assert flag in param.opts + param.secondary_opts, flag
+        assert param.multiple == (kind == fast.MANY), flag
+        assert param.is_flag == (kind == fast.FLAG), flag
+        assert defaults[dest] == default, flag
+        if kind == fast.INT:
+            assert isinstance(param.type, click.IntRange), flag
+            assert (param.type.min, param.type.max) == (lo, hi), flag
+        elif kind == fast.VALUE:
+            assert param.type is click.STRING, flag
+    covered = {spec[0] for spec in table.values()} | set(left_to_click)
+    assert covered == set(params), "every click option is in the table or left to click"
+    for name, default in left_to_click.items():
+        assert defaults[name] == default, name
+    # Every flag of each option the table has is in it, so none of them goes to click.
+    for dest in {spec[0] for spec in table.values()}:
+        assert set(params[dest].opts) <= set(table), dest
+
+
+@pytest.mark.parametrize("argv", [
+    ["--name=x", "-e", "A=1", "--env", "B=2", "--label", "k=v", "--retries", "3", "--",
+     "echo", "hi"],
+    ["-d", "--priority", "-5", "sh", "-c", "exit 0"],
+    ["--cpu", "500m", "--memory", "64M", "--", "--looks-like-a-flag"],
+    ["--nodes", "2", "--gpus-per-node", "0", "true"],
+])
+def test_parse_gives_what_click_gives(argv: list[str]) -> None:
+    parsed = fast.parse(argv, fast.RUN_OPTIONS, positional=True)
+    assert parsed is not None
+    with run.make_context("run", list(argv)) as ctx:  # with the command's own settings
+        expected = dict(ctx.params)
+    assert {**parsed, **fast.RUN_LEFT_TO_CLICK} == expected
+
+
+@pytest.mark.parametrize("argv", [
+    ["--network", "none", "true"],      # a choice: click judges it
+    ["--retries", "101", "true"],       # out of range
+    ["--retries", "x", "true"],
+    ["--bogus", "true"],
+    ["-de", "A=1", "true"],             # joined short flags
+    ["--detach=yes", "true"],
+    ["--name"],                         # a value missing
+    ["--name", "--detach", "true"],     # click would take --detach as the name
+    ["--help"],
+])
+def test_what_the_parser_leaves_to_click(argv: list[str]) -> None:
+    assert fast.parse(argv, fast.RUN_OPTIONS, positional=True) is None
+
+
+def test_list_takes_no_argument() -> None:
+    assert fast.parse(["stray"], fast.LIST_OPTIONS, positional=False) is None
+    assert fast.parse(["-a", "--limit=5"], fast.LIST_OPTIONS, positional=False) == {
+        "show_all": True, "phases": (), "owner": None, "labels": (), "project": None,
+        "limit": 5, "as_json": False}
+
+
+def test_times_parse_without_strptime() -> None:
+    for stamp in (0.0, 1.5, 951782400.123, 1796419646.265, 4102444800.999):
+        assert parse_iso(iso(stamp)) == pytest.approx(stamp, abs=1e-6)
+    assert parse_iso("2026-01-02T03:04:05.123456Z") == pytest.approx(1767323045.123456)
+    assert parse_iso("2026-01-02T03:04:05Z") == 1767323045.0
+    with pytest.raises(ValueError):
+        parse_iso("2026-01-02 03:04:05")
+
+
+def test_wire_json_is_jsons() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from noduslocal.sdk import wire_json
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=16)
+
+    @settings(max_examples=300, deadline=None)
+    @given(values)
+    def same(value: object) -> None:
+        assert wire_json.dumps(value) == json.dumps(value)
+        assert wire_json.loads(json.dumps(value).encode()) == value
+
+    same()
+    for bad in ("", "[1,]", "1 2", "{"):
+        with pytest.raises(ValueError):
+            wire_json.loads(bad)
+    with pytest.raises(TypeError):
+        wire_json.dumps(object())
