@@ -1,10 +1,11 @@
-"""Issue 13, item 8: `noduslocal admin`: every user's use against the limits, holding and
-releasing a user's queue (kept across a restart), a job's priority, and GPU drains."""
+"""`noduslocal admin`: every user's use against the limits, holding and releasing a user's
+queue (kept across a restart), a job's priority, GPU drains, and a backup that restores."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,29 @@ def test_admin_drains_gpus(box: testing.Daemon) -> None:
     gpus = json.loads(run_cli(box, "gpus", "--json").stdout)["gpus"]
     assert [g["drained"] for g in gpus] == [False, True]
     assert run_cli(box, "admin", "undrain", "1").returncode == 0
+
+
+def test_admin_backup_restores(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    d = testing.Daemon(cpus=2, memory="4GiB")
+    try:
+        d.start()
+        d.client().create_job({"name": "before", "command": ["true"]})
+        dest = tmp_path / "nodus.backup"
+        made = run_cli(d, "admin", "backup", str(dest))
+        assert made.returncode == 0, made.stderr
+        assert dest.stat().st_mode & 0o777 == 0o600
+        again = run_cli(d, "admin", "backup", str(dest))
+        assert again.returncode == 2 and "exists" in again.stderr
+        d.client().create_job({"name": "after", "command": ["true"]})
+        d.stop()
+        db = d.data_dir / "noduslocal.db"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        db.write_bytes(dest.read_bytes())
+        d.start()
+        names = {j["name"] for j in d.client().list_jobs(all=True)}
+        assert names == {"before"}
+    finally:
+        d.close()

@@ -1,5 +1,6 @@
 """The CLI as a separate process, the way people and scripts use it: exit codes, --json,
-attached runs that stream and return the job's code, and one-line errors."""
+attached runs that stream and return the job's code, one-line errors in one style, sizes
+that need their unit, the caller's environment exported as sbatch does, and `job rm`."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from noduslocal import testing
+from noduslocal.domain import errors
+from noduslocal.testing import wait_until
+from tests.conftest import run_cli
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -125,3 +130,96 @@ def test_daemon_command_runs_in_the_foreground(tmp_path: object) -> None:
         assert "serving on" in (proc.stdout.read() if proc.stdout else "")
     finally:
         d.close()
+
+
+def test_a_size_without_its_unit_is_refused_and_so_is_too_little_memory(
+        daemon: testing.Daemon) -> None:
+    bare = run_cli(daemon, "job", "run", "--memory", "16", "--", "true")
+    assert bare.returncode == 2
+    assert bare.stderr.strip() == ("noduslocal: memory: '16' has no unit; write 16G, 16GiB or "
+                                   "16M (a bare number would be bytes)"), bare.stderr
+    with pytest.raises(errors.InvalidArgument, match="too little to start a process") as info:
+        daemon.client().create_job({"command": ["true"], "memory": 16})
+    assert info.value.field == "memory"
+    with pytest.raises(errors.InvalidArgument, match="too little"):
+        daemon.client().create_job({"command": ["true"], "memory": "1MiB"})
+    assert daemon.client().list_jobs(all=True) == []
+    ok = daemon.client().create_job({"command": ["true"], "memory": "64MiB"})
+    assert ok["spec"]["memory"] == 64 * 2**20
+
+
+def test_cli_refusals_have_one_style(daemon: testing.Daemon) -> None:
+    local = run_cli(daemon, "job", "run", "--timeout", "2x", "--", "true")
+    remote = run_cli(daemon, "job", "run", "--cpu", "lots", "--", "true")
+    unknown = run_cli(daemon, "job", "frobnicate")
+    for out in (local, remote, unknown):
+        assert out.returncode == 2, out
+        assert out.stderr.startswith("noduslocal: ") and "Error:" not in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert local.stderr.startswith("noduslocal: --timeout: '2x' is not a duration"), local.stderr
+    assert "see `noduslocal job run --help`" in local.stderr
+
+
+def test_the_cli_exports_the_callers_environment_as_sbatch_does(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "mytool").write_text("#!/bin/sh\necho tool ran\n")
+    (tools / "mytool").chmod(0o755)
+    caller = {"PATH": f"{tools}:/usr/bin:/bin", "MYVAR": "from-the-shell"}
+    script = 'echo "var=$MYVAR"; mytool'
+    ran = run_cli(daemon, "job", "run", "--", "sh", "-c", script, env=caller)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["var=from-the-shell", "tool ran"], ran.stdout
+    only = run_cli(daemon, "job", "run", "--export", "MYVAR", "--", "sh", "-c",
+                   'echo "var=$MYVAR path=$PATH"', env=caller)
+    assert only.returncode == 0 and "var=from-the-shell" in only.stdout, only
+    assert str(tools) not in only.stdout
+    bare = run_cli(daemon, "job", "run", "--export", "NONE", "--", "mytool", env=caller)
+    assert bare.returncode == 127, bare
+    assert "not found in PATH" in bare.stdout + bare.stderr
+    assert "`--export PATH`" in bare.stdout + bare.stderr, bare
+    explicit = run_cli(daemon, "job", "run", "--env", "MYVAR=given", "--", "sh", "-c",
+                       'echo "var=$MYVAR"', env=caller)
+    assert explicit.stdout.strip() == "var=given", explicit  # --env wins over the export
+    missing = run_cli(daemon, "job", "run", "--export", "NOPE_NOT_SET", "--", "true",
+                      env=caller)
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("noduslocal: --export: NOPE_NOT_SET is not set"), missing
+    secret = run_cli(daemon, "job", "run", "--secret", "MYVAR=s3cr3t", "--", "sh", "-c",
+                     'echo "var=$MYVAR"', env=caller)
+    assert secret.returncode == 0 and secret.stdout.strip() == "var=***", secret
+
+
+def test_job_rm_frees_the_name_and_replace_runs_again(daemon: testing.Daemon,
+                                                      tmp_path: Path) -> None:
+    import sqlite3
+
+    client = daemon.client()
+    first = run_cli(daemon, "job", "run", "--name", "train", "--", "sh", "-c", "echo one")
+    assert first.returncode == 0 and first.stdout.strip() == "one", first
+    again = run_cli(daemon, "job", "run", "--name", "train", "--", "true")
+    assert again.returncode != 0 and "already exists" in again.stderr, again
+    removed = run_cli(daemon, "job", "rm", "train")
+    assert removed.returncode == 0 and removed.stdout.strip() == "train: removed", removed
+    with pytest.raises(errors.NotFound):
+        client.get_job("train")
+    assert [j["name"] for j in client.list_jobs(all=True)] == []
+    with sqlite3.connect(daemon.data_dir / "noduslocal.db") as db:
+        rows = db.execute("SELECT id, name, removed_at FROM jobs").fetchall()
+        attempts = db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+    assert len(rows) == 1 and rows[0][1] == f"train~{rows[0][0]}" and rows[0][2], rows
+    assert attempts == 1  # kept: fair share and cost history count it
+    assert not (daemon.data_dir / "jobs" / str(rows[0][0])).exists()
+
+    gate = tmp_path / "gate"
+    run_cli(daemon, "job", "run", "--detach", "--name", "train", "--", "sh", "-c",
+            f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_until(lambda: client.get_job("train")["phase"] == "Running", "running")
+    busy = run_cli(daemon, "job", "rm", "train")
+    assert busy.returncode == 1 and "cancel it first" in busy.stderr, busy
+    replaced = run_cli(daemon, "job", "run", "--name", "train", "--replace", "--", "sh", "-c",
+                       "echo two")
+    assert replaced.returncode == 0 and replaced.stdout.strip() == "two", replaced
+    assert [j["phase"] for j in client.list_jobs(all=True)] == ["Succeeded"]
+    assert run_cli(daemon, "job", "run", "--replace", "--", "true").returncode == 2

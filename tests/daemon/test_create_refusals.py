@@ -1,7 +1,8 @@
-"""What a create must refuse whole, over the real socket: sizes too large for any number
-type, compressed bodies, names that end in a newline, empty strings where a list or count
-belongs, a smoke command no process could start, and image references docker's grammar
-does not take. Each is a 400 in the one error shape naming the field, and nothing is made.
+"""What a create must refuse whole, over the real socket: bodies that are no JSON or that
+no process could take, sizes too large for any number type, compressed bodies, names that
+end in a newline, empty strings where a list or count belongs, a smoke command no process
+could start, and image references docker's grammar does not take. Each is a 400 in the one
+error shape naming the field, and nothing is made.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from noduslocal import testing
 from noduslocal.domain import errors
+from tests.daemon.test_jobs_api import job_count, raw
 
 CONFIG = 'image_pull = false\n'
 DIGITS = "9" * 400
@@ -243,3 +245,30 @@ def test_the_daemon_logged_no_failure_of_its_own(d: testing.Daemon) -> None:
     assert "unhandled error" not in d.log() and "Traceback" not in d.log()
     with pytest.raises(errors.NotFound):
         d.client().get_job("zipped")
+
+
+BIG = "x" * 200_000  # one argument over the kernel's 128 KiB for a single string
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), [
+    ("POST", "/v1/jobs", b'{"command": ["echo", "\xff\xfe"]}', "body"),
+    ("POST", "/v1/volumes", b'{"name": "\xc3"}', "body"),
+    ("PUT", "/v1/secrets/tok", b'{"value": "\xed\xa0\x80"}', "body"),
+    ("POST", "/v1/jobs", b"[" * 5000 + b"]" * 5000, "body"),
+    ("PUT", "/v1/secrets/tok", b'{"value": "\\ud800"}', "value"),
+    ("POST", "/v1/jobs", b'{"command": ["echo", "\\udfff"]}', "command"),
+    ("POST", "/v1/jobs", b'{"command": ["true"], "env": {"A": "\\ud800"}}', "env"),
+    ("POST", "/v1/jobs", b'{"command": ["true"], "labels": {"a": "\\udfff"}}', "labels"),
+    ("POST", "/v1/jobs", json.dumps({"command": ["echo", BIG]}).encode(), "command"),
+    ("POST", "/v1/jobs", json.dumps({"command": ["true"], "env": {"A": BIG}}).encode(),
+     "env"),
+])
+def test_bad_bodies_are_a_400_naming_the_field_and_create_nothing(
+        daemon: testing.Daemon, method: str, path: str, body: bytes, field: str) -> None:
+    status, reply = raw(daemon, method, path, body,
+                        {"Content-Type": "application/json"})
+    assert status == 400, reply
+    assert reply["error"]["field"] == field, reply
+    assert job_count(daemon) == 0
+    assert daemon.client().list_volumes() == []
+    assert "Traceback" not in daemon.log()

@@ -1,6 +1,6 @@
 """`job.exec` / `noduslocal job exec` beside a running host-process job: its environment,
-workdir and owner, the exit status, masked secrets, refusals, and an exec cut off by a
-kill -9 of the daemon."""
+workdir and owner, the exit status, masked secrets, refusals, each user's cap on execs, and
+an exec cut off by a kill -9 of the daemon."""
 
 from __future__ import annotations
 
@@ -111,3 +111,44 @@ def test_an_exec_the_daemon_died_under_is_killed_by_the_next_one(
     assert (status.phase, status["attempts"]) == ("Running", 1)
     assert list((daemon.data_dir / "execs").iterdir()) == []
     running.cancel()
+
+
+def test_execs_are_capped_per_user_with_a_clear_refusal(tmp_path: Path) -> None:
+    """One user's long execs filled the pool that other users' container starts needed."""
+    import threading
+
+    from noduslocal.domain import errors
+
+    d = testing.Daemon(cpus=2, memory="4GiB", config="user_max_execs = 2\n")
+    try:
+        d.start()
+        client = d.client()
+        client.create_job({"name": "box", "command": ["sleep", "120"]})
+        testing.wait_until(lambda: client.get_job("box")["phase"] == "Running", "box runs")
+        gate = tmp_path / "gate"
+        holding = [threading.Thread(target=client.exec_job, args=(
+            "box", None, ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]))
+            for _ in range(2)]
+        for thread in holding:
+            thread.start()
+        testing.wait_until(lambda: _running_execs(gate) >= 2, "two execs running")
+        with pytest.raises(errors.ResourceExhausted, match="user_max_execs = 2"):
+            client.exec_job("box", None, ["true"])
+        gate.touch()
+        for thread in holding:
+            thread.join(30)
+        assert client.exec_job("box", None, ["echo", "again"])["returncode"] == 0
+    finally:
+        d.close()
+
+
+def _running_execs(gate: Path) -> int:
+    """Processes whose command line waits for GATE."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(gate).encode() in cmdline.read_bytes():
+                count += 1
+        except OSError:
+            pass
+    return count

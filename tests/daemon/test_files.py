@@ -1,10 +1,12 @@
 """A job's kept workspace through the API, the SDK (`job.files`) and the CLI (`noduslocal
-ls` / `noduslocal download`): listing, verified downloads, and nothing outside it."""
+ls` / `noduslocal download`): listing, verified downloads that keep the files' permission
+bits, and nothing outside it."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
+from tests.conftest import run_cli
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -93,3 +96,19 @@ def test_cli_ls_and_download(cli: Cli, made: nodus.Job, tmp_path: Path) -> None:
     refused = cli("download", "maker", "out/shadow", str(tmp_path / "s"))
     assert refused.returncode == 2 and "not a regular file" in refused.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_download_keeps_the_files_permission_bits(daemon: testing.Daemon,
+                                                    tmp_path: Path) -> None:
+    job = nodus.Job.run(name="modes", command=["sh", "-c", (
+        "echo a > plain; chmod 644 plain; printf '#!/bin/sh\\necho hi\\n' > run.sh; "
+        "chmod 755 run.sh; echo s > secret; chmod 600 secret; echo x > setid; "
+        "chmod 4755 setid")])
+    job.wait(timeout=30)
+    for name, want in (("plain", 0o644), ("run.sh", 0o755), ("secret", 0o600),
+                       ("setid", 0o755)):
+        saved = job.files.download(name, tmp_path / name)
+        assert stat.S_IMODE(saved.stat().st_mode) == want, (name, oct(saved.stat().st_mode))
+    cli = run_cli(daemon, "download", "modes", "run.sh", str(tmp_path / "again.sh"))
+    assert cli.returncode == 0, cli.stderr
+    assert stat.S_IMODE((tmp_path / "again.sh").stat().st_mode) == 0o755

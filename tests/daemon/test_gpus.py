@@ -1,8 +1,9 @@
 """GPUs through a real daemon and the real pynvml, served by the stand-in
 libnvidia-ml.so.1 (tests/nvml_standin) that the daemon loads through its `nvml_library`
 setting: inventory, pinning of the best-connected set, foreign processes, a GPU that
-falls off the bus, refusals, no driver at all, and a container asking for a real GPU on a
-box without the NVIDIA runtime."""
+falls off the bus, Xids, drains, refusals that say what the box has, no driver at all, cost,
+preemption and estimates on simulated GPUs. GPUs and containers:
+tests/system/test_container_gpus.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.domain.states import Phase, Reason
-from tests.conftest import BUSYBOX, run_cli
+from tests.conftest import run_cli
 from tests.nvml_standin.build import build_or_skip, sample_state, write_state
 
 
@@ -129,21 +130,6 @@ def test_impossible_requests_are_refused_at_create(box: Box) -> None:
     assert box.daemon.client().list_jobs(phases=None) == []
 
 
-@pytest.mark.usefixtures("docker_client")
-def test_container_gpu_without_the_nvidia_runtime_fails_cleanly(
-        box: Box, docker_client: Any) -> None:
-    from noduslocal.daemon.runtime.docker.spec import instance_id, job_filter
-
-    job = nodus.Job.run(image=BUSYBOX, command=["true"], gpu=1)
-    with pytest.raises(errors.JobFailed):
-        job.wait(timeout=60)
-    status = job.status()
-    assert status["reason"] == Reason.START_FAILED
-    assert "could not select device driver" in status["message"]
-    assert docker_client.containers.list(
-        all=True, sparse=True, filters=job_filter(instance_id(box.daemon.data_dir))) == []
-
-
 def test_no_driver_means_zero_gpus_said_plainly(tmp_path: Path) -> None:
     with testing.daemon(config=f'nvml_library = "{tmp_path}/missing.so.1"\n') as d:
         doc = d.client().gpus()
@@ -181,15 +167,6 @@ def test_an_application_xid_changes_nothing(box: Box) -> None:
     job = nodus.Job.run(command=["true"], gpu=4)
     assert job.wait(timeout=30).phase == Phase.SUCCEEDED
     assert all(g["healthy"] for g in box.daemon.client().gpus()["gpus"])
-
-
-def test_simulated_gpus_reach_a_container_as_environment(docker_client: Any) -> None:
-    with testing.daemon(config='simulate_gpus = "2xL4"\n'):
-        job = nodus.Job.run(image=BUSYBOX, gpu="L4", command=[
-            "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES|$NODUS_GPUS"'])
-        job.wait(timeout=60)
-        line = log_lines(job)[0]
-        assert line.startswith("GPU-") and '"model": "L4"' in line
 
 
 def test_drain_lets_work_finish_and_keeps_new_work_off(box: Box) -> None:
@@ -361,16 +338,12 @@ def test_a_gpu_lost_under_a_running_job_moves_it_and_the_hold_names_who_frees_gp
     assert big.wait(timeout=30).phase == Phase.SUCCEEDED
 
 
-def test_doctor_sees_nvml_and_a_missing_nvidia_runtime(box: Box, docker_client: Any,
-                                                       lab_groups: None) -> None:
-    """Real GPUs (through pynvml) and a dockerd without the NVIDIA runtime: GPU containers
-    would fail, and doctor says what to install."""
-    del docker_client
-    result = run_cli(box.daemon, "doctor", "--json")
-    found = {c["name"]: c for c in json.loads(result.stdout)}
-    assert found["gpus"]["ok"] is True
-    assert found["gpus"]["detail"].startswith("NVML, driver ") and "4 GPU(s)" in \
-        found["gpus"]["detail"]
-    assert found["nvidia runtime"]["ok"] is False
-    assert "nvidia-container-toolkit" in found["nvidia runtime"]["detail"]
-    assert result.returncode == 1
+
+
+def test_too_many_gpus_are_refused_with_what_the_box_has() -> None:
+    with testing.daemon(config='simulate_gpus = "4xH100"\n') as d:
+        for count in ("7", "99"):
+            out = run_cli(d, "job", "run", "--gpus", count, "--", "true")
+            assert out.returncode == 2, out
+            assert f"gpu: {count} x GPU requested; this host has 4 x H100" in out.stderr, \
+                out.stderr

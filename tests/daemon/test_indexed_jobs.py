@@ -1,6 +1,7 @@
 """Indexed jobs (`completions` indexes, at most `parallelism` at once) through a real daemon:
 concurrency and GPU slots, per-index env, logs, outputs and exec, the first failing index
-stopping the rest, kill -9 adoption, a lost attempt's retry, cancel, containers, refusals.
+stopping the rest, kill -9 adoption, a lost attempt's retry, cancel, refusals. Indexes of
+containers: tests/system/test_container_indexes.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from noduslocal.domain import errors
 from noduslocal.domain.states import TERMINAL
 from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import process_gone, wait_until
-from tests.conftest import BUSYBOX, PYTHON_IMAGE, run_cli
+from tests.conftest import run_cli
 
 FOUR_GPUS = 'simulate_gpus = "4xH100"\n'
 PY = sys.executable
@@ -380,26 +381,6 @@ def test_cli_runs_shows_logs_status_outputs_and_execs_by_index(tmp_path: Path) -
         gate.touch()
         assert c.wait_job("g", timeout=60)["phase"] == "Succeeded"
         assert runs(marks) == [(1, 0), (1, 1), (1, 2)]
-
-
-@pytest.mark.parametrize("image", [BUSYBOX, PYTHON_IMAGE])
-def test_container_indexes_run_and_show_logs_and_outputs_by_index(
-        docker_client: Any, image: str, tmp_path: Path) -> None:
-    with testing.daemon(config=None) as d:
-        c = d.client()
-        c.create_job({"name": "ci", "image": image, "cpu": "100m", "completions": 4,
-                      "parallelism": 2, "outputs": {"o": "out-{index}.txt"},
-                      "command": ["sh", "-c", "echo i=$NODUS_INDEX of $NODUS_COMPLETIONS; "
-                                  "echo c$NODUS_INDEX > /workspace/out-$NODUS_INDEX.txt"]})
-        done = c.wait_job("ci", timeout=120)
-        assert (done["phase"], done["exit_code"]) == ("Succeeded", 0), (done,
-                                                                      d.log()[-3000:])
-        assert done["indexes"]["succeeded"] == 4, done["indexes"]
-        for index in range(4):
-            assert log_of(c, "ci", index) == f"i={index} of 4\n"
-            got = c.download_output("ci", None, "o", tmp_path / f"{index}.txt", index=index)
-            assert got.read_text() == f"c{index}\n"
-        assert journal(d)["ends"] == dict.fromkeys(range(4), 0)
 
 
 def test_an_indexed_output_downloaded_without_an_index_is_a_400_naming_index(

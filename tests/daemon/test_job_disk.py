@@ -1,7 +1,7 @@
-"""Issue 11, item 6: a job's `disk` (CLI --disk, --min-disk-gb) is reserved from what the
-daemon's disk has free above its reserve: one asking more than there is is refused saying
-what there is, one that does not fit now waits saying why, and one whose directory grows
-past it ends Failed, DiskExceeded. Real daemons, a small tmpfs for the waiting case.
+"""A job's `disk` (CLI --disk, --min-disk-gb) is reserved from what the daemon's disk has
+free above its reserve: one asking more than there is is refused saying what there is, and
+one whose directory grows past it ends Failed, DiskExceeded. One that does not fit now
+waits saying why: tests/system/test_disk_full.py (a small tmpfs, root).
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
-from noduslocal.testing import wait_until
 from tests.conftest import run_cli
-from tests.system.test_disk_full import tmpfs
 
 
 def test_a_job_that_writes_past_its_disk_ends_disk_exceeded() -> None:
@@ -53,24 +51,3 @@ def test_more_disk_than_there_is_is_refused_saying_what_there_is(
     assert "disk:" in run_cli(daemon, "job", "status", "ok").stdout
 
 
-def test_a_job_waits_for_disk_that_running_jobs_reserved() -> None:
-    d = testing.Daemon(cpus=2, memory="4GiB", config='disk_reserve = "8MiB"\ndisk_poll = 0.2\n')
-    with tmpfs(d.data_dir, "64m"):
-        try:
-            d.start()
-            client = d.client()
-            client.create_job({"name": "first", "command": ["sleep", "60"], "cpu": "100m",
-                               "disk": "40MiB"})
-            wait_until(lambda: client.get_job("first")["phase"] == "Running", "first runs")
-            client.create_job({"name": "second", "command": ["true"], "cpu": "100m",
-                               "disk": "40MiB"})
-            wait_until(lambda: "disk" in (client.get_job("second").get("hold") or ""),
-                       "second waits for disk")
-            assert client.get_job("second")["phase"] == "Pending"
-            # A job without `disk` is not held up behind it.
-            client.create_job({"name": "third", "command": ["true"], "cpu": "100m"})
-            assert client.wait_job("third", timeout=30)["phase"] == "Succeeded"
-            client.cancel_job("first")
-            assert client.wait_job("second", timeout=30)["phase"] == "Succeeded"
-        finally:
-            d.close()

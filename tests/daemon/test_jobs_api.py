@@ -1,5 +1,7 @@
-"""The /v1 API over the real socket: one error shape for bad input with nothing created,
-idempotent creates, list filters, the wait long poll, logs and the event stream."""
+"""The /v1 jobs API over the real socket: one error shape for bad input and bad query values
+with nothing created, an error body that always carries `field`, idempotent creates, list
+filters, the wait long poll, logs and the event stream, the estimate, info and the OpenAPI
+document."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
+from noduslocal.testing import wait_until
+from tests.conftest import run_cli
 
 
 class Raw(http.client.HTTPConnection):
@@ -209,3 +215,47 @@ def test_openapi_document_matches_the_routes(daemon: testing.Daemon) -> None:
     served = {(r.path, r.method) for table in route_tables() for r in table
               if isinstance(r, RouteDef)}
     assert documented == served
+
+
+def test_bad_query_values_are_a_400(daemon: testing.Daemon) -> None:
+    job = daemon.client().create_job({"command": ["true"]})
+    daemon.client().wait_job(job["name"], timeout=30)
+    for timeout in ("nan", "-5", "inf", "soon"):
+        status, reply = raw(daemon, "GET", f"/v1/jobs/{job['name']}/wait?timeout={timeout}")
+        assert status == 400 and reply["error"]["field"] == "timeout", (timeout, reply)
+    status, reply = raw(daemon, "GET", f"/v1/jobs/{job['name']}/files?path={'a' * 5000}")
+    assert status == 400 and reply["error"]["field"] == "path", reply
+    status, reply = raw(daemon, "GET", f"/v1/jobs/{job['name']}/files?path={'a' * 300}/b")
+    assert status == 400 and "longer than 255" in reply["error"]["message"], reply
+    status, _ = raw(daemon, "GET", f"/v1/jobs/{job['name']}/wait?timeout=0")
+    assert status == 200
+
+
+def test_estimate_names_the_job_it_waits_for_and_status_shows_durations(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    client = daemon.client()
+    blocker = client.create_job({"name": "hog", "cpu": 2,
+                                 "command": ["sh", "-c", f"while [ ! -e {gate} ]; do "
+                                             "sleep 0.05; done"]})
+    wait_until(lambda: client.get_job("hog")["phase"] == "Running", "hog running")
+    waiting = nodus.Job.create(name="after", command=["true"], cpu=2, timeout="2h",
+                               expected_duration="90s")
+    estimate = waiting.estimate()
+    assert estimate["start_at"] is None
+    assert f"({blocker['project']}/hog)" in estimate["start_basis"], estimate
+    shown = run_cli(daemon, "job", "status", "after").stdout
+    assert "timeout:    2h00m" in shown and "expected:   1m30s" in shown, shown
+    gate.touch()
+    assert waiting.wait(timeout=30).phase == "Succeeded"
+
+
+def test_every_error_body_carries_field(daemon: testing.Daemon) -> None:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(daemon.socket))
+        sock.sendall(b"GET /v1/jobs/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    body = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "NotFound" and body["error"]["field"] is None, body

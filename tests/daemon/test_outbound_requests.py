@@ -1,8 +1,8 @@
 """Requests the daemon makes on a user's behalf, through a real daemon: a sweep's webhook
 never follows a redirect and reaches no address of this host (loopback, link-local, its
 interfaces') unless the admin allows it, checked at create and again at each post after
-DNS resolution; an image's registry on this host is refused unless the admin lists it, and
-no registry's answer reaches the job's message. Every listener here is on 127.0.0.1."""
+DNS resolution. Every listener here is on 127.0.0.1. An image's registry on this host
+(docker) is in tests/system/test_container_registries.py."""
 
 from __future__ import annotations
 
@@ -178,40 +178,6 @@ def test_a_name_that_resolves_to_loopback_by_the_post_is_refused_there(
 
 
 # --- image registries -----------------------------------------------------------------------
-
-
-def ended(c: Any, name: str) -> dict[str, Any]:
-    return c.wait_job(name, timeout=120)
-
-
-def test_a_registry_on_this_host_is_refused_by_default(docker_client: Any,
-                                                       listener: Listener) -> None:
-    with testing.daemon(cpus=2, memory="8GiB") as d:
-        c = d.client()
-        for name, host in (("probe", "127.0.0.1"), ("named", "localhost")):
-            image = f"{host}:{listener.port}/probe/x:1"
-            c.create_job({"name": name, "image": image, "command": ["true"]})
-            job = ended(c, name)
-            assert job["phase"] == "Failed" and job["reason"] == "StartFailed", job
-            assert image in job["message"] and "local_registries" in job["message"], job
-            assert "loopback" in job["message"], job
-        assert listener.paths == []  # dockerd was never asked to contact it
-
-
-def test_an_allowed_local_registrys_answer_stays_out_of_the_message(
-        docker_client: Any, listener: Listener) -> None:
-    config = f'local_registries = ["127.0.0.1:{listener.port}"]\n'
-    with testing.daemon(cpus=2, memory="8GiB", config=config) as d:
-        c = d.client()
-        image = f"127.0.0.1:{listener.port}/probe/x:1"
-        c.create_job({"name": "pulled", "image": image, "command": ["true"]})
-        job = ended(c, "pulled")
-        assert job["phase"] == "Failed" and job["reason"] == "StartFailed", job
-        assert listener.paths, "dockerd contacted the allowed registry"
-        assert image in job["message"] and SECRET not in job["message"], job
-        assert SECRET in d.log()  # the detail is the admin's, in the daemon's log
-        status = run_cli(d, "job", "status", "pulled")
-        assert SECRET not in status.stdout + status.stderr
 
 
 def test_allowing_webhooks_to_this_host_applies_on_a_reload(listener: Listener) -> None:

@@ -1,5 +1,6 @@
-"""The SDK as a user writes it: `import noduslocal as nodus`, the reference signature,
-Views, wait() and its exceptions, sync and async logs, cancel, attempts."""
+"""The SDK as a user writes it, against a real daemon: Views, wait() and its exceptions,
+sync and async logs, cancel, attempts, refusals that leave nothing. Its surface without a
+daemon: tests/unit/test_sdk_surface.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Sweeps through a real daemon: the SDK's grid, the canary gate, the fan-out width, the
-report, cancel, refusals, 10,000 cells in one call, `noduslocal map`, and kill -9 of the
-daemon five times during a sweep."""
+report, cancel, refusals (cells no process could take too), 10,000 cells in one call,
+`noduslocal map`, webhooks, max_cost, and kill -9 of the daemon five times during a sweep."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
 from tests.conftest import run_cli
+from tests.daemon.test_create_refusals import BIG
+from tests.daemon.test_jobs_api import raw
 
 
 @pytest.fixture
@@ -601,3 +603,21 @@ def test_every_task_ends_exactly_once_across_five_kill9s(tmp_path: Path) -> None
         assert all(c["attempts"] == 1 for c in cells), [c for c in cells if c["attempts"] != 1]
     finally:
         d.close()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"map": {"args": ["echo", "{}", ":::", "a", "b\0c"]}}, "map"),
+    ({"map": {"args": ["echo", "{}", ":::", "a", BIG]}}, "map"),
+    ({"map": {"args": ["echo", "{1}" * 9, ":::", "a", "y" * 100_000]}}, "map"),
+    ({"map": {"command": ["echo", "{x}"], "rows": {"names": ["x"],
+                                                   "values": [["a"], [BIG]]}}}, "map"),
+    ({"grid": {"LR": ["1", BIG]}}, "grid"),
+    ({"grid": {"LR": ["1", "a\0"], "BATCH": [1, 2]}}, "grid"),
+])
+def test_a_sweep_whose_cells_no_process_could_take_is_refused(
+        daemon: testing.Daemon, body: dict[str, object], field: str) -> None:
+    """Found by the fuzz: the sweep was accepted and each such cell ended Lost."""
+    status, answer = raw(daemon, "POST", "/v1/sweeps", json.dumps(
+        {"template": {"command": ["echo"]}, **body}).encode())
+    assert status == 400 and answer["error"]["field"] == field, answer
+    assert daemon.client().transport.request("GET", "/v1/sweeps")["sweeps"] == []

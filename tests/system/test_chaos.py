@@ -28,8 +28,8 @@ from noduslocal.domain import errors
 from noduslocal.domain.states import TERMINAL
 from noduslocal.sdk.api_client import ApiClient
 from tests.conftest import BUSYBOX
+from tests.daemon.test_job_ends import events
 from tests.system.test_containers import ours
-from tests.system.test_crash_recovery import events
 from tests.system.test_disk_full import free_bytes, health, job_pid, tmpfs
 
 ROUNDS = 20

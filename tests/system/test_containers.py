@@ -1,7 +1,7 @@
 """Container jobs with real docker containers: identity and confinement, the Kubernetes
 meaning of command and args, logs, OOM, stops, missing images, checkpoints, volumes,
-outputs, secrets and exec, and the faults: the daemon killed under a running container,
-dockerd restarted under one, dockerd unreachable."""
+outputs, secrets and exec, starts that never wait behind execs, and the faults: the daemon
+killed under a running container, dockerd restarted under one, dockerd unreachable."""
 
 from __future__ import annotations
 
@@ -393,3 +393,43 @@ def test_map_from_a_container_job_runs_in_its_image_from_its_workspace(
         job = client.get_job(f"boxed-{index}")
         assert job["spec"]["image"] == BUSYBOX
         assert run_cli(daemon, "job", "logs", f"boxed-{index}").stdout == f"{value} ready\n"
+
+
+def test_container_starts_never_wait_behind_execs(docker_client: object) -> None:
+    """One user's 32 `sleep 120` execs in their own container made another user's
+    container job take 116 s to start: execs and launches shared one 32-thread pool."""
+    import threading
+    import uuid
+
+    from tests.conftest import BUSYBOX
+
+    d = testing.Daemon(cpus=2, memory="4GiB", config="user_max_execs = 32\n")
+    try:
+        d.start()
+        client = d.client()
+        client.create_job({"name": "box", "image": BUSYBOX, "cpu": "100m",
+                           "command": ["sleep", "300"]})
+        testing.wait_until(lambda: client.get_job("box")["phase"] == "Running", "box runs",
+                           timeout=60)
+        mark = uuid.uuid4().hex
+        holding = [threading.Thread(target=client.exec_job, args=("box", None, [
+            "sh", "-c", f"touch /workspace/held-{mark}-$$; "
+                        f"while [ ! -e /workspace/gate-{mark} ]; do sleep 0.2; done"]))
+            for _ in range(32)]
+        for thread in holding:
+            thread.start()
+        workspace = next((d.data_dir / "jobs").glob("*/workspace"))
+        try:
+            testing.wait_until(lambda: len(list(workspace.glob(f"held-{mark}-*"))) == 32,
+                               "32 execs running", timeout=120)
+            client.create_job({"name": "next", "image": BUSYBOX, "cpu": "100m",
+                               "command": ["echo", "started"]})
+            assert client.wait_job("next", timeout=60)["phase"] == "Succeeded"
+            assert all(thread.is_alive() for thread in holding)  # held all along
+        finally:
+            (workspace / f"gate-{mark}").touch()
+            for thread in holding:
+                thread.join(60)
+        client.cancel_job("box")
+    finally:
+        d.close()

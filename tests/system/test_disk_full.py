@@ -327,3 +327,26 @@ def test_a_commit_the_wal_index_has_no_room_for_waits_and_lands(tmp_path: Path) 
                 await store.close()
 
         asyncio.run(body())
+
+
+def test_a_job_waits_for_disk_that_running_jobs_reserved() -> None:
+    d = testing.Daemon(cpus=2, memory="4GiB", config='disk_reserve = "8MiB"\ndisk_poll = 0.2\n')
+    with tmpfs(d.data_dir, "64m"):
+        try:
+            d.start()
+            client = d.client()
+            client.create_job({"name": "first", "command": ["sleep", "60"], "cpu": "100m",
+                               "disk": "40MiB"})
+            wait_until(lambda: client.get_job("first")["phase"] == "Running", "first runs")
+            client.create_job({"name": "second", "command": ["true"], "cpu": "100m",
+                               "disk": "40MiB"})
+            wait_until(lambda: "disk" in (client.get_job("second").get("hold") or ""),
+                       "second waits for disk")
+            assert client.get_job("second")["phase"] == "Pending"
+            # A job without `disk` is not held up behind it.
+            client.create_job({"name": "third", "command": ["true"], "cpu": "100m"})
+            assert client.wait_job("third", timeout=30)["phase"] == "Succeeded"
+            client.cancel_job("first")
+            assert client.wait_job("second", timeout=30)["phase"] == "Succeeded"
+        finally:
+            d.close()

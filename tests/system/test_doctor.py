@@ -1,13 +1,14 @@
-"""Issue 13, item 7: `noduslocal doctor` on a box laid out as scripts/install.sh lays it
-out: one line per check (the socket and its mode, the groups, the daemon, dockerd, the host
-shim, GPUs, disk, config, clock, health, database), OK or what to do, and exit 1 when
-something is wrong (here: a clock behind what the database recorded)."""
+"""`noduslocal doctor` on a box laid out as scripts/install.sh lays it out: one line per
+check (the socket and its mode, the groups, the daemon, dockerd, the host shim, GPUs, disk,
+config, clock, health, database), OK or what to do, and exit 1 when something is wrong
+(here: a clock behind what the database recorded, an index that disagrees with its table)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,3 +87,34 @@ def test_doctor_checks_the_groups_the_daemon_was_configured_with(docker_client: 
         d.close()
         for group in groups:
             subprocess.run(["groupdel", group], check=False)
+
+
+def test_doctor_runs_the_full_integrity_check(tmp_path: Path, lab_groups: None) -> None:
+    """A corrupt page left the daemon saying healthy; quick_check at start catches pages,
+    `noduslocal doctor` runs integrity_check too (an index that disagrees with its table)."""
+    from tests.conftest import run_cli
+
+    d = testing.Daemon(cpus=2, memory="4GiB")
+    try:
+        d.start()
+        d.client().create_job({"name": "a", "command": ["true"], "cpu": "100m"})
+        fine = run_cli(d, "doctor")
+        assert fine.returncode == 0, fine.stdout + fine.stderr
+        assert "OK   database: integrity_check: ok" in fine.stdout
+        checks = json.loads(run_cli(d, "doctor", "--json").stdout)
+        assert [c["name"] for c in checks][:3] == ["socket", "daemon", "groups"]
+        # An index whose definition no longer matches its rows: every page reads fine
+        # (quick_check passes), only integrity_check compares index and table.
+        db = sqlite3.connect(d.data_dir / "noduslocal.db")
+        index = db.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                           "AND tbl_name = 'jobs' AND sql IS NOT NULL").fetchone()[0]
+        db.execute("PRAGMA writable_schema = ON")
+        db.execute("UPDATE sqlite_master SET sql = ? WHERE name = ?",
+                   (f"CREATE INDEX {index} ON jobs (created_at DESC, name)", index))
+        db.commit()
+        db.close()
+        broken = run_cli(d, "doctor")
+        assert broken.returncode == 1
+        assert "FAIL database:" in broken.stdout and "missing from index" in broken.stdout
+    finally:
+        d.close()

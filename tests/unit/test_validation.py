@@ -182,3 +182,13 @@ def test_the_registry_of_an_image_reference_is_read_as_docker_reads_it() -> None
         "python:3.11", "org/train:v2", "ghcr.io/org/train:v2", "localhost/x",
         "127.0.0.1:5000/x@sha256:" + "0" * 64, "MyHost/x:1", "localhost:5000")] == [
         None, None, "ghcr.io", "localhost", "127.0.0.1:5000", "myhost", None]
+
+
+def test_arguments_and_environment_over_what_a_process_takes_are_refused() -> None:
+    """The API's body limit (1 MiB) is below it; the SDK's own checks are not."""
+    from noduslocal.domain import errors
+    from noduslocal.domain.validation import parse_create
+
+    with pytest.raises(errors.InvalidArgument, match=r"take .* bytes together") as refused:
+        parse_create({"command": ["echo"], "args": ["y" * 100_000] * 12}, regions=("local",))
+    assert refused.value.field == "args"

@@ -1,8 +1,9 @@
-"""A damaged WAL drops the database's newest commits while the jobs' directories stay: the
-review's shape on a real daemon (30 finished jobs, kill -9, one byte flipped in a middle
-WAL frame, start) brings every lost job back from its directory, says so loudly (health,
-the log, `doctor` for a user who is no admin), and never says "nothing ran" of a directory
-holding an exit record.
+"""A damaged database: a torn WAL drops the newest commits while the jobs' directories stay
+(the review's shape on a real daemon: 30 finished jobs, kill -9, one byte flipped in a
+middle WAL frame, start) and every lost job comes back from its directory, said loudly
+(health, the log, `doctor` for a user who is no admin), never "nothing ran" of a directory
+holding an exit record; job ids are never given twice after the database forgot its newest
+jobs; a damaged file is refused at start with how to restore it.
 """
 
 from __future__ import annotations
@@ -297,5 +298,68 @@ def test_a_job_whose_start_the_database_lost_is_not_run_again(tmp_path: Path) ->
         assert any("starts of 1 job" in p for p in health["problems"]), health
         assert any(" ERROR " in line and "starts of 1 job" in line
                    for line in d.log().splitlines()), d.log()[-3000:]
+    finally:
+        d.close()
+
+
+def test_job_ids_are_never_given_twice_after_the_database_forgot_its_newest(
+        tmp_path: Path) -> None:
+    """A torn WAL: the database comes back without its newest jobs, whose directories stay
+    (and whose shim may still run). Every new job then failed StartFailed: File exists."""
+    d = testing.Daemon(cpus=2, memory="4GiB")
+    try:
+        d.start()
+        client = d.client()
+        client.create_job({"name": "kept", "command": ["true"]})
+        client.wait_job("kept", timeout=30)
+        db = d.data_dir / "noduslocal.db"
+        d.stop()
+        saved = db.read_bytes()  # the database as it was before the lost jobs
+        d.start()
+        marker = tmp_path / "lost-ran"
+        client.create_job({"name": "lost", "command": [
+            "sh", "-c", f"touch {marker}; sleep 300"]})
+        testing.wait_until(marker.exists, "the job the database will forget to run")
+        lost_dir = next(p for p in d.data_dir.glob("jobs/*") if p.name != "1")
+        d.kill()
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        db.write_bytes(saved)
+        d.start()
+        client.create_job({"name": "after", "command": ["echo", "fine"]})
+        assert client.wait_job("after", timeout=30)["phase"] == "Succeeded"
+        assert max(int(p.name) for p in d.data_dir.glob("jobs/*")) > int(lost_dir.name)
+        info = client.info()
+        assert [o["job_id"] for o in info["orphans"]] == [int(lost_dir.name)]
+        assert info["orphans"][0]["killed"] == 1
+        pid = json.loads((lost_dir / "attempt-1" / "pid.json").read_text())
+        testing.wait_until(lambda: testing.process_gone(pid["pid"]),
+                           "the forgotten job's process to be killed")
+        assert "is not in the database" in d.log()
+    finally:
+        d.close()
+
+
+def test_a_damaged_database_is_refused_at_start_with_how_to_restore(tmp_path: Path) -> None:
+    d = testing.Daemon(cpus=2, memory="4GiB")
+    try:
+        d.start()
+        for i in range(200):  # pages enough that one in the middle holds rows
+            d.client().create_job({"name": f"j{i}", "command": ["true"], "cpu": "100m",
+                                   "labels": {"pad": "p" * 60}})
+        db = d.data_dir / "noduslocal.db"
+        d.stop()
+        conn = sqlite3.connect(db)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        size = db.stat().st_size
+        with db.open("r+b") as file:
+            file.seek(size // 2)
+            file.write(os.urandom(4096))
+        with pytest.raises(RuntimeError) as failed:
+            d.start()
+        message = str(failed.value)
+        assert "is damaged" in message and "noduslocal admin backup" in message
+        assert ".recover" in message
     finally:
         d.close()

@@ -1,12 +1,14 @@
-"""Reading a job's log, its tail above all: a tail reads a bounded end of the file (a line
-longer than that comes back cut, and says so), and every read of a log file happens off
-the event loop, so a read stuck in the file system leaves the daemon answering everyone.
+"""Reading a job's log through a real daemon: a tail of a line longer than a tail reads comes
+back cut and says so, every read of a log file happens off the event loop (a read stuck in
+the file system leaves the daemon answering everyone), and a follower that leaves
+mid-stream is no error in the daemon's log. Where a tail starts: tests/unit/test_log_tail_reads.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -115,3 +117,25 @@ def test_log_reads_stuck_in_the_file_system_leave_the_daemon_answering(
     assert log_of(c, "stuck", tail=1) == b"hi\n"
 
 
+
+
+def test_a_follower_that_leaves_is_no_error_in_the_daemons_log(
+        daemon: testing.Daemon) -> None:
+    daemon.client().create_job({"name": "talker", "command": [
+        "sh", "-c", "while :; do echo tick; sleep 0.05; done"]})
+    wait_until(lambda: daemon.client().get_job("talker")["phase"] == "Running", "running")
+    for _ in range(3):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(daemon.socket))
+            sock.sendall(b"GET /v1/jobs/talker/logs?follow=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+            seen = b""
+            while b"tick" not in seen:
+                seen += sock.recv(65536)
+            # Gone without a word, mid-stream, as Ctrl-C on `job logs -f` leaves.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00"
+                            b"\x00\x00")
+    time.sleep(0.5)  # lets the daemon's next write find the peer gone; no assertion on it
+    daemon.client().cancel_job("talker")
+    daemon.client().wait_job("talker", timeout=30)
+    log = daemon.log()
+    assert "Traceback" not in log and "Error handling request" not in log, log[-3000:]
