@@ -13,6 +13,7 @@ from typing import Any
 
 from noduslocal.daemon.config.settings import load_settings
 from noduslocal.daemon.coordinator import Lifecycle
+from noduslocal.daemon.events import EventHub
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime.attempts import AttemptState, Exited, Vanished
 from noduslocal.daemon.runtime.base import LOG_FILES, AttemptRef, Launch, Rank, Runtime
@@ -89,10 +90,11 @@ def run_with(tmp_path: Path, runtime: ListRuntime,
 
     async def main() -> None:
         store = Store(tmp_path / "db.sqlite")
-        await store.open(lambda events: None)
+        hub = EventHub()
+        await store.open(hub.publish)
         conforming: Runtime = runtime  # the type checker holds it to the protocol
         lifecycle = Lifecycle(settings, store, JobLayout(settings.data_dir),
-                              {runtime.kind: conforming})
+                              {runtime.kind: conforming}, hub=hub)
         try:
             await lifecycle.start()
             await body(lifecycle, store)
@@ -118,7 +120,7 @@ OWNER = job_writes.Owner(0, 0, "root", admin=True)
 
 def create(lifecycle: Lifecycle, name: str) -> Awaitable[Any]:
     req = parse_create({"name": name, "command": ["train"]}, regions=("local",))
-    return lifecycle.create(req, OWNER, None, None)
+    return lifecycle.jobs.create(req, OWNER, None, None)
 
 
 def test_an_attempt_runs_through_any_runtime_and_its_handle_is_recorded(
@@ -130,8 +132,8 @@ def test_an_attempt_runs_through_any_runtime_and_its_handle_is_recorded(
         running = await settled(store, job.id, "Running")
         attempt = (await store.attempts(job.id))[-1]
         assert attempt.handles == [Handle("process", "r101", 0, "test-boot")]
-        assert lifecycle.log_path(running, 1, "all").read_text() == "rank r101\n"
-        result = await lifecycle.exec(running, ["echo", "hi"], 5)
+        assert lifecycle.jobs.log_path(running, 1, "all").read_text() == "rank r101\n"
+        result = await lifecycle.jobs.exec(running, ["echo", "hi"], 5)
         assert result.stdout == "echo hi"
         runtime.ends["r101"].set_result(Exited(0, None, 0.0, time.time()))
         done = await settled(store, job.id)
@@ -153,7 +155,7 @@ def test_a_cancel_signals_every_rank_through_the_runtime(tmp_path: Path) -> None
     async def body(lifecycle: Lifecycle, store: Store) -> None:
         job, _ = await create(lifecycle, "stopped")
         running = await settled(store, job.id, "Running")
-        await lifecycle.cancel(running)
+        await lifecycle.jobs.control(running, "cancel")
         done = await settled(store, job.id)
         assert (done.phase, done.reason, done.exit_code) == ("Cancelled", "Cancelled", 143)
 

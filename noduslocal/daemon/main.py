@@ -201,7 +201,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
     docker = DockerRuntime(settings, layout, lambda: lifecycle.runtime_changed(),
                            store.attempt_ended)
     lifecycle = Lifecycle(settings, store, layout, {host.kind: host, docker.kind: docker},
-                          inventory)
+                          inventory, hub=hub)
     gpus.watch(lifecycle.set_inventory)
     hub.listen(lifecycle.on_committed)
     hub.listen(logfmt.log_job_events)
@@ -211,7 +211,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
     try:
         systemd.notify("STATUS=recovering: adopting the jobs that ran on while no daemon was up")
         await lifecycle.start()
-        services = Services(settings, store, lifecycle, layout, hub, time.time())
+        services = Services(settings, lifecycle.jobs, lifecycle.sweep_service,
+                            lifecycle.admin, lifecycle.resources, time.time())
         reloader = None
         if config is not None:
             def apply(new: Settings) -> None:
@@ -219,8 +220,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
                 host.spawner.max_log_bytes = new.max_log_bytes
                 lifecycle.apply_settings(new)
 
-            reloader = services.config = ConfigReloader(config[0], config[1], loaded, settings,
-                                                      apply)
+            reloader = ConfigReloader(config[0], config[1], loaded, settings, apply)
+            lifecycle.admin.config = reloader
         metrics = Metrics(services)
         app = build_app(services, metrics)
         # A connection that never finishes its request's headers is closed like an idle one.

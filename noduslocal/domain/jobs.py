@@ -143,6 +143,16 @@ class CreateRequest:
 
 
 @dataclass(frozen=True)
+class Owner:
+    """Who submits: the caller's uid, gid and name, as the kernel told the daemon."""
+
+    uid: int
+    gid: int
+    name: str
+    admin: bool = False  # may use other users' volumes
+
+
+@dataclass(frozen=True)
 class Collected:
     """One declared output as collected after an attempt (the outputs table's row)."""
 

@@ -62,22 +62,3 @@ def test_attempt_ends_are_final() -> None:
         with pytest.raises(IllegalTransition):
             check_attempt_transition(end, AttemptPhase.RUNNING)
     check_attempt_transition(AttemptPhase.STARTING, AttemptPhase.RUNNING)
-
-
-def test_an_exit_before_the_stop_signal_landed_is_the_jobs_own() -> None:
-    from noduslocal.daemon.jobs.attempt import Attempt
-    from noduslocal.daemon.jobs.outcomes import outcome_of
-    from noduslocal.daemon.runtime.attempts import Exited
-    from noduslocal.daemon.scheduler.queue import Request
-    from noduslocal.domain.jobs import JobRecord, JobSpec
-
-    job = JobRecord(id=1, project="p", name="j", owner_uid=0, owner_gid=0, owner="root",
-                    phase="Running", spec=JobSpec(command=["true"]), labels={},
-                    created_at=0.0)
-    attempt = Attempt(job, Request(1, 1000, 0), number=1, running=True,
-                      stop_reason="Cancelled", stop_sent=False)
-    assert outcome_of(Exited(0, None, 0.0, 1.0), attempt).job_phase == "Succeeded"
-    attempt.stop_sent = True
-    assert outcome_of(Exited(143, 15, 0.0, 1.0), attempt).job_phase == "Cancelled"
-    attempt.stop_sent = None  # adopted after a restart: the old daemon may have sent it
-    assert outcome_of(Exited(143, 15, 0.0, 1.0), attempt).job_phase == "Cancelled"

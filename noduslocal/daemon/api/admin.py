@@ -14,7 +14,6 @@ from noduslocal.daemon.api.files import send_fd
 from noduslocal.daemon.api.identity import Caller
 from noduslocal.daemon.api.services import SERVICES
 from noduslocal.daemon.files.workspace import iter_chunks
-from noduslocal.daemon.store.integrity import integrity_problems
 from noduslocal.domain import errors
 
 routes = web.RouteTableDef()
@@ -38,8 +37,7 @@ def require_admin(request: web.Request, what: str) -> None:
 @routes.get("/v1/admin/integrity")
 async def integrity(request: web.Request) -> web.Response:
     require_admin(request, "integrity: you may not check the daemon's database")
-    store = request.app[SERVICES].store
-    problems = await asyncio.to_thread(integrity_problems, store.path)
+    problems = await request.app[SERVICES].admin.integrity()
     return web.json_response({"ok": not problems, "problems": problems})
 
 
@@ -49,7 +47,7 @@ async def backup(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
     target = services.settings.data_dir / f".backup-{os.getpid()}-{os.urandom(6).hex()}.db"
     try:
-        await asyncio.to_thread(services.store.backup_to, target)
+        await services.admin.backup(target)
         fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
     finally:
         target.unlink(missing_ok=True)  # an open descriptor keeps what we send

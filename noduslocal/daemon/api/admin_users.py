@@ -30,7 +30,7 @@ def _uid(name: str) -> int:
 @routes.get("/v1/admin/users")
 async def users(request: web.Request) -> web.Response:
     require_admin(request, "users: you may not see everyone's use and limits")
-    return web.json_response({"users": await request.app[SERVICES].lifecycle.users.report()})
+    return web.json_response({"users": await request.app[SERVICES].admin.user_report()})
 
 
 @routes.post("/v1/admin/users/{user}/hold")
@@ -45,7 +45,7 @@ async def hold_user(request: web.Request) -> web.Response:
     if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
         raise errors.InvalidArgument("reason: expected words, at most 200 characters",
                                      field="reason")
-    await request.app[SERVICES].lifecycle.users.hold_user(_uid(name), name, caller.name, reason)
+    await request.app[SERVICES].admin.hold_user(_uid(name), name, caller.name, reason)
     return web.json_response({"user": name, "held": True, "reason": reason})
 
 
@@ -54,7 +54,7 @@ async def release_user(request: web.Request) -> web.Response:
     require_admin(request, "release: you may not release a user's queue")
     caller: Caller = request["caller"]
     name = request.match_info["user"]
-    await request.app[SERVICES].lifecycle.users.release_user(_uid(name), name, caller.name)
+    await request.app[SERVICES].admin.release_user(_uid(name), name, caller.name)
     return web.json_response({"user": name, "held": False})
 
 
@@ -69,5 +69,5 @@ async def priority(request: web.Request) -> web.Response:
         raise errors.InvalidArgument("priority: expected a whole number from -1000 to 1000",
                                      field="priority")
     job = await lookup(request)
-    await request.app[SERVICES].lifecycle.users.set_priority(job, value, caller.name)
+    await request.app[SERVICES].admin.set_priority(job, value, caller.name)
     return job_response(request, await lookup(request))

@@ -16,7 +16,6 @@ from noduslocal.daemon.api import (
     admin,
     admin_users,
     doctor,
-    estimate,
     files,
     gpus,
     identity,
@@ -160,7 +159,7 @@ async def request_log_middleware(request: web.Request,
 def route_tables() -> list[web.RouteTableDef]:
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
-            estimate.routes, sweeps.routes, admin.routes, admin_users.routes, doctor.routes,
+            sweeps.routes, admin.routes, admin_users.routes, doctor.routes,
             prometheus.routes, retention.routes]
 
 

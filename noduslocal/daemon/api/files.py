@@ -12,9 +12,7 @@ from aiohttp import web
 from noduslocal.daemon.api.jobs import lookup, require_control
 from noduslocal.daemon.api.services import SERVICES, start_stream
 from noduslocal.daemon.files import workspace
-from noduslocal.domain import errors
 from noduslocal.domain.job_paths import components
-from noduslocal.domain.states import TERMINAL
 
 routes = web.RouteTableDef()
 SHA256_HEADER = "X-Nodus-SHA256"
@@ -24,20 +22,7 @@ async def job_workspace(request: web.Request) -> tuple[Path, int]:
     """The workspace of the job the request names, and its owner, for owner or admin."""
     job = await lookup(request)
     require_control(request, job, "read the files of")
-    root = request.app[SERVICES].layout.workspace(job.id)
-    if (note := job.collected_note()) is not None:
-        raise errors.NotFound(note)
-    if not root.exists():
-        # Re-read: retention may have collected it since it was looked up.
-        job = await request.app[SERVICES].store.job_by_id(job.id) or job
-        if (note := job.collected_note()) is not None:
-            raise errors.NotFound(note)
-        if job.phase in TERMINAL and job.attempts:
-            why = ("it was discarded when the job ended (an ephemeral job)"
-                   if job.spec.ephemeral else "it was freed (`sweep gc`)")
-            raise errors.NotFound(f"job {job.name!r} has no workspace any more: {why}")
-        raise errors.NotFound(f"job {job.name!r} has no workspace yet (it has not started)")
-    return root, job.owner_uid
+    return await request.app[SERVICES].jobs.workspace(job), job.owner_uid
 
 
 async def list_response(request: web.Request, root: Path) -> web.Response:

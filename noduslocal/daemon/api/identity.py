@@ -14,8 +14,8 @@ from functools import lru_cache
 from aiohttp import web
 
 from noduslocal.daemon.accounts import user_name
-from noduslocal.daemon.store.job_writes import Owner
 from noduslocal.domain import errors
+from noduslocal.domain.jobs import Owner
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,11 @@
-"""Job resources: create, get, list, cancel, wait (a server-side long poll) and attempts."""
+"""Job resources: create, get, list, cancel, suspend, resume, remove, wait (a server-side
+long poll), attempts, the estimate and exec."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
 import pwd
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -16,9 +15,10 @@ from noduslocal.daemon.api.body import parse as parse_body
 from noduslocal.daemon.api.identity import Caller
 from noduslocal.daemon.api.lanes import PAGE
 from noduslocal.daemon.api.services import SERVICES
+from noduslocal.daemon.jobs.service import JobAction
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import JobRecord
-from noduslocal.domain.states import TERMINAL, Phase
+from noduslocal.domain.states import Phase
 from noduslocal.domain.units import parse_duration
 from noduslocal.domain.validation import SQL_INT_MAX, parse_create, validate_name
 
@@ -30,17 +30,8 @@ EXEC_TIMEOUT_MAX = 24 * 3600.0
 
 def job_doc(request: web.Request, job: JobRecord, detail: bool = True) -> dict[str, Any]:
     caller: Caller = request["caller"]
-    lifecycle = request.app[SERVICES].lifecycle
-    doc = job.to_wire(lifecycle.wait_reason(job.id), redact=not caller.may_control(job.owner_uid),
-                      running_cost=lifecycle.running_cost(job.id),
-                      live_metrics=lifecycle.running_metrics(job.id))
-    if not detail:  # a listing: no file is read per job
-        return doc
-    if (ranks := lifecycle.rank_view(job)) is not None:
-        doc["ranks"] = ranks
-    if (indexes := lifecycle.index_view(job)) is not None:
-        doc["indexes"] = indexes
-    return doc
+    return request.app[SERVICES].jobs.document(
+        job, redact=not caller.may_control(job.owner_uid), detail=detail)
 
 
 def job_response(request: web.Request, job: JobRecord, status: int = 200) -> web.Response:
@@ -54,20 +45,10 @@ def project_of(request: web.Request) -> str:
 
 
 async def lookup(request: web.Request) -> JobRecord:
-    services = request.app[SERVICES]
-    name = request.match_info["name"]
-    project = project_of(request)
-    job = await services.store.job(project, name)
-    if job is None:
-        raise errors.NotFound(f"job {name!r} not found in project {project!r}")
     caller: Caller = request["caller"]
-    if "project" not in request.query and job.owner_uid != caller.uid:
-        # The caller's own project, named implicitly, holds another user's job (made in
-        # it before the caller's account existed): never resolve that by accident.
-        raise errors.NotFound(
-            f"job {name!r} not found among yours in project {project!r}; the job of that "
-            f"name there is {job.owner}'s (pass --project {project} to look at it)")
-    return job
+    return await request.app[SERVICES].jobs.find(
+        project_of(request), request.match_info["name"], caller.uid,
+        implicit="project" not in request.query)
 
 
 def require_control(request: web.Request, job: JobRecord, action: str) -> None:
@@ -117,7 +98,7 @@ async def create_job(request: web.Request) -> web.Response:
     check_project(caller, req.project)
     key = idempotency_key(request)
     digest = hashlib.sha256(raw).hexdigest() if key is not None else None
-    job, created = await services.lifecycle.create(req, caller.owner, key, digest)
+    job, created = await services.jobs.create(req, caller.owner, key, digest)
     return job_response(request, job, 201 if created else 200)
 
 
@@ -143,14 +124,13 @@ async def list_jobs(request: web.Request) -> web.Response:
     project = query.get("project")
     sweep_id = None
     if (sweep := query.get("sweep")) is not None:  # the sweep's own jobs, by its id
-        found = await services.store.sweep(project_of(request), validate_name(sweep, "sweep"))
-        if found is None:
-            raise errors.NotFound(f"sweep {sweep!r} not found in project "
-                                  f"{project_of(request)!r}")
+        found = await services.sweeps.find(project_of(request), validate_name(sweep, "sweep"),
+                                           request["caller"].uid,
+                                           implicit="project" not in query)
         sweep_id = found.id
     caller: Caller = request["caller"]
     async with services.lanes.read(caller.uid, caller.name, "job list"):
-        jobs = await services.store.jobs(
+        jobs = await services.jobs.list(
             phases=phases or None,
             owner=query.get("owner"),
             project=None if project is None else validate_name(project, "project"),
@@ -185,16 +165,11 @@ async def get_job(request: web.Request) -> web.Response:
     return job_response(request, await lookup(request))
 
 
-async def _control(request: web.Request, verb: str,
-                   act: Callable[[JobRecord], Awaitable[None]]) -> web.Response:
+async def _control(request: web.Request, action: JobAction) -> web.Response:
     """An owner's (or admin's) action on a job; answers with the job as it is after."""
-    services = request.app[SERVICES]
     job = await lookup(request)
-    require_control(request, job, verb)
-    await act(job)
-    fresh = await services.store.job_by_id(job.id)
-    assert fresh is not None
-    return job_response(request, fresh)
+    require_control(request, job, action)
+    return job_response(request, await request.app[SERVICES].jobs.control(job, action))
 
 
 @routes.delete("/v1/jobs/{name}")
@@ -204,25 +179,25 @@ async def remove_job(request: web.Request) -> web.Response:
     job = await lookup(request)
     require_control(request, job, "remove")
     caller: Caller = request["caller"]
-    await request.app[SERVICES].lifecycle.remove(job, caller.name)
+    await request.app[SERVICES].jobs.remove(job, caller.name)
     return web.json_response({"removed": job.name, "project": job.project})
 
 
 @routes.post("/v1/jobs/{name}/cancel")
 async def cancel_job(request: web.Request) -> web.Response:
-    return await _control(request, "cancel", request.app[SERVICES].lifecycle.cancel)
+    return await _control(request, "cancel")
 
 
 @routes.post("/v1/jobs/{name}/suspend")
 async def suspend_job(request: web.Request) -> web.Response:
     """Stop the job (SIGTERM, grace, SIGKILL) and keep it aside, its workspace and
     checkpoint kept, until resume."""
-    return await _control(request, "suspend", request.app[SERVICES].lifecycle.suspend)
+    return await _control(request, "suspend")
 
 
 @routes.post("/v1/jobs/{name}/resume")
 async def resume_job(request: web.Request) -> web.Response:
-    return await _control(request, "resume", request.app[SERVICES].lifecycle.resume)
+    return await _control(request, "resume")
 
 
 def poll_timeout(request: web.Request) -> float:
@@ -241,34 +216,22 @@ def poll_timeout(request: web.Request) -> float:
 
 @routes.get("/v1/jobs/{name}/wait")
 async def wait_job(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + poll_timeout(request)
-    job: JobRecord | None = await lookup(request)
-    while job is not None and job.phase not in TERMINAL:
-        change = services.hub.next_change(job.id)
-        # Read again after registering: a commit between the two reads is not missed.
-        job = await services.store.job_by_id(job.id)
-        remaining = deadline - loop.time()
-        if job is None or job.phase in TERMINAL or remaining <= 0:
-            services.hub.forget(job.id if job else 0, change)
-            break
-        try:
-            await asyncio.wait_for(change, remaining)
-        except TimeoutError:
-            services.hub.forget(job.id, change)
-            job = await services.store.job_by_id(job.id)
-            break
-        job = await services.store.job_by_id(job.id)
-    assert job is not None
-    return job_response(request, job)
+    timeout = poll_timeout(request)
+    job = await lookup(request)
+    return job_response(request, await request.app[SERVICES].jobs.wait(job, timeout))
+
+
+@routes.get("/v1/jobs/{name}/estimate")
+async def estimate(request: web.Request) -> web.Response:
+    """`Job.estimate()`: when the job should start, what it should cost, why it waits."""
+    job = await lookup(request)
+    return web.json_response(await request.app[SERVICES].jobs.estimate(job))
 
 
 @routes.get("/v1/jobs/{name}/attempts")
 async def job_attempts(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
     job = await lookup(request)
-    attempts = await services.store.attempts(job.id)
+    attempts = await request.app[SERVICES].jobs.attempts(job)
     return web.json_response({"attempts": [a.to_wire() for a in attempts]})
 
 
@@ -311,5 +274,5 @@ async def exec_in_job(request: web.Request) -> web.Response:
     if timeout > EXEC_TIMEOUT_MAX:
         raise errors.InvalidArgument("timeout: an exec may run 24h at most; start a job for "
                                      "longer work", field="timeout")
-    result = await services.lifecycle.exec(job, command, timeout, rank)
+    result = await services.jobs.exec(job, command, timeout, rank)
     return web.json_response(result.to_wire())

@@ -29,8 +29,8 @@ async def list_outputs(request: web.Request) -> web.Response:
                else [None])
     listed = []
     for index in indexes:
-        collected = await request.app[SERVICES].store.outputs(
-            job.id, -1 if index is None else index)
+        collected = await request.app[SERVICES].jobs.outputs(
+            job, -1 if index is None else index)
         listed += _listed(job, collected, index)
     return web.json_response({"outputs": listed})
 
@@ -60,14 +60,6 @@ def _listed(job: JobRecord, collected: dict[str, dict[str, Any]],
     return listed
 
 
-async def _if_collected(request: web.Request, job: JobRecord) -> None:
-    """Something of the job is missing: if retention collected it since it was looked up,
-    say so (as the job read now has it) instead of what the older record suggests."""
-    fresh = await request.app[SERVICES].store.job_by_id(job.id)
-    if fresh is not None and (note := fresh.collected_note()) is not None:
-        raise errors.NotFound(note)
-
-
 def _index_param(request: web.Request, job: JobRecord) -> int:
     """-1 for an ordinary job; an indexed job's outputs are each index's, named."""
     value, indexed = request.query.get("index"), job.spec.indexed
@@ -93,18 +85,18 @@ async def download_output(request: web.Request) -> web.StreamResponse:
     if name not in job.spec.outputs:
         raise errors.NotFound(f"output: job {job.name!r} declares no output {name!r}")
     index = _index_param(request, job)
-    row = (await services.store.outputs(job.id, index)).get(name)
+    row = (await services.jobs.outputs(job, index)).get(name)
     if row is None:
-        await _if_collected(request, job)
+        await services.jobs.raise_if_collected(job)
         raise errors.NotFound(f"output {name!r} of job {job.name!r} was not collected "
                               f"(nothing at {job.spec.outputs[name]} when an attempt ended)")
     if row["skipped"]:
         raise errors.NotFound(f"output {name!r} of job {job.name!r} was not collected: "
                               f"{row['skipped']}")
     try:
-        fd = os.open(services.layout.blobs.path(row["sha256"]), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(services.jobs.blob_path(row["sha256"]), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        await _if_collected(request, job)
+        await services.jobs.raise_if_collected(job)
         raise errors.NotFound(f"output {name!r}: its stored copy is missing") from None
     return await send_fd(request, fd, os.fstat(fd).st_size, row["sha256"],
                          {"X-Nodus-Output-Kind": row["kind"]})

@@ -15,8 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from noduslocal.daemon.admin import GPU_STATES
 from noduslocal.daemon.api.services import STREAM, Services
-from noduslocal.daemon.store import reports
 from noduslocal.domain.states import Phase
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -64,8 +64,6 @@ class DaemonCollector(Collector):
         yield from self._disk(per_user)
 
     def _gpus(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        lifecycle = self.services.lifecycle
-        pool = lifecycle.queue.capacity.gpus
         labels = ["gpu", "uuid", "model"]
         state = GaugeMetricFamily("noduslocal_gpu_state", "1 for the state each GPU is in",
                                   labels=[*labels, "state"])
@@ -78,20 +76,11 @@ class DaemonCollector(Collector):
         energy = CounterMetricFamily("noduslocal_gpu_energy_joules",
                                      "Energy the GPU used since the driver loaded",
                                      labels=labels)
-        for gpu in lifecycle.inventory.gpus:
+        for now in self.services.admin.gpus():
+            gpu = now.gpu
             values = [str(gpu.index), gpu.uuid, gpu.model]
-            if not gpu.healthy:
-                now = "failed"
-            elif pool is not None and gpu.uuid in pool.drained:
-                now = "drained"
-            elif pool is not None and gpu.uuid in pool.holder:
-                now = "allocated"
-            elif pool is not None and pool.busy(gpu):
-                now = "busy"
-            else:
-                now = "free"
-            for each in ("free", "allocated", "busy", "drained", "failed"):
-                state.add_metric([*values, each], 1.0 if each == now else 0.0)
+            for each in GPU_STATES:
+                state.add_metric([*values, each], 1.0 if each == now.state else 0.0)
             if gpu.utilization is not None:
                 util.add_metric(values, gpu.utilization / 100)
             used.add_metric(values, gpu.memory_used)
@@ -101,7 +90,7 @@ class DaemonCollector(Collector):
         yield from (state, util, used, total, energy)
 
     def _disk(self, per_user: bool) -> Iterator[GaugeMetricFamily]:
-        reading = self.services.lifecycle.disk.reading
+        reading = self.services.admin.disk_reading()
         free = GaugeMetricFamily("noduslocal_disk_free_bytes",
                                  "Free bytes on the data dir's disk", labels=["path"])
         size = GaugeMetricFamily("noduslocal_disk_size_bytes",
@@ -115,7 +104,7 @@ class DaemonCollector(Collector):
         used = GaugeMetricFamily("noduslocal_user_disk_bytes",
                                  "What each user holds on the data dir, as `noduslocal du` "
                                  "last measured it", labels=["user", "kind"])
-        for usage in self.services.lifecycle.usage.users.values():
+        for usage in self.services.admin.disk_use():
             for kind in ("workspaces", "volumes", "blobs"):
                 used.add_metric([usage.user, kind], getattr(usage, kind))
         yield used
@@ -153,7 +142,7 @@ class Metrics:
         # The tallies are a query over every job: at most one a second, however often
         # anyone scrapes, so a scraper cannot slow everyone's reads.
         if time.monotonic() - self._tallied_at >= TALLY_EVERY:
-            self.collector.tallies = await reports.tallies(self.services.store)
+            self.collector.tallies = await self.services.admin.tallies()
             self._tallied_at = time.monotonic()
         return generate_latest(self.registry if per_user else self.without_users)
 

@@ -24,20 +24,13 @@ def _flag(request: web.Request, name: str) -> bool:
 @routes.get("/v1/du")
 async def disk_use(request: web.Request) -> web.Response:
     """Each user's job directories, volumes and blobs; `refresh` measures them now."""
-    services = request.app[SERVICES]
-    usage, settings = services.lifecycle.usage, services.lifecycle.usage.settings
-    if _flag(request, "refresh") or usage.measured_at is None:
-        await usage.refresh_for(request["caller"].uid)
-    users = sorted(usage.users.values(), key=lambda u: (-u.total, u.user))
-    return web.json_response({
-        "measured_at": iso(usage.measured_at),
-        "users": [u.to_wire(settings.quota_for(u.user), settings.keep_for(u.user))
-                  for u in users]})
+    doc = await request.app[SERVICES].admin.du(request["caller"].uid, _flag(request, "refresh"))
+    return web.json_response({**doc, "measured_at": iso(doc["measured_at"])})
 
 
 @routes.post("/v1/admin/gc")
 async def gc(request: web.Request) -> web.Response:
     """A retention pass now; `dry_run` says what it would remove and removes nothing."""
     require_admin(request, "gc: you may not run the retention pass")
-    report = await request.app[SERVICES].lifecycle.retention.run(_flag(request, "dry_run"))
-    return web.json_response(report.to_wire())
+    return web.json_response(await request.app[SERVICES].admin.reclaim(
+        _flag(request, "dry_run")))

@@ -3,7 +3,6 @@ never come out of the API; jobs receive them as environment variables."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from aiohttp import web
@@ -11,7 +10,6 @@ from aiohttp import web
 from noduslocal.daemon.api.body import read as read_body
 from noduslocal.daemon.api.identity import Caller
 from noduslocal.daemon.api.services import SERVICES
-from noduslocal.daemon.store import resources
 from noduslocal.domain import errors
 from noduslocal.domain.timefmt import iso
 from noduslocal.domain.validation import ENV_KEY_RE, validate_secret_value
@@ -31,7 +29,7 @@ def secret_name(request: web.Request) -> str:
 @routes.get("/v1/secrets")
 async def list_secrets(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
-    rows = await request.app[SERVICES].store.secrets(caller.uid)
+    rows = await request.app[SERVICES].resources.secrets(caller.uid)
     return web.json_response({"secrets": [
         {"name": name, "created_at": iso(created), "updated_at": iso(updated)}
         for name, created, updated in rows]})
@@ -45,8 +43,7 @@ async def set_secret(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or set(body) != {"value"}:
         raise errors.InvalidArgument('body: expected {"value": "..."}', field="body")
     value = validate_secret_value(body["value"], "value")
-    created = await request.app[SERVICES].store.write(
-        lambda c: resources.set_secret(c, caller.uid, name, value, time.time()))
+    created = await request.app[SERVICES].resources.set_secret(caller.uid, name, value)
     return web.json_response({"name": name, "created": created}, status=201 if created else 200)
 
 
@@ -54,5 +51,5 @@ async def set_secret(request: web.Request) -> web.Response:
 async def delete_secret(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     name = secret_name(request)
-    await request.app[SERVICES].store.write(lambda c: resources.delete_secret(c, caller.uid, name))
+    await request.app[SERVICES].resources.delete_secret(caller.uid, name)
     return web.json_response({"name": name, "deleted": True})

@@ -1,5 +1,6 @@
-"""What the route modules are given: the daemon's services, under one application key.
-Route modules import this, never app.py, so the API has no import cycle.
+"""What the route modules are given: one service per domain (jobs, sweeps, the box and its
+admins, what users own besides jobs), under one application key. Route modules import
+this, never app.py, so the API has no import cycle.
 """
 
 from __future__ import annotations
@@ -8,24 +9,22 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from noduslocal.daemon.admin import AdminService
 from noduslocal.daemon.api.lanes import Lanes
-from noduslocal.daemon.config.reload import ConfigReloader
 from noduslocal.daemon.config.settings import Settings
-from noduslocal.daemon.coordinator import Lifecycle
-from noduslocal.daemon.events import EventHub
-from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.store import Store
+from noduslocal.daemon.jobs.service import JobService
+from noduslocal.daemon.resources import ResourceService
+from noduslocal.daemon.sweeps.service import SweepService
 
 
 @dataclass
 class Services:
     settings: Settings
-    store: Store
-    lifecycle: Lifecycle  # jobs, attempts, the queue, GPUs, exec and log locations
-    layout: JobLayout  # workspaces, volumes and stored blobs (the data plane)
-    hub: EventHub
+    jobs: JobService
+    sweeps: SweepService
+    admin: AdminService  # the box: GPUs, health, doctor, metrics, disk use, admins' acts
+    resources: ResourceService  # secrets, volumes, uploaded sources
     started_at: float
-    config: ConfigReloader | None = None  # the config file followed; None: not followed
     lanes: Lanes = field(default_factory=Lanes)  # each user's heavy reads, apart
 
 

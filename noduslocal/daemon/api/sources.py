@@ -3,19 +3,12 @@ source={"sha256": ...} and it is unpacked into their workspace before the first 
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
-
 from aiohttp import web
 
 from noduslocal.daemon.api.files import job_workspace
 from noduslocal.daemon.api.identity import Caller
 from noduslocal.daemon.api.jobs import lookup, require_control
 from noduslocal.daemon.api.services import SERVICES
-from noduslocal.daemon.files import snapshot
-from noduslocal.daemon.files.blobs import HashingWriter
-from noduslocal.daemon.store import resources
 from noduslocal.domain import errors
 from noduslocal.domain.states import TERMINAL
 from noduslocal.domain.validation import SHA256_RE
@@ -37,44 +30,22 @@ def source_sha(request: web.Request) -> str:
 async def get_source(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     sha = source_sha(request)
-    now = time.time()
-    size = await request.app[SERVICES].store.write(
-        lambda c: resources.touch_source(c, sha, caller.uid, now))
+    size = await request.app[SERVICES].resources.touch_source(sha, caller.uid)
     if size is None:
         raise errors.NotFound(f"you have uploaded no source {sha}")
     return web.json_response({"sha256": sha, "size": size})
 
 
+def _limit(request: web.Request) -> int:
+    return HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
+
+
 @routes.put("/v1/sources/{sha256}")
 async def put_source(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
     caller: Caller = request["caller"]
     sha = source_sha(request)
-    limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
-    services.lifecycle.room.require("uploads", caller.uid, caller.name)
-    blobs = services.layout.blobs
-    fd, tmp = blobs.new()
-    writer = HashingWriter(fd)
-    kept = False
-    try:
-        async for chunk in request.content.iter_chunked(1 << 20):
-            if writer.size + len(chunk) > limit:
-                raise errors.PayloadTooLarge(
-                    f"source: more than {limit // 2**20} MiB; pass allow_large_source=True "
-                    "for a larger one", field="source")
-            await asyncio.to_thread(writer.write, chunk)  # disk writes off the event loop
-        if writer.digest.hexdigest() != sha:
-            raise errors.InvalidArgument(f"sha256: the upload hashes to "
-                                         f"{writer.digest.hexdigest()}, not {sha}",
-                                         field="sha256")
-        size, _ = await asyncio.to_thread(blobs.keep, tmp, writer)
-        kept = True
-    finally:
-        if not kept:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-    await blobs.recorded(services.store.write(
-        lambda c: resources.record_source(c, sha, caller.uid, size, time.time())), [sha])
+    size = await request.app[SERVICES].resources.upload_source(
+        sha, caller.owner, request.content.iter_chunked(1 << 20), _limit(request))
     return web.json_response({"sha256": sha, "size": size}, status=201)
 
 
@@ -90,13 +61,9 @@ async def snapshot_job(request: web.Request) -> web.Response:
         raise errors.Conflict(f"from: job {job.name!r} is {job.phase}; stop it first "
                               f"(noduslocal job cancel {job.name}) so its workspace is final",
                               field="from")
-    services.lifecycle.room.require("uploads", caller.uid, caller.name)
+    services.resources.require_upload_room(caller.owner)
     root, _ = await job_workspace(request)
-    limit = HARD_LIMIT if request.headers.get(ALLOW_LARGE_HEADER) == "true" else LARGE_SOURCE
-    sha, size = await asyncio.to_thread(snapshot.pack, root, job, services.layout.blobs,
-                                        limit)
-    await services.layout.blobs.recorded(services.store.write(
-        lambda c: resources.record_source(c, sha, caller.uid, size, time.time())), [sha])
+    sha, size = await services.resources.snapshot(job, root, caller.owner, _limit(request))
     return web.json_response({"sha256": sha, "size": size, "job": job.name,
                               "image": job.spec.image, "runtime": job.spec.runtime},
                              status=201)

@@ -166,12 +166,11 @@ async def _log_of(services: Services, job: JobRecord, number: int, stream: str,
     it (its ranks ended while the daemon was down, or it died before its last merge)."""
     if not number:
         return None
-    lifecycle = services.lifecycle
-    path = lifecycle.log_path(job, number, stream, rank)
-    if rank is None and job.spec.gang is not None and not lifecycle.writing_logs(
-            job.id, number):
+    jobs = services.jobs
+    path = jobs.log_path(job, number, stream, rank)
+    if rank is None and job.spec.gang is not None and not jobs.writing_logs(job.id, number):
         def rank_log(_: Path, of_stream: str, of_rank: int) -> Path:
-            return lifecycle.log_path(job, number, of_stream, of_rank)
+            return jobs.log_path(job, number, of_stream, of_rank)
 
         await _off_loop(gang_logs.finish, path.parent, job.spec.gang.nodes, rank_log)
     return path
@@ -189,14 +188,13 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     if stream not in ("all", "stderr"):
         raise errors.InvalidArgument("stream: use all or stderr", field="stream")
     rank = _rank_param(request, job)
-    number = _int_param(request, "attempt") or services.lifecycle.log_attempt(job, rank)
+    number = _int_param(request, "attempt") or services.jobs.log_attempt(job, rank)
     if number > job.attempts:
         raise errors.NotFound(f"job {job.name!r} has no attempt {number}")
     tail = _int_param(request, "tail")
     resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
     resp.enable_chunked_encoding()
     await start_stream(request, resp)
-    lifecycle = services.lifecycle
     path = await _log_of(services, job, number, stream, rank)
     offset = 0
     if path is not None and tail is not None:
@@ -209,11 +207,10 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
             offset = await _send_from(resp, path, offset)
         if not follow or gone(request):
             break
-        if lifecycle.writing_logs(job.id, number):
+        if services.jobs.writing_logs(job.id, number):
             await asyncio.sleep(FOLLOW_POLL)  # the attempt is still writing
             continue
-        fresh = await services.store.job_by_id(job.id)
-        assert fresh is not None
+        fresh = await services.jobs.by_id(job.id)
         if path is not None:
             await _log_of(services, job, number, stream, rank)  # a merged log, made whole
             offset = await _send_from(resp, path, offset)
@@ -223,17 +220,9 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
             continue
         if fresh.phase in TERMINAL:
             break
-        await _next_change(services, job.id, timeout=1.0)
+        await services.jobs.next_event(job, timeout=1.0)
     await resp.write_eof()
     return resp
-
-
-async def _next_change(services: Services, job_id: int, timeout: float) -> None:
-    change = services.hub.next_change(job_id)
-    try:
-        await asyncio.wait_for(change, timeout)
-    except TimeoutError:
-        services.hub.forget(job_id, change)
 
 
 @routes.get("/v1/events")
@@ -251,11 +240,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     resp.enable_chunked_encoding()
     await start_stream(request, resp)
-    with services.hub.stream() as live:
+    with services.jobs.live_events() as live:
         last = since
         while True:  # history first, in pages
-            page = await services.store.events(since=last, job_id=job_id, project=project,
-                                               limit=1000)
+            page = await services.jobs.events(since=last, job_id=job_id, project=project,
+                                              limit=1000)
             for event in page:
                 await resp.write(json.dumps(event.to_wire()).encode() + b"\n")
                 last = event.seq

@@ -3,8 +3,6 @@ wait (a server-side long poll), cancel and a live max_parallel."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 from typing import Any
 
@@ -22,9 +20,9 @@ from noduslocal.daemon.api.jobs import (
 )
 from noduslocal.daemon.api.lanes import PAGE
 from noduslocal.daemon.api.services import SERVICES
+from noduslocal.daemon.sweeps.service import SweepAction
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import SweepRecord
-from noduslocal.domain.states import SWEEP_TERMINAL
 from noduslocal.domain.sweep_plan import MAX_PARALLEL, parse_sweep
 from noduslocal.domain.validation import SQL_INT_MAX
 
@@ -34,12 +32,10 @@ SWEEPS_PAGE = 100  # sweeps in one answer at most (each a status document)
 
 
 async def lookup(request: web.Request) -> SweepRecord:
-    name = request.match_info["name"]
-    project = project_of(request)
-    sweep = await request.app[SERVICES].store.sweep(project, name)
-    if sweep is None:
-        raise errors.NotFound(f"sweep {name!r} not found in project {project!r}")
-    return sweep
+    caller: Caller = request["caller"]
+    return await request.app[SERVICES].sweeps.find(
+        project_of(request), request.match_info["name"], caller.uid,
+        implicit="project" not in request.query)
 
 
 def require_control(request: web.Request, sweep: SweepRecord, action: str) -> None:
@@ -53,13 +49,20 @@ def redact(request: web.Request, sweep: SweepRecord) -> bool:
 
 
 async def status_doc(request: web.Request, sweep: SweepRecord) -> dict[str, Any]:
-    return await request.app[SERVICES].lifecycle.reports.status(sweep, redact(request, sweep))
+    return await request.app[SERVICES].sweeps.document(sweep, redact(request, sweep))
 
 
-async def fresh(request: web.Request, sweep: SweepRecord) -> SweepRecord:
-    found = await request.app[SERVICES].store.sweep(sweep.project, sweep.name)
-    assert found is not None
-    return found
+async def sweep_response(request: web.Request, sweep: SweepRecord,
+                         status: int = 200) -> web.Response:
+    return web.json_response(await status_doc(request, sweep), status=status)
+
+
+async def _control(request: web.Request, verb: str, action: SweepAction) -> web.Response:
+    """An owner's (or admin's) action on a sweep; answers with the sweep as it is after."""
+    sweep = await lookup(request)
+    require_control(request, sweep, verb)
+    return await sweep_response(request, await request.app[SERVICES].sweeps.control(
+        sweep, action))
 
 
 @routes.post("/v1/sweeps")
@@ -72,9 +75,8 @@ async def create_sweep(request: web.Request) -> web.Response:
     check_project(caller, plan.project)
     key = idempotency_key(request)
     digest = hashlib.sha256(raw).hexdigest() if key is not None else None
-    sweep, created = await services.lifecycle.create_sweep(plan, caller.owner, key, digest)
-    return web.json_response(await status_doc(request, await fresh(request, sweep)),
-                             status=201 if created else 200)
+    sweep, created = await services.sweeps.create(plan, caller.owner, key, digest)
+    return await sweep_response(request, sweep, 201 if created else 200)
 
 
 @routes.get("/v1/sweeps")
@@ -86,7 +88,7 @@ async def list_sweeps(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", SWEEPS_PAGE, 1, SWEEPS_PAGE) or SWEEPS_PAGE
     before = int_query(request, "before", None, 1, SQL_INT_MAX)
     async with services.lanes.read(caller.uid, caller.name, "sweep list"):
-        sweeps = await services.store.sweeps(
+        sweeps = await services.sweeps.list(
             project=None if project is None else project_of(request),
             active_only=request.query.get("all") not in ("1", "true"),
             limit=limit + 1, before=before)
@@ -111,8 +113,7 @@ async def sweep_cells(request: web.Request) -> web.Response:
     offset = int_query(request, "offset", 0, 0, SQL_INT_MAX) or 0
     limit = int_query(request, "limit", CELLS_PAGE, 1, CELLS_PAGE) or CELLS_PAGE
     async with services.lanes.read(caller.uid, caller.name, "sweep cells"):
-        cells = await services.lifecycle.reports.cells(sweep, offset, limit + 1,
-                                                       redact(request, sweep))
+        cells = await services.sweeps.cells(sweep, offset, limit + 1, redact(request, sweep))
         more = len(cells) > limit
         body = await lanes.dumps({"cells": cells[:limit],
                                   "next": offset + limit if more else None})
@@ -121,57 +122,35 @@ async def sweep_cells(request: web.Request) -> web.Response:
 
 @routes.get("/v1/sweeps/{name}/wait")
 async def wait_sweep(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + poll_timeout(request)
+    timeout = poll_timeout(request)
     sweep = await lookup(request)
-    while sweep.phase not in SWEEP_TERMINAL and (remaining := deadline - loop.time()) > 0:
-        change = services.lifecycle.sweep_changed(sweep.id)
-        sweep = await fresh(request, sweep)  # after registering: no commit is missed
-        if sweep.phase in SWEEP_TERMINAL:
-            break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(change), remaining)
-        sweep = await fresh(request, sweep)
-    return web.json_response(await status_doc(request, sweep))
+    return await sweep_response(request, await request.app[SERVICES].sweeps.wait(sweep, timeout))
 
 
 @routes.post("/v1/sweeps/{name}/cancel")
 async def cancel_sweep(request: web.Request) -> web.Response:
-    sweep = await lookup(request)
-    require_control(request, sweep, "cancel")
     remaining = request.query.get("remaining") in ("1", "true")
-    await request.app[SERVICES].lifecycle.cancel_sweep(sweep, remaining_only=remaining)
-    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+    return await _control(request, "cancel", "cancel-remaining" if remaining else "cancel")
 
 
 @routes.post("/v1/sweeps/{name}/suspend")
 async def suspend_sweep(request: web.Request) -> web.Response:
     """Release no more cells and stop the running ones, each kept Suspended."""
-    sweep = await lookup(request)
-    require_control(request, sweep, "suspend")
-    await request.app[SERVICES].lifecycle.suspend_sweep(sweep)
-    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+    return await _control(request, "suspend", "suspend")
 
 
 @routes.post("/v1/sweeps/{name}/resume")
 async def resume_sweep(request: web.Request) -> web.Response:
     """Go on where the suspend left it: the suspended cells wait again, in order."""
-    sweep = await lookup(request)
-    require_control(request, sweep, "resume")
-    await request.app[SERVICES].lifecycle.resume_sweep(sweep)
-    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+    return await _control(request, "resume", "resume")
 
 
 @routes.post("/v1/sweeps/{name}/retry")
 async def retry_sweep(request: web.Request) -> web.Response:
     """Run a Failed sweep's failed cells again as new jobs (`all`: cancelled ones too);
     after a canary failure the canary first."""
-    sweep = await lookup(request)
-    require_control(request, sweep, "retry")
     include = request.query.get("all") in ("1", "true")
-    await request.app[SERVICES].lifecycle.retry_sweep(sweep, include_cancelled=include)
-    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+    return await _control(request, "retry", "retry-all" if include else "retry")
 
 
 @routes.post("/v1/sweeps/{name}/gc")
@@ -179,8 +158,7 @@ async def gc_sweep(request: web.Request) -> web.Response:
     """Free the workspaces of a finished sweep's jobs; their history, logs and cost stay."""
     sweep = await lookup(request)
     require_control(request, sweep, "gc")
-    await request.app[SERVICES].lifecycle.free_sweep(sweep)
-    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+    return await sweep_response(request, await request.app[SERVICES].sweeps.free(sweep))
 
 
 @routes.post("/v1/sweeps/{name}/set")
@@ -194,5 +172,5 @@ async def set_sweep(request: web.Request) -> web.Response:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL:
         raise errors.InvalidArgument(f"max_parallel: expected an integer from 1 to "
                                      f"{MAX_PARALLEL}", field="max_parallel")
-    await request.app[SERVICES].lifecycle.set_max_parallel(sweep, value)
-    return web.json_response(await status_doc(request, await fresh(request, sweep)))
+    return await sweep_response(request, await request.app[SERVICES].sweeps.set_max_parallel(
+        sweep, value))

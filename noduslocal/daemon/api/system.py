@@ -21,8 +21,7 @@ async def health(request: web.Request) -> web.Response:
     """200 while the daemon serves; `ok` false and `status` degraded, with each problem in
     words, while it cannot take new work or record what happens, or after the database
     lost commits it had acknowledged."""
-    lifecycle = request.app[SERVICES].lifecycle
-    problems = [*lifecycle.disk.problems(), *lifecycle.recovery.lost_problems()]
+    problems = request.app[SERVICES].admin.problems()
     return web.json_response({"ok": not problems,
                               "status": "degraded" if problems else "ok",
                               "problems": problems})
@@ -32,7 +31,7 @@ async def health(request: web.Request) -> web.Response:
 async def info(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     settings = services.settings
-    capacity = services.lifecycle.queue.capacity
+    admin = services.admin
     caller: Caller = request["caller"]
     return web.json_response({
         "version": __version__,
@@ -42,22 +41,16 @@ async def info(request: web.Request) -> web.Response:
         "region": settings.region,
         "user_mode": settings.user_mode,
         "started_at": services.started_at,
-        "capacity": {
-            "cpus": capacity.cpu_m / 1000,
-            "memory": capacity.memory,
-            "cpus_used": capacity.used_cpu_m / 1000,
-            "memory_used": capacity.used_memory,
-        },
-        "queue": {"pending": len(services.lifecycle.queue),
-                  "active": services.lifecycle.active_count()},
+        "capacity": admin.capacity(),
+        "queue": admin.counts(),
         "groups": {"users": settings.socket_group, "admins": settings.admin_group},
         "caller": {"uid": caller.uid, "gid": caller.gid, "name": caller.name,
                    "admin": caller.admin},
-        "config": None if services.config is None else services.config.status.to_wire(),
+        "config": admin.config_status(),
         # Job directories the database did not know at start: each one for admins, how
         # many and the caller's own for everyone.
-        "orphans": [o.to_wire() for o in services.lifecycle.orphans] if caller.admin else [],
-        "lost_jobs": services.lifecycle.recovery.lost_view(caller.uid, caller.admin),
+        "orphans": admin.orphans() if caller.admin else [],
+        "lost_jobs": admin.lost_view(caller.uid, caller.admin),
     })
 
 

@@ -23,6 +23,7 @@ from noduslocal.domain.jobs import (
     Handle,
     JobRecord,
     JobSpec,
+    Owner,
     handles_to_json,
 )
 from noduslocal.domain.states import (
@@ -33,14 +34,6 @@ from noduslocal.domain.states import (
     check_attempt_transition,
     check_transition,
 )
-
-
-@dataclass(frozen=True)
-class Owner:
-    uid: int
-    gid: int
-    name: str
-    admin: bool = False  # may use other users' volumes
 
 
 @dataclass

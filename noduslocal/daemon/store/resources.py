@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from noduslocal.daemon.store.job_writes import Owner
 from noduslocal.daemon.store.rows import TERMINAL_SQL
 from noduslocal.domain import errors
-from noduslocal.domain.jobs import Event
+from noduslocal.domain.jobs import Event, Owner
 
 
 def set_secret(conn: sqlite3.Connection, owner_uid: int, name: str, value: str,
