@@ -18,6 +18,7 @@ from noduslocal import testing
 from noduslocal.cli import fast
 from noduslocal.domain.sockets import SOCKET_ENV
 from tests.conftest import run_cli
+from tests.daemon.conftest import job_names
 
 CLICK_ONLY = [sys.executable, "-c", "from noduslocal.cli.root import main; main()"]
 
@@ -81,11 +82,12 @@ def test_both_paths_list_alike(daemon: testing.Daemon) -> None:
 ])
 def test_refusals_have_one_style_and_create_nothing(daemon: testing.Daemon,
                                                     args: list[str], message: str) -> None:
+    before = job_names(daemon)
     result = run_cli(daemon, *args)
     assert result.returncode == 2
     assert result.stderr.startswith(message), result.stderr
     assert result.stderr.count("\n") == 1
-    assert daemon.client().list_jobs(all=True) == []
+    assert job_names(daemon) == before
 
 
 def test_api_errors_exit_as_click_path_does(daemon: testing.Daemon) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from noduslocal import testing
 from noduslocal.domain import errors
-from tests.daemon.test_jobs_api import job_count, raw
+from tests.daemon.test_jobs_api import raw
 
 CONFIG = 'image_pull = false\n'
 DIGITS = "9" * 400
@@ -264,11 +264,11 @@ BIG = "x" * 200_000  # one argument over the kernel's 128 KiB for a single strin
      "env"),
 ])
 def test_bad_bodies_are_a_400_naming_the_field_and_create_nothing(
-        daemon: testing.Daemon, method: str, path: str, body: bytes, field: str) -> None:
-    status, reply = raw(daemon, method, path, body,
+        d: testing.Daemon, method: str, path: str, body: bytes, field: str) -> None:
+    before = made(d)
+    status, reply = raw(d, method, path, body,
                         {"Content-Type": "application/json"})
     assert status == 400, reply
     assert reply["error"]["field"] == field, reply
-    assert job_count(daemon) == 0
-    assert daemon.client().list_volumes() == []
-    assert "Traceback" not in daemon.log()
+    assert made(d) == before  # no job, no volume (nor sweep or secret)
+    assert "Traceback" not in d.log()

@@ -5,6 +5,7 @@ an exec cut off by a kill -9 of the daemon."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -21,10 +22,15 @@ from noduslocal.domain import errors
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
-@pytest.fixture
-def running(daemon: testing.Daemon) -> nodus.Job:
-    daemon.client().set_secret("TOKEN", "exec-secret-value")
-    job = nodus.Job.run(name="target", command=["sh", "-c", "echo ready > flag; sleep 60"],
+TARGETS = itertools.count(1)
+
+
+def start_target(d: testing.Daemon) -> nodus.Job:
+    """A running job to exec beside, named target-N (a name of its own on a shared daemon),
+    with MODE in its environment and the secret TOKEN."""
+    d.client().set_secret("TOKEN", "exec-secret-value")
+    job = nodus.Job.run(name=f"target-{next(TARGETS)}",
+                        command=["sh", "-c", "echo ready > flag; sleep 60"],
                         env={"MODE": "train"}, secrets=["TOKEN"])
 
     def ready() -> bool:
@@ -39,26 +45,31 @@ def running(daemon: testing.Daemon) -> nodus.Job:
     return job
 
 
+@pytest.fixture
+def running(daemon: testing.Daemon) -> nodus.Job:
+    return start_target(daemon)
+
+
 def test_exec_sees_the_job(running: nodus.Job) -> None:
     proc = running.exec("sh", "-c", 'cat flag; echo "$MODE $NODUS_JOB $TOKEN"; pwd; exit 3')
     lines = proc.stdout.splitlines()
-    assert lines[:2] == ["ready", "train target ***"]  # the secret is masked in the output
+    assert lines[:2] == ["ready", f"train {running.name} ***"]  # the secret is masked
     assert lines[2].endswith("/workspace")
     assert (proc.returncode, proc.stderr, proc.truncated) == (3, "", False)
     running.cancel()
 
 
 def test_cli_exec_returns_the_code(cli: Cli, running: nodus.Job) -> None:
-    done = cli("job", "exec", "target", "--", "sh", "-c", "echo out; echo err >&2; exit 4")
+    done = cli("job", "exec", running.name, "--", "sh", "-c", "echo out; echo err >&2; exit 4")
     assert (done.returncode, done.stdout, done.stderr) == (4, "out\n", "err\n")
-    missing = cli("job", "exec", "target", "--", "no-such-command")
+    missing = cli("job", "exec", running.name, "--", "no-such-command")
     assert missing.returncode == 127 and "cannot execute" in missing.stderr
     running.cancel()
 
 
 def test_exec_timeout_kills_it(running: nodus.Job, daemon: testing.Daemon) -> None:
     with pytest.raises(errors.WaitTimeout, match="killed"):
-        daemon.client().exec_job("target", None, ["sleep", "30"], timeout=0.5)
+        daemon.client().exec_job(running.name, None, ["sleep", "30"], timeout=0.5)
     running.cancel()
 
 
@@ -72,16 +83,18 @@ def test_exec_needs_a_running_job(daemon: testing.Daemon) -> None:
 
 
 def test_an_exec_the_daemon_died_under_is_killed_by_the_next_one(
-        running: nodus.Job, daemon: testing.Daemon, tmp_path: Path) -> None:
-    """Found by tests/system/test_chaos.py: the exec's timeout and its caller die with the daemon,
-    so it used to run on unwatched, past its timeout and past the job."""
+        own_daemon: testing.Daemon, tmp_path: Path) -> None:
+    """Found by tests/system/test_chaos.py: the exec's timeout and its caller die with the
+    daemon, so it used to run on unwatched, past its timeout and past the job."""
+    daemon = own_daemon  # its own: it kills the daemon
+    running = start_target(daemon)
     pids = tmp_path / "pids"
     failures: list[BaseException] = []
 
     def cut_off() -> None:
         try:
-            daemon.client().exec_job("target", None, ["sh", "-c", f"sleep 300 & echo $$ $! > "
-                                                      f"{pids}; wait"], timeout=2)
+            daemon.client().exec_job(running.name, None, [
+                "sh", "-c", f"sleep 300 & echo $$ $! > {pids}; wait"], timeout=2)
         except errors.DaemonUnavailable:  # the daemon went away under the call
             return
         except BaseException as exc:

@@ -25,11 +25,18 @@ MAKE = ("mkdir -p out/sub && printf 'weights' > out/model.pt && echo hi > notes.
         "&& ln -s .. out/up")
 
 
-@pytest.fixture
-def made(daemon: testing.Daemon) -> nodus.Job:
-    job = nodus.Job.run(name="maker", command=["sh", "-c", MAKE])
+@pytest.fixture(scope="module")
+def maker(shared_daemon: testing.Daemon) -> nodus.Job:
+    """One job whose workspace the module's tests read (none of them changes it)."""
+    with shared_daemon.as_default():
+        job = nodus.Job.run(name="maker", command=["sh", "-c", MAKE])
     job.wait(timeout=30)
     return job
+
+
+@pytest.fixture
+def made(daemon: testing.Daemon, maker: nodus.Job) -> nodus.Job:
+    return maker
 
 
 def test_list_top_and_subdirectory(made: nodus.Job) -> None:

@@ -50,7 +50,8 @@ def test_each_rank_line_is_in_the_merged_log_exactly_once(daemon: testing.Daemon
 
 
 def test_a_gang_that_ended_while_the_daemon_was_down_has_its_merged_log(
-        daemon: testing.Daemon, tmp_path: Path) -> None:
+        own_daemon: testing.Daemon, tmp_path: Path) -> None:
+    daemon = own_daemon  # its own: it kills the daemon
     gate = tmp_path / "gate"
     c = daemon.client()
     c.create_job({"name": "g", "cpu": "100m", "distributed": {"nodes": 2}, "command": [
@@ -80,8 +81,9 @@ def test_a_gang_that_ended_while_the_daemon_was_down_has_its_merged_log(
 
 
 def test_a_merged_log_lost_with_its_offsets_is_made_again_when_read(
-        daemon: testing.Daemon) -> None:
+        own_daemon: testing.Daemon) -> None:
     """What a daemon that died before its first merge (or an older one) left: nothing."""
+    daemon = own_daemon  # its own: the job's attempt is its only one
     c = daemon.client()
     c.create_job({"name": "q", "cpu": "100m", "distributed": {"nodes": 2},
                   "command": ["sh", "-c", "echo rank $RANK says hi; echo rank $RANK bye"]})

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,13 @@ ENV_LINE = ('print("env", " ".join(f"{k}={os.environ.get(k)}" for k in ("RANK", 
 
 def gang_daemon(config: str | None = FOUR_GPUS, **kwargs: Any) -> Any:
     return testing.daemon(config=config, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def four_gpus() -> Iterator[testing.Daemon]:
+    """A daemon with 4 simulated H100s, shared by the refusals (which make nothing)."""
+    with gang_daemon() as d:
+        yield d
 
 
 def start_gated(c: ApiClient, name: str, gate: Path, gpu: str) -> None:
@@ -167,9 +175,13 @@ def test_plain_host_gang_ranks_meet_and_show_by_rank(tmp_path: Path) -> None:
             ended
 
 
-def test_a_failing_rank_stops_the_rest_and_decides_the_end() -> None:
-    script = ('if [ "$RANK" = 1 ]; then echo rank 1 fails; exit 3; fi; '
-              'echo rank 0 sleeps; sleep 60; echo rank 0 slept')
+def test_a_failing_rank_stops_the_rest_and_decides_the_end(tmp_path: Path) -> None:
+    # Rank 1 fails once rank 0 has said it sleeps: under load rank 0's shell may start after
+    # rank 1 has already failed, and then rank 0 is stopped before it says anything.
+    said = tmp_path / "rank-0-said-it"
+    script = (f'if [ "$RANK" = 1 ]; then while [ ! -e {said} ]; do sleep 0.05; done; '
+              'echo rank 1 fails; exit 3; fi; '
+              f'echo rank 0 sleeps; touch {said}; sleep 60; echo rank 0 slept')
     with gang_daemon(config=None) as d:
         c = d.client()
         c.create_job({"name": "f", "command": ["sh", "-c", script], "cpu": "100m",
@@ -294,21 +306,21 @@ def test_torchrun_gang_all_reduces_over_gloo() -> None:
     ({"distributed": {"nodes": 2, "bogus": 1}}, "distributed.bogus", "unknown field"),
     ({"distributed": {}}, "distributed.nodes", "give nodes or total_gpus"),
 ])
-def test_bad_gangs_are_refused_naming_the_field(body: dict[str, Any], field: str,
-                                                words: str) -> None:
-    with gang_daemon() as d:
-        full = {"name": "bad", "command": ["true"], **body}
-        if full["command"] is None:
-            del full["command"]
-        with pytest.raises(errors.InvalidArgument) as info:
-            d.client().create_job(full)
-        assert info.value.http_status == 400
-        assert info.value.field == field, info.value
-        assert words in info.value.message and "\n" not in info.value.message, info.value
-        named = info.value.message.partition(":")[0]
-        assert field.startswith(named), info.value.message
-        with pytest.raises(errors.NotFound):
-            d.client().get_job("bad")
+def test_bad_gangs_are_refused_naming_the_field(four_gpus: testing.Daemon, body: dict[str, Any],
+                                                field: str, words: str) -> None:
+    d = four_gpus
+    full = {"name": "bad", "command": ["true"], **body}
+    if full["command"] is None:
+        del full["command"]
+    with pytest.raises(errors.InvalidArgument) as info:
+        d.client().create_job(full)
+    assert info.value.http_status == 400
+    assert info.value.field == field, info.value
+    assert words in info.value.message and "\n" not in info.value.message, info.value
+    named = info.value.message.partition(":")[0]
+    assert field.startswith(named), info.value.message
+    with pytest.raises(errors.NotFound):
+        d.client().get_job("bad")
 
 
 def test_cli_gang_flags_need_nodes(daemon: testing.Daemon) -> None:

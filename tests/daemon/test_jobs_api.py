@@ -20,6 +20,7 @@ from noduslocal import testing
 from noduslocal.domain import errors
 from noduslocal.testing import wait_until
 from tests.conftest import run_cli
+from tests.daemon.conftest import job_names
 
 
 class Raw(http.client.HTTPConnection):
@@ -44,10 +45,6 @@ def raw(d: testing.Daemon, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
-def job_count(d: testing.Daemon) -> int:
-    return len(d.client().list_jobs(all=True))
-
-
 @pytest.mark.parametrize(("body", "status", "code", "field"), [
     (b"{not json", 400, "InvalidArgument", "body"),
     (b"[1, 2]", 400, "InvalidArgument", "body"),
@@ -62,40 +59,44 @@ def job_count(d: testing.Daemon) -> int:
 ])
 def test_bad_input_is_one_line_4xx_and_creates_nothing(
         daemon: testing.Daemon, body: bytes, status: int, code: str, field: str) -> None:
+    before = job_names(daemon)
     got, payload = raw(daemon, "POST", "/v1/jobs", body, {"Content-Type": "application/json"})
     assert got == status
     assert payload["error"]["code"] == code
     assert payload["error"].get("field") == field
     assert "\n" not in payload["error"]["message"]
-    assert job_count(daemon) == 0
+    assert job_names(daemon) == before
 
 
 def test_body_over_one_mib_is_413(daemon: testing.Daemon) -> None:
+    before = job_names(daemon)
     big = json.dumps({"command": ["true"], "env": {"X": "y" * (1024 * 1024)}}).encode()
     status, payload = raw(daemon, "POST", "/v1/jobs", big, {"Content-Type": "application/json"})
     assert status == 413
     assert payload["error"]["code"] == "PayloadTooLarge"
-    assert job_count(daemon) == 0
+    assert job_names(daemon) == before
 
 
 def test_duplicate_name_is_409_and_keeps_the_first(daemon: testing.Daemon) -> None:
     client = daemon.client()
+    before = job_names(daemon)
     first = client.create_job({"name": "same", "command": ["true"]})
     with pytest.raises(errors.AlreadyExists, match="same"):
         client.create_job({"name": "same", "command": ["false"]})
-    assert [j["name"] for j in client.list_jobs(all=True)] == ["same"]
+    assert job_names(daemon) == [*before, (first["project"], "same")]
     assert client.get_job("same")["spec"]["command"] == first["spec"]["command"] == ["true"]
 
 
 def test_idempotency_key_returns_the_same_job(daemon: testing.Daemon) -> None:
     client = daemon.client()
+    before = job_names(daemon)
     body = {"command": ["sleep", "5"]}
     one = client.create_job(body, idempotency_key="k-1")
     two = client.create_job(body, idempotency_key="k-1")
     assert one["name"] == two["name"]
     with pytest.raises(errors.Conflict, match="different request"):
         client.create_job({"command": ["sleep", "6"]}, idempotency_key="k-1")
-    assert job_count(daemon) == 1
+    assert job_names(daemon) == [*before, (one["project"], one["name"])]
 
 
 def test_unknown_route_and_job_are_404(daemon: testing.Daemon) -> None:
@@ -113,8 +114,8 @@ def test_generated_names_and_default_project(daemon: testing.Daemon) -> None:
     assert job["project"] == getpass.getuser() == job["owner"]
 
 
-def test_list_filters(daemon: testing.Daemon) -> None:
-    client = daemon.client()
+def test_list_filters(own_daemon: testing.Daemon) -> None:
+    client = own_daemon.client()  # its own: the filters are checked against every job
     client.create_job({"name": "a", "command": ["true"], "labels": {"team": "x"}})
     client.create_job({"name": "b", "command": ["sleep", "30"], "labels": {"team": "y"}})
     client.create_job({"name": "c", "project": "other", "command": ["true"]})

@@ -34,7 +34,8 @@ def only_log(d: testing.Daemon) -> Path:
 
 
 def test_a_tail_of_a_line_longer_than_a_tail_reads_is_cut_and_says_so(
-        daemon: testing.Daemon) -> None:
+        own_daemon: testing.Daemon) -> None:
+    daemon = own_daemon  # its own: only_log() finds the one job's log
     c = daemon.client()
     c.create_job({"name": "longline", "cpu": "100m", "command": [
         "sh", "-c", f"head -c {LONG} /dev/zero | tr '\\0' x; printf END"]})
@@ -67,9 +68,10 @@ def waits_on_a_fifo(pid: int) -> bool:
 
 
 def test_log_reads_stuck_in_the_file_system_leave_the_daemon_answering(
-        daemon: testing.Daemon) -> None:
+        own_daemon: testing.Daemon) -> None:
     """The log is swapped for a FIFO nobody writes: opening it waits until we let it go.
     While the reads wait, the daemon answers health and runs another job."""
+    daemon = own_daemon  # its own: its reads are held in a FIFO
     assert daemon.proc is not None
     c = daemon.client()
     c.create_job({"name": "stuck", "cpu": "100m", "command": ["echo", "hi"]})
@@ -115,8 +117,6 @@ def test_log_reads_stuck_in_the_file_system_leave_the_daemon_answering(
             reader.join(60)
     assert all(isinstance(value, bytes) for value in got.values()), got
     assert log_of(c, "stuck", tail=1) == b"hi\n"
-
-
 
 
 def test_a_follower_that_leaves_is_no_error_in_the_daemons_log(

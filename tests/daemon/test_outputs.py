@@ -17,6 +17,7 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
+from tests.daemon.conftest import job_names
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -27,11 +28,22 @@ OUTPUTS = {"model": "/workspace/model.pt", "adapter/all": "adapter", "leak": "sh
            "missing": "nothing/here.txt"}
 
 
-@pytest.fixture
-def made(daemon: testing.Daemon) -> nodus.Job:
+def make() -> nodus.Job:
     job = nodus.Job.run(name="maker", command=["sh", "-c", MAKE], outputs=OUTPUTS)
     job.wait(timeout=30)
     return job
+
+
+@pytest.fixture(scope="module")
+def maker(shared_daemon: testing.Daemon) -> nodus.Job:
+    """One job whose outputs the module's tests read (none of them changes them)."""
+    with shared_daemon.as_default():
+        return make()
+
+
+@pytest.fixture
+def made(daemon: testing.Daemon, maker: nodus.Job) -> nodus.Job:
+    return maker
 
 
 def test_collected_and_listed(made: nodus.Job) -> None:
@@ -56,7 +68,9 @@ def test_file_and_directory_downloads(made: nodus.Job, tmp_path: Path) -> None:
 
 
 def test_a_link_inside_a_directory_output_is_kept_as_a_link(
-        daemon: testing.Daemon, made: nodus.Job) -> None:
+        own_daemon: testing.Daemon) -> None:
+    daemon = own_daemon  # its own: every blob of the store is looked at
+    make()
     blobs = list((daemon.data_dir / "blobs").glob("*/*"))
     tars = [b for b in blobs if tarfile.is_tarfile(b)]
     assert len(tars) == 1
@@ -82,8 +96,10 @@ def test_not_collected_is_404(made: nodus.Job, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_tampered_store_raises_and_leaves_nothing(daemon: testing.Daemon, made: nodus.Job,
+def test_tampered_store_raises_and_leaves_nothing(own_daemon: testing.Daemon,
                                                   tmp_path: Path) -> None:
+    daemon = own_daemon  # its own: the blob it damages is every job's that wrote "W"
+    made = make()
     blob = daemon.data_dir / "blobs" / hashlib.sha256(b"W").hexdigest()[:2] / \
         hashlib.sha256(b"W").hexdigest()
     blob.write_bytes(b"X")
@@ -109,9 +125,10 @@ def test_a_failed_job_still_has_its_outputs(daemon: testing.Daemon, tmp_path: Pa
 ])
 def test_bad_outputs_are_400(daemon: testing.Daemon, outputs: dict[str, object],
                              message: str) -> None:
+    before = job_names(daemon)
     with pytest.raises(errors.InvalidArgument, match=message):
         nodus.Job.create(command=["true"], outputs=outputs)  # type: ignore[arg-type]
-    assert daemon.client().list_jobs(all=True) == []
+    assert job_names(daemon) == before
 
 
 def test_cli(cli: Cli, tmp_path: Path) -> None:
@@ -136,11 +153,12 @@ def test_deep_and_empty_directory_outputs(daemon: testing.Daemon, tmp_path: Path
     assert (deep / "top.txt").read_text() == "ok\n"
 
 
-def test_api_reads_never_wait_behind_output_collection(daemon: testing.Daemon) -> None:
+def test_api_reads_never_wait_behind_output_collection(own_daemon: testing.Daemon) -> None:
     """Seven jobs with 1.5 GB sparse outputs made another user's file listing take 28 s:
     collection shared the default thread pool (six threads here) with the API's reads.
     Here seven 1 GiB outputs are hashed two at a time on threads of their own, and reads
     keep being answered meanwhile (with the shared pool, a handful would be)."""
+    daemon = own_daemon  # its own: it counts every job's exit record
     client = daemon.client()
     client.create_job({"name": "other", "command": ["sh", "-c", "echo hi > f"], "cpu": "100m"})
     assert client.wait_job("other", timeout=30)["phase"] == "Succeeded"

@@ -10,6 +10,7 @@ import pytest
 
 import noduslocal as nodus
 from noduslocal import testing
+from tests.daemon.conftest import job_names
 
 
 def test_run_wait_and_view(daemon: testing.Daemon) -> None:
@@ -85,6 +86,7 @@ def test_workdir_defaults_to_the_kept_workspace(daemon: testing.Daemon) -> None:
 
 def test_reference_arguments_refused_with_their_field_leave_nothing(
         daemon: testing.Daemon) -> None:
+    before = job_names(daemon)
     with pytest.raises(nodus.errors.InvalidArgument) as info:
         nodus.Job.create(command=["true"], completions=2, parallelism=3)
     assert info.value.field == "parallelism"
@@ -92,6 +94,6 @@ def test_reference_arguments_refused_with_their_field_leave_nothing(
         nodus.Job.create(command=["true"], distributed=nodus.Distributed(nodes=2,
                                                                           launcher="Slurm"))
     assert info.value.field == "distributed.launcher"
-    assert daemon.client().list_jobs(all=True) == []
+    assert job_names(daemon) == before
 
 

@@ -15,6 +15,7 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
+from tests.daemon.conftest import job_names, sweep_names
 
 
 def refused(call: Callable[[], Any], field: str) -> str:
@@ -40,10 +41,11 @@ def refused(call: Callable[[], Any], field: str) -> str:
 ])
 def test_job_arguments_json_cannot_say(daemon: testing.Daemon, kwargs: dict[str, Any],
                                        field: str) -> None:
+    before = job_names(daemon)
     message = refused(lambda: nodus.Job.run(**kwargs), field)
     if isinstance(kwargs.get(field), bytes):
         assert "decode" in message
-    assert daemon.client().list_jobs(all=True) == []
+    assert job_names(daemon) == before
 
 
 def test_a_bad_argument_uploads_nothing(daemon: testing.Daemon, tmp_path: Path) -> None:
@@ -75,14 +77,16 @@ def test_handles_and_waits(daemon: testing.Daemon, tmp_path: Path) -> None:
 ])
 def test_sweep_arguments_json_cannot_say(daemon: testing.Daemon, make: Callable[[], Any],
                                          field: str) -> None:
+    before = sweep_names(daemon)
     refused(lambda: make().run(), field)
-    assert daemon.client().list_sweeps(all=True) == []
+    assert sweep_names(daemon) == before
 
 
 @pytest.mark.parametrize("grid", [{"X": 5}, {"X": None}, {"X": b"ab"}, [1, 2], "X=1"])
 def test_a_grid_that_is_not_lists_of_values(daemon: testing.Daemon, grid: Any) -> None:
+    before = sweep_names(daemon)
     refused(lambda: nodus.Sweep({"command": ["true"]}, grid=grid).run(), "grid")
-    assert daemon.client().list_sweeps(all=True) == []
+    assert sweep_names(daemon) == before
 
 
 def test_sweep_handles_and_waits(daemon: testing.Daemon) -> None:

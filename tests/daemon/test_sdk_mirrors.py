@@ -46,7 +46,8 @@ def test_map_with_a_list_binds_braces_and_a_list_of_mappings_is_one_task_each(
 
 
 def test_a_project_job_gives_its_log_and_keeps_only_its_volumes(
-        daemon: testing.Daemon) -> None:
+        own_daemon: testing.Daemon) -> None:
+    daemon = own_daemon  # its own: no job's workspace may be left
     client = daemon.client()
     client.create_volume("results")
     job = nodus.Client().project().job(

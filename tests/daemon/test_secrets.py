@@ -12,6 +12,7 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
+from tests.daemon.conftest import job_names
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 VALUE = "hf_Sup3rS3cretV4lue"
@@ -31,7 +32,8 @@ def everything_the_api_says(d: testing.Daemon) -> str:
     return json.dumps([jobs, docs, attempts, c.list_secrets()]) + events
 
 
-def test_cli_set_ls_rm(cli: Cli) -> None:
+def test_cli_set_ls_rm(own_cli: Cli) -> None:
+    cli = own_cli  # its own daemon: `secret ls` lists every secret of the user
     made = cli("secret", "set", "HF_TOKEN", input=VALUE + "\n")
     assert (made.returncode, made.stdout) == (0, "HF_TOKEN: created\n")
     assert cli("secret", "set", "HF_TOKEN", input="other").stdout == "HF_TOKEN: replaced\n"
@@ -98,10 +100,11 @@ def test_value_is_snapshotted_at_create(daemon: testing.Daemon) -> None:
 def test_bad_secrets_are_400_and_create_nothing(daemon: testing.Daemon, secrets: list[object],
                                                 message: str) -> None:
     daemon.client().set_secret("DUP", "v")
+    before = job_names(daemon)
     with pytest.raises(errors.InvalidArgument, match=message) as info:
         nodus.Job.create(command=["true"], secrets=secrets)
     assert info.value.field == "secrets"
-    assert daemon.client().list_jobs(all=True) == []
+    assert job_names(daemon) == before
 
 
 def test_env_and_secret_may_not_name_the_same_variable(daemon: testing.Daemon) -> None:

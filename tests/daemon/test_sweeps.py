@@ -18,6 +18,7 @@ import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
 from tests.conftest import run_cli
+from tests.daemon.conftest import job_names, sweep_names
 from tests.daemon.test_create_refusals import BIG
 from tests.daemon.test_jobs_api import raw
 
@@ -273,7 +274,8 @@ def test_failures_are_clustered_by_error_and_logs_show_the_exemplar(
     assert none.returncode != 0
 
 
-def test_ten_thousand_cells_in_one_call_then_cancel(daemon: testing.Daemon) -> None:
+def test_ten_thousand_cells_in_one_call_then_cancel(own_daemon: testing.Daemon) -> None:
+    daemon = own_daemon  # its own: 10,000 jobs would weigh on every listing of the module
     sweep = nodus.Sweep({"command": ["sleep", "30"]},
                         grid={"A": list(range(100)), "B": list(range(100))},
                         name="big").run()
@@ -291,15 +293,17 @@ def test_ten_thousand_cells_in_one_call_then_cancel(daemon: testing.Daemon) -> N
 
 
 def test_the_same_key_gives_the_same_sweep(daemon: testing.Daemon) -> None:
+    before = sweep_names(daemon)
     first = nodus.Sweep({"command": ["true"]}, grid={"X": [1, 2]}).run(idempotency_key="k1")
     second = nodus.Sweep({"command": ["true"]}, grid={"X": [1, 2]}).run(idempotency_key="k1")
     assert first.name == second.name
-    assert len(daemon.client().list_sweeps(all=True)) == 1
+    assert sweep_names(daemon) == [*before, (first.status()["project"], first.name)]
 
 
 def test_refusals_name_the_field_and_create_nothing(daemon: testing.Daemon) -> None:
     client = daemon.client()
-    client.create_job({"name": "taken-1", "command": ["true"]})
+    jobs_before, sweeps_before = job_names(daemon), sweep_names(daemon)
+    taken = client.create_job({"name": "taken-1", "command": ["true"]})
     cases = [
         (dict(grid={"gpu": ["H100"]}), "gpu: 1 x H100 requested; this host has no GPUs"),
         (dict(grid={"region": ["local", "us-east-1"]}), "'us-east-1' is not a region"),
@@ -313,12 +317,13 @@ def test_refusals_name_the_field_and_create_nothing(daemon: testing.Daemon) -> N
         nodus.Sweep(lambda: None)  # type: ignore[arg-type]
     with pytest.raises(errors.InvalidArgument, match="max_cost: expected a positive number"):
         nodus.Sweep({"command": ["true"]}, max_cost=-5).run()
-    assert client.list_sweeps(all=True) == []
-    assert [j["name"] for j in client.list_jobs(all=True)] == ["taken-1"]
+    assert sweep_names(daemon) == sweeps_before
+    assert job_names(daemon) == [*jobs_before, (taken["project"], "taken-1")]
 
 
-def test_map_runs_tasks_with_super_map_variables(daemon: testing.Daemon,
+def test_map_runs_tasks_with_super_map_variables(own_daemon: testing.Daemon,
                                                  tmp_path: Path) -> None:
+    daemon = own_daemon  # its own: `sweeps --all` lists every sweep there is
     out = tmp_path / "map"
     created = run_cli(daemon, "map", "--no-code", "--name", "m", "--", "sh", "-c",
                       f'echo "$0 $SUPERCOMPUTER_TASK_ID $SUPERCOMPUTER_WORLD_SIZE '
@@ -393,7 +398,8 @@ def test_a_task_waiting_for_its_retry_says_so_and_can_be_cancelled(
     assert client.get_job("doomed-0")["attempts"] == 3
 
 
-def test_harvest_then_gc(daemon: testing.Daemon, tmp_path: Path) -> None:
+def test_harvest_then_gc(own_daemon: testing.Daemon, tmp_path: Path) -> None:
+    daemon = own_daemon  # its own: it looks at every job's workspace and attempt
     created = run_cli(daemon, "map", "--no-code", "--no-canary", "--name", "h", "--", "sh",
                       "-c", 'mkdir -p out/deep; echo "r$0" > out/deep/result-$0.json; '
                             'echo skip > notes.txt; ln -s /etc/shadow out/leak.json',
@@ -424,8 +430,9 @@ def test_harvest_then_gc(daemon: testing.Daemon, tmp_path: Path) -> None:
     busy.cancel()
 
 
-def test_a_smoke_command_gates_instead_of_task_0(daemon: testing.Daemon,
+def test_a_smoke_command_gates_instead_of_task_0(own_daemon: testing.Daemon,
                                                 tmp_path: Path) -> None:
+    daemon = own_daemon  # its own: it looks at every job's workspace
     order = tmp_path / "order"
     bad = run_cli(daemon, "map", "--no-code", "--name", "smoky", "--canary-smoke",
                   f"echo smoke >> {order}; test -e {tmp_path}/ready", "--", "sh", "-c",
@@ -502,7 +509,7 @@ class Hooks(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/hook"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def hooked() -> Iterator[testing.Daemon]:
     """A daemon whose webhooks may reach a receiver on the loopback (refused by default)."""
     with testing.daemon(cpus=2, memory="8GiB",
