@@ -72,8 +72,15 @@ def test_runs_as_the_submitter_confined_and_is_removed_after(
 
 def test_exit_code_failure_and_labels(daemon: testing.Daemon, docker_client: Any) -> None:
     job = nodus.Job.run(image=BUSYBOX, command=["sh", "-c", "sleep 30"])
-    container = testing.wait_until(lambda: (ours(docker_client, daemon) or [None])[0],
-                                   "the container")
+    # The container of the attempt that runs, found once the job is Running: a container
+    # exists from its create on, and one whose start fails (dockerd under load) is removed
+    # again, so the first container listed may be gone by the time it is read.
+    running = testing.wait_until(lambda: (s := job.status())["phase"] != "Pending" and
+                                 s["phase"] != "Starting" and s, "the job to start", timeout=60)
+    assert running["phase"] == "Running", running
+    [container] = docker_client.containers.list(all=True, filters={"label": [
+        *job_filter(instance_id(daemon.data_dir))["label"], f"io.noduslocal.job={job.name}",
+        f"io.noduslocal.attempt={running['attempts']}"]})
     container.reload()
     labels = container.labels
     assert labels["io.noduslocal.job"] == job.name
