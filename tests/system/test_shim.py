@@ -27,6 +27,7 @@ from noduslocal.daemon.runtime.attempts import (
     read_pid,
 )
 from noduslocal.daemon.runtime.host import compiled_shim, shim
+from noduslocal.daemon.runtime.host import spawner as spawner_module
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone
 from tests.system.test_disk_full import fill_disk as fill
@@ -297,7 +298,11 @@ def test_env_is_exactly_the_requested_one(tmp_path: Path, monkeypatch: pytest.Mo
                                                            "NODUS_TEST_LEAK="))]
 
 
-def test_launch_needs_a_started_runtime(tmp_path: Path) -> None:
+def test_launch_needs_a_started_runtime(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A launch waits this long for a spawner that is (re)starting; none ever starts here.
+    monkeypatch.setattr(spawner_module, "SPAWNER_WAIT", 0.2)
+
     async def body() -> None:
         with pytest.raises(SpawnError):
             await spawner().launch(request(new_dir(tmp_path), ["true"]))
