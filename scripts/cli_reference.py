@@ -1,5 +1,6 @@
 """Write docs/cli.md, the CLI reference, from click's own commands: each command's usage, its
-help and its options. tests/test_docs.py fails when the file differs from what this writes.
+help and its options. tests/unit/test_reference_docs.py fails when the file differs from what
+this writes.
 
     python scripts/cli_reference.py          (rewrites docs/cli.md)
 """

@@ -1,7 +1,7 @@
 """Write docs/sdk.md, the SDK reference: every public name of `import noduslocal as nodus`
 (its `__all__`), each class's public methods and properties with their signatures and
-docstrings, and the exceptions of `nodus.errors`. tests/test_docs.py fails when the file
-differs from what this writes.
+docstrings, and the exceptions of `nodus.errors`. tests/unit/test_reference_docs.py fails
+when the file differs from what this writes.
 
     python scripts/sdk_reference.py          (rewrites docs/sdk.md)
 """

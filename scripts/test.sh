@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
-# Install what the test suite needs on a fresh Debian machine (as root), then run all of it:
-# a venv with the package and its test extra, ruff, and pytest. CI runs this (.ci/run).
+# Install what the test suite needs on a fresh Debian machine (as root), then run it: a venv
+# with the package and its test extra, ruff, and pytest. CI runs all of it (.ci/run).
+#
+#   scripts/test.sh [unit|daemon|system] [PYTEST ARGS...]
+#
+# unit:   tests/unit, no daemon and no process, in seconds (only the venv is made if missing)
+# daemon: tests/daemon, a real daemon (needs gcc for the NVML stand-in and the compiled shim)
+# system: tests/system, root, docker, other Unix users, kill -9, the install, the README tour
+# none:   all three
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+TIER=all
+case "${1:-}" in
+    unit|daemon|system) TIER=$1; shift ;;
+esac
+# for TIER...: whether the tier being run (or all of them) is one of these
+needs() {
+    [ "$TIER" = all ] && return 0
+    local tier
+    for tier in "$@"; do [ "$TIER" = "$tier" ] && return 0; done
+    return 1
+}
 
 log() { printf '\033[1m== %s\033[0m\n' "$*"; }
 
@@ -29,56 +48,72 @@ if ! "$PYTHON" -m venv --help >/dev/null 2>&1; then
 fi
 
 # Tests that act as a second Unix user need useradd/runuser and an interpreter that user
-# can execute (Debian's /usr/bin/python3; see tests/test_multiuser.py).
-if [ "$(id -u)" = 0 ]; then
+# can execute (Debian's /usr/bin/python3; see tests/system/test_multiuser.py).
+if needs system && [ "$(id -u)" = 0 ]; then
     command -v useradd >/dev/null && command -v runuser >/dev/null || apt_install passwd util-linux
     [ -x /usr/bin/python3 ] || apt_install python3
 fi
 
-# The NVML tests compile a stand-in libnvidia-ml.so.1 (tests/nvml_standin) with gcc.
-if [ "$(id -u)" = 0 ]; then
+# The NVML tests compile a stand-in libnvidia-ml.so.1 (tests/nvml_standin) with gcc, and the
+# host jobs' compiled shim is built with it too.
+if needs daemon system && [ "$(id -u)" = 0 ]; then
     command -v gcc >/dev/null && [ -e /usr/include/stdio.h ] || apt_install gcc libc6-dev
 fi
 
-# `noduslocal map --dry-run` is checked against GNU parallel's (tests/test_map_expand.py).
-if [ "$(id -u)" = 0 ]; then
+# `noduslocal map --dry-run` is checked against GNU parallel's
+# (tests/system/test_map_arguments_vs_parallel.py).
+if needs system && [ "$(id -u)" = 0 ]; then
     command -v parallel >/dev/null || apt_install parallel
 fi
 
 # Container tests need a docker engine and two images built here (no registry is reachable).
-docker_up() { docker info >/dev/null 2>&1; }
-if [ "$(id -u)" = 0 ] && ! docker_up; then
-    if ! command -v dockerd >/dev/null; then
-        log "installing docker.io"
-        apt_install docker.io
+if needs system; then
+    docker_up() { docker info >/dev/null 2>&1; }
+    if [ "$(id -u)" = 0 ] && ! docker_up; then
+        if ! command -v dockerd >/dev/null; then
+            log "installing docker.io"
+            apt_install docker.io
+        fi
+        if ! docker_up; then
+            log "starting dockerd (log: /var/log/noduslocal-test-dockerd.log)"
+            nohup dockerd >/var/log/noduslocal-test-dockerd.log 2>&1 </dev/null &
+            for _ in $(seq 60); do docker_up && break; sleep 1; done
+            docker_up || { tail -20 /var/log/noduslocal-test-dockerd.log; exit 1; }
+        fi
     fi
-    if ! docker_up; then
-        log "starting dockerd (log: /var/log/noduslocal-test-dockerd.log)"
-        nohup dockerd >/var/log/noduslocal-test-dockerd.log 2>&1 </dev/null &
-        for _ in $(seq 60); do docker_up && break; sleep 1; done
-        docker_up || { tail -20 /var/log/noduslocal-test-dockerd.log; exit 1; }
+    if docker_up; then
+        [ -x /bin/busybox ] || apt_install busybox-static
+        log "building the test images"
+        scripts/build-test-images.sh
+    else
+        log "no docker engine: the container tests will $([ -n "${CI:-}" ] && echo fail || echo skip)"
     fi
-fi
-if docker_up; then
-    [ -x /bin/busybox ] || apt_install busybox-static
-    log "building the test images"
-    scripts/build-test-images.sh
-else
-    log "no docker engine: the container tests will $([ -n "${CI:-}" ] && echo fail || echo skip)"
 fi
 
+fresh=
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
     "$PYTHON" -m venv .venv
+    fresh=1
 fi
-log "installing noduslocal and its test extra into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' >.venv/pip.log 2>&1 \
-    || { cat .venv/pip.log; exit 1; }
-log "building the compiled shim (host jobs' per-attempt supervisor)"
-.venv/bin/python -m noduslocal.daemon.runtime.host.compiled_shim >/dev/null
+# The unit tier takes the venv as it is when it has what the tests import.
+if [ -n "$fresh" ] || [ "$TIER" != unit ] \
+        || ! .venv/bin/python -c 'import noduslocal, pytest, hypothesis' 2>/dev/null; then
+    log "installing noduslocal and its test extra into .venv"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
+        >.venv/pip.log 2>&1 || { cat .venv/pip.log; exit 1; }
+fi
+if needs daemon system; then
+    log "building the compiled shim (host jobs' per-attempt supervisor)"
+    .venv/bin/python -m noduslocal.daemon.runtime.host.compiled_shim >/dev/null
+fi
 
 log "ruff"
 .venv/bin/ruff check noduslocal tests scripts
 
-log "pytest"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+if [ "$TIER" = all ]; then  # pytest's testpaths (tests), unless the arguments name some
+    log "pytest"
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+fi
+log "pytest tests/$TIER"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "tests/$TIER" "$@"

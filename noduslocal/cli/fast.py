@@ -26,8 +26,8 @@ def _opt(dest: str, kind: str = VALUE, lo: int | None = None, hi: int | None = N
 
 
 # Each an option of click's command by the same flags, dest, bounds and default
-# (tests/test_fast_cli.py holds them to it). Options left out (--network, --launcher,
-# --transport, --max-cost, --upload, --include) go through click.
+# (tests/unit/test_cli_fast_path_parser.py holds them to it). Options left out (--network,
+# --launcher, --transport, --max-cost, --upload, --include) go through click.
 RUN_OPTIONS = {
     "--name": _opt("name"), "--project": _opt("project"), "-p": _opt("project"),
     "--image": _opt("image"), "--as-args": _opt("as_args", FLAG),
