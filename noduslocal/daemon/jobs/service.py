@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.events import EventHub, job_topic
@@ -44,6 +44,28 @@ from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.domain.timefmt import iso
 
 JobAction = Literal["cancel", "suspend", "resume"]
+
+
+class Owned(Protocol):
+    owner_uid: int
+    owner: str
+
+
+OwnedT = TypeVar("OwnedT", bound=Owned)
+
+
+def found(kind: str, record: OwnedT | None, project: str, name: str, caller_uid: int,
+          implicit: bool) -> OwnedT:
+    """The job or sweep looked up by name, or NotFound. `implicit`: the caller did not
+    name the project (their own was taken): one of another owner there (made in it before
+    the caller's account existed) is never resolved by accident."""
+    if record is None:
+        raise errors.NotFound(f"{kind} {name!r} not found in project {project!r}")
+    if implicit and record.owner_uid != caller_uid:
+        raise errors.NotFound(
+            f"{kind} {name!r} not found among yours in project {project!r}; the {kind} of "
+            f"that name there is {record.owner}'s (pass --project {project} to look at it)")
+    return record
 
 
 class Room(Protocol):
@@ -97,16 +119,8 @@ class JobService:
                    ) -> JobRecord:
         """The job NAME in PROJECT. `implicit`: the caller did not name the project (their
         own was taken), so a job there of another owner is not theirs to find."""
-        job = await self.store.job(project, name)
-        if job is None:
-            raise errors.NotFound(f"job {name!r} not found in project {project!r}")
-        if implicit and job.owner_uid != caller_uid:
-            # The caller's own project holds another user's job (made in it before the
-            # caller's account existed): never resolve that by accident.
-            raise errors.NotFound(
-                f"job {name!r} not found among yours in project {project!r}; the job of "
-                f"that name there is {job.owner}'s (pass --project {project} to look at it)")
-        return job
+        return found("job", await self.store.job(project, name), project, name, caller_uid,
+                     implicit)
 
     async def by_id(self, job_id: int) -> JobRecord:
         job = await self.store.job_by_id(job_id)

@@ -438,7 +438,9 @@ class _Pass:
             self._reasons(reqs)
 
     def _reasons(self, reqs: list[Request]) -> None:
-        """The wait reasons of jobs that cannot start, one by one."""
+        """The wait reasons of jobs that cannot start, one by one: the walk's own checks,
+        which it inlines (as a method called per job they made the walk case half again as
+        slow: 10.5 -> 16.1 ms at 40,000, scripts/bench/schedule_pass.py)."""
         if not self.recording:
             return
         blocked, held_users, by_user = self.blocked, self.held_users, self.cap.by_user

@@ -13,6 +13,7 @@ from noduslocal.daemon.disk.room import Room
 from noduslocal.daemon.disk.usage import DiskUsage
 from noduslocal.daemon.events import EventHub, sweep_topic
 from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.jobs.service import found
 from noduslocal.daemon.store import Store
 from noduslocal.daemon.store import sweeps as sweep_writes
 from noduslocal.daemon.sweeps.admission import SweepAdmission
@@ -51,15 +52,8 @@ class SweepService:
                    ) -> SweepRecord:
         """The sweep NAME in PROJECT. `implicit`: the caller did not name the project (their
         own was taken), so a sweep there of another owner is not theirs to find."""
-        sweep = await self.store.sweep(project, name)
-        if sweep is None:
-            raise errors.NotFound(f"sweep {name!r} not found in project {project!r}")
-        if implicit and sweep.owner_uid != caller_uid:
-            raise errors.NotFound(
-                f"sweep {name!r} not found among yours in project {project!r}; the sweep of "
-                f"that name there is {sweep.owner}'s (pass --project {project} to look at "
-                "it)")
-        return sweep
+        return found("sweep", await self.store.sweep(project, name), project, name,
+                     caller_uid, implicit)
 
     async def fresh(self, sweep: SweepRecord) -> SweepRecord:
         found = await self.store.sweep(sweep.project, sweep.name)
