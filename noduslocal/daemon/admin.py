@@ -89,7 +89,7 @@ class AdminService:
                 state = "drained"
             elif pool is not None and gpu.uuid in pool.holder:
                 state = "allocated"
-            elif pool is not None and pool.busy(gpu):
+            elif busy:
                 state = "busy"
             else:
                 state = "free"
