@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from noduslocal.daemon.files.layout import JobLayout
     from noduslocal.daemon.store import Store
     from noduslocal.daemon.store.job_writes import Owner
-    from noduslocal.domain.jobs import JobRecord, SweepRecord
+    from noduslocal.domain.jobs import JobRecord
+    from noduslocal.domain.sweeps import SweepRecord
 
 T = TypeVar("T")
 

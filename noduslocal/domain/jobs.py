@@ -243,37 +243,6 @@ class JobRecord:
         }
 
 
-@dataclass
-class SweepRecord:
-    """One row of the sweeps table. `spec` is the definition its cells were made from:
-    template (a JobSpec's wire form), grid or map, canary, max_cost, webhook."""
-
-    id: int
-    project: str
-    name: str
-    owner_uid: int
-    owner_gid: int
-    owner: str
-    phase: str
-    spec: dict[str, Any]
-    labels: dict[str, str]
-    cells: int
-    max_parallel: int
-    created_at: float
-    reason: str | None = None
-    message: str | None = None
-    ended_at: float | None = None
-    freed_at: float | None = None  # its cells' workspaces were freed (`sweep gc`)
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"kind": "Sweep", "name": self.name, "project": self.project,
-                "owner": self.owner, "uid": self.owner_uid, "phase": self.phase,
-                "reason": self.reason, "message": self.message, "cells": self.cells,
-                "max_parallel": self.max_parallel, "created_at": iso(self.created_at),
-                "ended_at": iso(self.ended_at), "freed_at": iso(self.freed_at),
-                "labels": self.labels, "canary": self.spec.get("canary")}
-
-
 @dataclass(frozen=True)
 class Handle:
     """How a runtime finds one rank again, in the database and after a restart: `ref` is

@@ -16,6 +16,7 @@ from noduslocal.domain.errors import InvalidArgument, Unsupported
 from noduslocal.domain.gpu_request import GpuRequest, parse_gpu
 from noduslocal.domain.jobs import CreateRequest, JobSpec
 from noduslocal.domain.sweep_grid import RESOURCE_KEYS, Grid, parse_grid
+from noduslocal.domain.sweeps import SweepSpec
 from noduslocal.domain.validation import check_exec, parse_create, parse_max_cost, validate_name
 
 SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
@@ -55,12 +56,6 @@ class Plan:
     def __len__(self) -> int:
         return len(self.tasks) if self.tasks is not None else len(self.grid or Grid(()))
 
-    def params(self, index: int) -> dict[str, Any]:
-        """What sets cell `index` apart: its grid values, or its `map` task's values."""
-        if self.tasks is not None:
-            return self.tasks.task(index).named(self.tasks.groups)
-        return self.grid.params(index) if self.grid is not None else {}
-
     def cell_spec(self, index: int, sweep: str) -> JobSpec:
         base = self.template.spec
         env = dict(base.env)
@@ -80,16 +75,10 @@ class Plan:
                    SUPERCOMPUTER_JOB=sweep)
         return replace(base, env=env, **changes)
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> SweepSpec:
         """What the sweeps row keeps of the plan (the cells keep their own specs)."""
-        return {"template": self.template.spec.to_wire(), "canary": self.canary,
-                "webhook": self.webhook, "smoke": self.smoke, "max_cost": self.max_cost,
-                "grid": self.grid.to_wire() if self.grid is not None else None,
-                "map": None if self.tasks is None else {
-                    "command": list(self.tasks.command),
-                    "groups": [[g.name, list(g.values)] for g in self.tasks.groups],
-                    "rows": None if self.tasks.rows is None
-                    else [list(row) for row in self.tasks.rows]}}
+        return SweepSpec(self.template.spec, self.canary, self.webhook, self.smoke,
+                         self.max_cost, self.grid, self.tasks)
 
 
 def parse_sweep(body: Any, *, regions: tuple[str, ...],

@@ -22,8 +22,9 @@ from noduslocal.daemon.sweeps.state import (
     check_budget_transition,
     check_settle_transition,
 )
-from noduslocal.domain.jobs import JobRecord, SweepRecord
+from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import IllegalTransition, Phase, Reason, SweepPhase
+from noduslocal.domain.sweeps import SweepRecord
 from noduslocal.testing import LifecycleHarness, eventually, lifecycle
 
 

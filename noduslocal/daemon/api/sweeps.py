@@ -22,8 +22,8 @@ from noduslocal.daemon.api.lanes import PAGE
 from noduslocal.daemon.api.services import SERVICES
 from noduslocal.daemon.sweeps.service import SweepAction
 from noduslocal.domain import errors
-from noduslocal.domain.jobs import SweepRecord
 from noduslocal.domain.sweep_plan import MAX_PARALLEL, parse_sweep
+from noduslocal.domain.sweeps import SweepRecord
 from noduslocal.domain.validation import SQL_INT_MAX
 
 routes = web.RouteTableDef()

@@ -21,8 +21,9 @@ from noduslocal.daemon.store.integrity import check_intact
 from noduslocal.daemon.store.migrate import migrate
 from noduslocal.daemon.store.rows import CellGroup
 from noduslocal.daemon.store.writer import OnCommit, Operation, Writer
-from noduslocal.domain.jobs import AttemptRecord, Event, JobRecord, SweepRecord
+from noduslocal.domain.jobs import AttemptRecord, Event, JobRecord
 from noduslocal.domain.states import ATTEMPT_ENDED
+from noduslocal.domain.sweeps import SweepRecord
 
 __all__ = ["Store", "job_writes"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from noduslocal.daemon.store.job_writes import (
@@ -20,9 +20,10 @@ from noduslocal.daemon.store.job_writes import (
     resolve_refs,
 )
 from noduslocal.domain import errors
-from noduslocal.domain.jobs import CreateRequest, Event, JobSpec, SweepRecord
+from noduslocal.domain.jobs import CreateRequest, Event, JobSpec
 from noduslocal.domain.states import Phase, Reason, SweepPhase, check_sweep_transition
 from noduslocal.domain.sweep_plan import SMOKE_SUFFIX
+from noduslocal.domain.sweeps import SweepRecord, SweepSpec
 
 SWEEP_COLUMNS = ("id, project, name, owner_uid, owner_gid, owner, phase, spec, labels, cells, "
                  "max_parallel, created_at, reason, message, ended_at, freed_at")
@@ -31,7 +32,8 @@ SWEEP_LABEL = "sweep"  # every cell carries its sweep's name under this label
 
 def sweep_from_row(row: tuple[Any, ...]) -> SweepRecord:
     return SweepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
-                       json.loads(row[7]), json.loads(row[8]), row[9], row[10], row[11],
+                       SweepSpec.from_wire(json.loads(row[7])), json.loads(row[8]), row[9],
+                       row[10], row[11],
                        row[12], row[13], row[14], row[15])
 
 
@@ -43,7 +45,7 @@ class CreatedSweep:
     smoke_job: int | None = None  # the smoke canary's job (no cell of the sweep)
 
 
-def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[str, Any],
+def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: SweepSpec,
                  cells: int, cell_spec: Callable[[int], JobSpec], max_parallel: int,
                  owner: Owner, name: str, project: str, now: float,
                  idempotency_key: str | None, request_hash: str | None,
@@ -71,7 +73,7 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[s
         "labels, cells, max_parallel, idempotency_key, request_hash, created_at) "
         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (project, name, owner.uid, owner.gid, owner.name, SweepPhase.PENDING.value,
-         Reason.CREATED.value, json.dumps(spec), json.dumps(template.labels), cells,
+         Reason.CREATED.value, json.dumps(spec.to_wire()), json.dumps(template.labels), cells,
          max_parallel, idempotency_key, request_hash, now))
     sweep_id = cur.lastrowid or 0
     first = next_job_id(conn)
@@ -108,8 +110,9 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: dict[s
         insert_refs(conn, [smoke_id], secrets, template.spec)
         events.append(_event(conn, (smoke_id, project, smoke_name), now,
                              Phase.PENDING.value, Reason.CREATED.value, None, None))
-        spec = {**spec, "smoke_job": smoke_id}
-        conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?", (json.dumps(spec), sweep_id))
+        spec = replace(spec, smoke_job=smoke_id)
+        conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?",
+                     (json.dumps(spec.to_wire()), sweep_id))
     sweep = SweepRecord(sweep_id, project, name, owner.uid, owner.gid, owner.name,
                         SweepPhase.PENDING.value, spec, template.labels, cells, max_parallel,
                         now, Reason.CREATED.value)
@@ -254,13 +257,13 @@ def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool
         ids.append(new)
         if cell == 0 and reason == Reason.CANARY_FAILED:
             canary = new
-    spec = json.loads(conn.execute("SELECT spec FROM sweeps WHERE id = ?",
-                                   (sweep_id,)).fetchone()[0])
-    if reason == Reason.CANARY_FAILED and spec.get("smoke_job") is not None:
-        canary, event = _copy_smoke(conn, spec["smoke_job"], sweep_name, now)
+    smoke = conn.execute("SELECT json_extract(spec, '$.smoke_job') FROM sweeps WHERE id = ?",
+                         (sweep_id,)).fetchone()[0]
+    if reason == Reason.CANARY_FAILED and smoke is not None:
+        canary, event = _copy_smoke(conn, smoke, sweep_name, now)
         events.append(event)
-        conn.execute("UPDATE sweeps SET spec = ? WHERE id = ?",
-                     (json.dumps({**spec, "smoke_job": canary}), sweep_id))
+        conn.execute("UPDATE sweeps SET spec = json_set(spec, '$.smoke_job', ?) WHERE id = ?",
+                     (canary, sweep_id))
     target = SweepPhase.CANARY if canary is not None else SweepPhase.RUNNING
     set_sweep_phase(conn, sweep_id, target, now, Reason.RETRIED,
                     f"{len(ids)} cells run again" + (", the canary first" if canary else ""))

@@ -11,8 +11,8 @@ from noduslocal.daemon.jobs.admission import Admission, under_a_free_name
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.sweeps.controller import SweepController
-from noduslocal.domain.jobs import SweepRecord
 from noduslocal.domain.sweep_plan import Plan
+from noduslocal.domain.sweeps import SweepRecord
 
 
 class SweepAdmission:

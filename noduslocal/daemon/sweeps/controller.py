@@ -25,8 +25,9 @@ from noduslocal.daemon.sweeps.state import (
     held_because,
 )
 from noduslocal.daemon.sweeps.webhooks import Webhooks
-from noduslocal.domain.jobs import Event, JobRecord, SweepRecord
+from noduslocal.domain.jobs import Event, JobRecord
 from noduslocal.domain.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
+from noduslocal.domain.sweeps import SweepRecord
 
 log = logging.getLogger(__name__)
 ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
@@ -61,8 +62,7 @@ class SweepController:
     @staticmethod
     def smoke(sweep: SweepRecord) -> int | None:
         """The smoke canary's job, when a smoke command gates the sweep."""
-        job_id = sweep.spec.get("smoke_job")
-        return int(job_id) if job_id is not None else None
+        return sweep.spec.smoke_job
 
     async def recover(self) -> None:
         """After a restart: every unended sweep's cells that never started are held again,
@@ -126,7 +126,7 @@ class SweepController:
 
     async def _begin(self, active: ActiveSweep) -> None:
         smoke = self.smoke(active.record)
-        gated = smoke is not None or (active.record.spec.get("canary") == "cell"
+        gated = smoke is not None or (active.record.spec.canary == "cell"
                                       and active.record.cells > 1)
         if smoke is not None:
             active.canary = smoke
@@ -146,7 +146,7 @@ class SweepController:
             room = 1 if active.canary in active.held else 0
         elif phase == SweepPhase.RUNNING:
             room = active.record.max_parallel - len(active.running)
-            if active.record.spec.get("max_cost") is not None and active.held:
+            if active.record.spec.max_cost is not None and active.held:
                 if active.budget is BudgetLook.IDLE:
                     active.budget_to(BudgetLook.LOOKING)
                     self.background.spawn(self._release_within_budget(active))
@@ -196,7 +196,7 @@ class SweepController:
         active = self._sweeps.get(self._cell_of.get(job_id, -1))
         # Not under a max_cost: the budget counts a cell's cost once its end is committed.
         if (active is not None and phase in TERMINAL and job_id in active.running
-                and job_id != active.canary and active.record.spec.get("max_cost") is None):
+                and job_id != active.canary and active.record.spec.max_cost is None):
             active.running.discard(job_id)
             self.release(active)
 
@@ -204,7 +204,8 @@ class SweepController:
         """Release cells while what is spent, what the running cells will cost (each at
         least a typical cell's cost) and the next cell's estimate stay within max_cost;
         when nothing runs and the next cell would pass it, the rest never start."""
-        limit = float(active.record.spec["max_cost"])
+        limit = active.record.spec.max_cost
+        assert limit is not None  # only a sweep with a budget is released this way
         try:
             while active.record.phase == SweepPhase.RUNNING and active.held:
                 if active.budget is BudgetLook.AGAIN:  # a round begins: changes from now

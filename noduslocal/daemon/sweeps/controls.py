@@ -16,8 +16,8 @@ from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.sweeps.controller import SweepController
 from noduslocal.daemon.sweeps.state import ActiveSweep, HeldCells
 from noduslocal.domain import errors
-from noduslocal.domain.jobs import SweepRecord
 from noduslocal.domain.states import SWEEP_TERMINAL, TERMINAL, Phase, Reason, SweepPhase
+from noduslocal.domain.sweeps import SweepRecord
 
 log = logging.getLogger(__name__)
 

@@ -7,29 +7,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from noduslocal.domain.jobs import JobRecord, SweepRecord
-from noduslocal.domain.map_args import Expansion, Group
-from noduslocal.domain.sweep_grid import Grid
-
-
-def cell_params(spec: dict[str, Any], index: int) -> dict[str, Any]:
-    """What sets cell `index` apart, from the sweep's stored plan."""
-    if spec.get("map"):
-        groups = tuple(Group(name, tuple(values)) for name, values in spec["map"]["groups"])
-        rows = spec["map"].get("rows")
-        expansion = Expansion(tuple(spec["map"]["command"]), groups,
-                              None if rows is None else tuple(tuple(r) for r in rows))
-        return expansion.task(index).named(groups)
-    if spec.get("grid"):
-        return Grid.from_wire(spec["grid"]).params(index)
-    return {}
+from noduslocal.domain.jobs import JobRecord
+from noduslocal.domain.sweeps import SweepRecord
 
 
 def cell_row(sweep: SweepRecord, job: JobRecord, region: str, running_cost: float,
              live_metrics: dict[str, float] | None, redact: bool) -> dict[str, Any]:
     assert job.cell is not None
     metrics = live_metrics or job.metrics
-    params = cell_params(sweep.spec, job.cell)
+    params = sweep.spec.params(job.cell)
     end = job.ended_at or (time.time() if job.started_at else None)
     return {
         "index": job.cell,

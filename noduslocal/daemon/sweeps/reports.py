@@ -14,8 +14,9 @@ from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.store import Store
 from noduslocal.daemon.sweeps import failures, report
 from noduslocal.daemon.sweeps.estimate import estimate
-from noduslocal.domain.jobs import JobRecord, SweepRecord
+from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import Phase
+from noduslocal.domain.sweeps import SweepRecord
 
 REDACTED = "***"
 
@@ -70,9 +71,9 @@ class SweepReports:
 
     async def _canary_job(self, sweep: SweepRecord) -> str | None:
         """The name of the job that gates the sweep: the smoke command's, or cell 0's."""
-        if sweep.spec.get("canary") == "none":
+        if sweep.spec.canary == "none":
             return None
-        smoke = sweep.spec.get("smoke_job")
+        smoke = sweep.spec.smoke_job
         jobs = (await self.store.jobs_by_ids([int(smoke)]) if smoke is not None
                 else await self.store.sweep_cell_jobs(sweep.id, 0, 1))
         return jobs[0].name if jobs else None

@@ -22,9 +22,10 @@ from noduslocal.daemon.sweeps.controls import SweepControls
 from noduslocal.daemon.sweeps.reports import SweepReports
 from noduslocal.daemon.sweeps.webhooks import Webhooks
 from noduslocal.domain import errors
-from noduslocal.domain.jobs import Owner, SweepRecord
+from noduslocal.domain.jobs import Owner
 from noduslocal.domain.states import SWEEP_TERMINAL, TERMINAL
 from noduslocal.domain.sweep_plan import Plan
+from noduslocal.domain.sweeps import SweepRecord
 
 SweepAction = Literal["cancel", "cancel-remaining", "suspend", "resume", "retry", "retry-all"]
 

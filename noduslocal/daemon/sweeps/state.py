@@ -11,8 +11,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from noduslocal.domain.jobs import JobRecord, SweepRecord
+from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import IllegalTransition, SweepPhase
+from noduslocal.domain.sweeps import SweepRecord
 
 
 class SettleLook(StrEnum):

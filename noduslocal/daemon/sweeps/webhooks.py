@@ -22,7 +22,7 @@ from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.sweeps.reports import SweepReports
 from noduslocal.domain.errors import InvalidArgument
-from noduslocal.domain.jobs import SweepRecord
+from noduslocal.domain.sweeps import SweepRecord
 
 log = logging.getLogger(__name__)
 TRIES = 4
@@ -111,7 +111,7 @@ class Webhooks:
     def send(self, sweep: SweepRecord, *events: str) -> None:
         """POST the sweep's status once per event (canary-passed, canary-failed,
         completed), in that order, on a task of its own, when the sweep has a webhook."""
-        url = sweep.spec.get("webhook")
+        url = sweep.spec.webhook
         if url and events:
             self.background.spawn(self._post_all(url, sweep, events))
 
