@@ -1,4 +1,4 @@
-"""`noduslocal job kill|suspend|resume|exec`: what an owner (or admin) does to a job that
+"""`noduslocal job kill (or cancel)|suspend|resume|exec`: what an owner (or admin) does to a job that
 exists, as opposed to submitting one or reading about it."""
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ def kill(name: str, project: str | None, as_json: bool) -> None:
     _act(ApiClient().cancel_job(name, project), as_json, lambda doc: (
         output.summary(doc) if doc["phase"] in TERMINAL
         else f"{doc['name']}: stopping (SIGTERM sent; SIGKILL after the grace period)"))
+
+
+# The reference's verb is `kill`; the API's word is `cancel`: a user may type either.
+job.add_command(click.Command(
+    "cancel", callback=kill.callback, params=kill.params,
+    help="The same as `job kill` (cancel is the API's word): SIGTERM to the job's process "
+         "group, SIGKILL after the grace period.",
+    short_help="The same as `job kill`."))
 
 
 @job.command("suspend")

@@ -72,6 +72,14 @@ def test_kill_cancels(cli: Cli) -> None:
     assert waited.returncode == 143  # 128 + SIGTERM, as docker reports it
 
 
+def test_cancel_is_kill_under_the_apis_word(cli: Cli) -> None:
+    cli("job", "run", "--detach", "--name", "c", "--", "sleep", "60")
+    cancelled = cli("job", "cancel", "c", "--json")
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["name"] == "c"
+    waited = cli("job", "wait", "c", "--json")
+    assert json.loads(waited.stdout)["phase"] == "Cancelled"
+
+
 def test_timeout_and_wait_timeout(cli: Cli) -> None:
     run = cli("job", "run", "--timeout", "1s", "--", "sleep", "30")
     assert run.returncode == 143 and "Timeout" in run.stderr
