@@ -79,7 +79,8 @@ class Lifecycle:
                                     OutputLimits(settings.max_output_size,
                                                  settings.max_job_outputs),
                                     self.disk.room,
-                                    lambda job_id, phase: self.sweeps.cell_ending(job_id, phase))
+                                    lambda job_id, phase: self.sweeps.cell_ending(job_id, phase),
+                                    stderr_line=self.reports.stderr_line)
         self.webhooks = Webhooks(settings, self.background, self.reports)
         self.sweeps = SweepController(store, self.dispatch, self.background, self.webhooks,
                                       hub, lambda job_id: self.jobs.running_cost(job_id),

@@ -43,9 +43,12 @@ class AttemptRunner:
                  board: Board, dispatch: Dispatch, stopper: Stopper,
                  accounting: GpuAccounting, output_limits: OutputLimits,
                  disk_room: Callable[[], int],
-                 on_end: Callable[[int, str], None] = lambda job_id, phase: None) -> None:
+                 on_end: Callable[[int, str], None] = lambda job_id, phase: None,
+                 stderr_line: Callable[[JobRecord, int], str] | None = None) -> None:
         """`on_end(job_id, phase)`: an attempt's end, before its commit (a sweep hands the
-        room on)."""
+        room on). `stderr_line(job, number)`: the last line of an attempt's stderr, kept
+        with the end of one that did not succeed, so that a sweep's failures are clustered
+        without reading a file per cell (None: not kept, the clusters read the file)."""
         self.store = store
         self.layout = layout
         self.runtimes = runtimes
@@ -56,6 +59,7 @@ class AttemptRunner:
         self.output_limits = output_limits
         self.disk_room = disk_room
         self._on_end = on_end
+        self._stderr_line = stderr_line
         # Copying and hashing outputs (gigabytes, perhaps) has threads of its own: API reads
         # and everything else on the default pool never queue behind it.
         self._collect_pool = ThreadPoolExecutor(COLLECT_THREADS, "collect")
@@ -186,9 +190,10 @@ class AttemptRunner:
                 collected = await asyncio.get_running_loop().run_in_executor(
                     self._collect_pool, self._collect, job)
             reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
+        line = await self.last_error(attempt, outcome.job_phase)
         ended = self.store.write(lambda c: job_writes.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
-            indexed=job.spec.indexed is not None))
+            indexed=job.spec.indexed is not None, stderr_line=line))
         # Its outputs' blobs stay pinned until this commit lands, even if we are cancelled.
         ended.add_done_callback(
             lambda _: self.layout.blobs.release([out.sha256 for out in collected]))
@@ -226,6 +231,19 @@ class AttemptRunner:
             if not self.board.settling[job.id]:
                 del self.board.settling[job.id]
 
+    async def last_error(self, attempt: Attempt, phase: str) -> str | None:
+        """The last line of the attempt's stderr, read off the loop, for an attempt after
+        which its job is `phase`: read unless it succeeded or was cancelled (a job that
+        waits again may still end Failed with no further attempt); None where not read."""
+        if (self._stderr_line is None or not attempt.number
+                or phase in (Phase.SUCCEEDED, Phase.CANCELLED)):
+            return None
+        try:
+            return await asyncio.to_thread(self._stderr_line, attempt.job, attempt.number)
+        except Exception:  # the end is recorded all the same; its clusters read the file
+            log.exception("reading the stderr of job %s failed", attempt.job.name)
+            return None
+
     async def give_up(self, attempt: Attempt, message: str) -> None:
         """End a job whose attempt broke in the daemon itself, so it is never left
         Starting or Running with nobody watching it."""
@@ -236,8 +254,9 @@ class AttemptRunner:
             if attempt.number:
                 phase = AttemptPhase.LOST if attempt.launched else AttemptPhase.NOT_STARTED
                 outcome = job_writes.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
+                line = await self.last_error(attempt, Phase.FAILED)
                 await self.store.write(lambda c: job_writes.finish_attempt(
-                    c, job.id, attempt.number, outcome, time.time()))
+                    c, job.id, attempt.number, outcome, time.time(), stderr_line=line))
             else:
                 await self.store.write(lambda c: job_writes.fail_job(
                     c, job.id, time.time(), Reason.START_FAILED, message))

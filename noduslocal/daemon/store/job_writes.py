@@ -261,16 +261,19 @@ def record_outputs(conn: sqlite3.Connection, job_id: int, number: int,
 def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
                    now: float, outputs: Sequence[Collected] = (),
                    metrics: dict[str, float] | None = None,
-                   indexed: bool = False) -> tuple[None, list[Event]]:
+                   indexed: bool = False,
+                   stderr_line: str | None = None) -> tuple[None, list[Event]]:
     """The attempt's end, the job's transition, and the outputs collected from it, in one
     transaction. An attempt that exited replaces every output of an earlier one, so what is
-    listed is always one attempt's."""
+    listed is always one attempt's. `stderr_line`: the last line of its stderr, which a
+    sweep's failures are clustered by (None: not read, the clusters read the file)."""
     if outcome.attempt_phase == AttemptPhase.EXITED and not indexed:  # its indexes' stay
         conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
     record_outputs(conn, job_id, number, outputs, now)
     _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
                 exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
-                message=outcome.message, cost=outcome.cost or None)
+                message=outcome.message, cost=outcome.cost or None,
+                stderr_line=stderr_line)
     if outcome.cost:
         conn.execute("UPDATE jobs SET cost = cost + ? WHERE id = ?", (outcome.cost, job_id))
     columns: dict[str, Any] = {"exit_code": outcome.exit_code, "signal": outcome.signal}

@@ -42,6 +42,11 @@ class SweepReports:
         jobs = await self.store.sweep_cell_jobs(sweep.id, offset, limit)
         return [self.row(sweep, job, redact) for job in jobs]
 
+    def stderr_line(self, job: JobRecord, number: int) -> str:
+        """The last line of attempt `number`'s stderr, as its cell's failure is clustered
+        by (blocking: the runner calls it on a thread as the attempt ends)."""
+        return failures.last_line(self._log_path(job, number, "stderr"))
+
     async def status(self, sweep: SweepRecord, redact: bool) -> dict[str, Any]:
         """`redact`: for a caller who is not the owner (parameters and stderr hidden)."""
         counts, cost = await self.store.sweep_totals(sweep.id)
