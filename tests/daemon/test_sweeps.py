@@ -628,3 +628,65 @@ def test_a_sweep_whose_cells_no_process_could_take_is_refused(
         {"template": {"command": ["echo"]}, **body}).encode())
     assert status == 400 and answer["error"]["field"] == field, answer
     assert daemon.client().transport.request("GET", "/v1/sweeps")["sweeps"] == []
+
+
+def test_failures_are_clustered_from_the_database_once_the_logs_are_gone(
+        daemon: testing.Daemon) -> None:
+    client = daemon.client()
+    client.create_sweep({"name": "kept-lines", "canary": "none", "grid": {"X": [0, 1, 2]},
+                         "template": {"command": ["sh", "-c", (
+                             'echo "kept-lines: shard $NODUS_TASK_ID of /data/x missing" >&2;'
+                             ' echo >&2; exit 4')]}})
+    status = client.wait_sweep("kept-lines", timeout=60)
+    assert (status["phase"], status["counts"]) == ("Failed", {"Failed": 3})
+    logs = [path for path in daemon.data_dir.glob("jobs/*/attempt-*/stderr.log")
+            if "kept-lines" in path.read_text()]
+    assert len(logs) == 3
+    for path in logs:  # the logs removed, or a volume that is not there now
+        path.unlink()
+    listed = [s for s in client.list_sweeps(all=True) if s["name"] == "kept-lines"]
+    for doc in (client.get_sweep("kept-lines"), *listed):
+        assert [(g["count"], g["exit_code"], g["error"], g["cells"], g["exemplar_error"])
+                for g in doc["failures"]] == [
+            (3, 4, "kept-lines: shard N of PATH missing", [0, 1, 2],
+             "kept-lines: shard 0 of /data/x missing")]
+
+
+def test_a_listing_shows_each_sweep_as_its_own_status_does(daemon: testing.Daemon) -> None:
+    client = daemon.client()
+    sleep = {"command": ["sleep", "120"]}
+    # Suspended: its cell ran, then was stopped and kept aside (no CPU held).
+    client.create_sweep({"name": "listed-paused", "canary": "none", "grid": {"X": [1]},
+                         "template": sleep})
+    testing.wait_until(lambda: client.sweep_cells("listed-paused")[0]["phase"] == "Running",
+                       "the paused sweep's cell to run")
+    client.suspend_sweep("listed-paused")
+    testing.wait_until(lambda: client.get_sweep("listed-paused")["phase"] == "Suspended",
+                       "the sweep to be suspended")
+    # Failed, with two clusters; and one that succeeded without a canary.
+    client.create_sweep({"name": "listed-failed", "grid": {"X": [0, 1, 2]},
+                         "canary": "none", "template": {"command": ["sh", "-c", (
+                             'test $NODUS_TASK_ID = 1 && { echo "MemoryError" >&2; exit 2; };'
+                             ' echo "FileNotFoundError: /d/$NODUS_TASK_ID" >&2; exit 1')]}})
+    client.create_sweep({"name": "listed-done", "canary": "none", "grid": {"X": [1, 2]},
+                         "template": {"command": ["true"]}})
+    assert client.wait_sweep("listed-failed", timeout=60)["phase"] == "Failed"
+    assert client.wait_sweep("listed-done", timeout=60)["phase"] == "Succeeded"
+    # Running: one without a canary, and one whose smoke canary runs (the 2 CPUs).
+    client.create_sweep({"name": "listed-running", "canary": "none", "grid": {"X": [1]},
+                         "template": sleep})
+    client.create_sweep({"name": "listed-smoke", "canary_smoke": "sleep 120",
+                         "grid": {"X": [1]}, "template": sleep})
+    testing.wait_until(lambda: client.get_job("listed-smoke-canary")["phase"] == "Running"
+                       and client.sweep_cells("listed-running")[0]["phase"] == "Running",
+                       "the smoke canary and a cell to run")
+    names = ["listed-paused", "listed-failed", "listed-done", "listed-running",
+             "listed-smoke"]
+    listed = {s["name"]: s for s in client.list_sweeps(all=True) if s["name"] in names}
+    alone = {name: client.get_sweep(name) for name in names}
+    assert json.dumps(listed, sort_keys=False) == json.dumps(alone, sort_keys=False)
+    assert [(alone[n]["phase"], alone[n]["canary_job"]) for n in names] == [
+        ("Suspended", None), ("Failed", None), ("Succeeded", None), ("Running", None),
+        ("Canary", "listed-smoke-canary")]
+    assert [(g["count"], g["error"]) for g in alone["listed-failed"]["failures"]] == [
+        (2, "FileNotFoundError: PATH"), (1, "MemoryError")]

@@ -94,7 +94,7 @@ async def list_sweeps(request: web.Request) -> web.Response:
             limit=limit + 1, before=before)
         more = len(sweeps) > limit
         page = sweeps[1:] if more else sweeps
-        docs = [await status_doc(request, s) for s in page]
+        docs = await services.sweeps.documents(page, [redact(request, s) for s in page])
         body = await lanes.dumps({"sweeps": docs, "next": str(page[0].id) if more else None})
     return web.Response(body=body, content_type="application/json")
 

@@ -19,7 +19,7 @@ from noduslocal.daemon.store import rows as records
 from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.store.integrity import check_intact
 from noduslocal.daemon.store.migrate import migrate
-from noduslocal.daemon.store.rows import CellGroup
+from noduslocal.daemon.store.rows import CellGroup, FailedCell
 from noduslocal.daemon.store.writer import OnCommit, Operation, Writer
 from noduslocal.domain.jobs import AttemptRecord, Event, JobRecord
 from noduslocal.domain.states import ATTEMPT_ENDED
@@ -35,6 +35,19 @@ _PRAGMAS = (
 )
 
 CURRENT = "sweep_id = ? AND superseded_by IS NULL"  # each cell's latest job
+
+
+def _marks(ids: list[int]) -> str:
+    return ",".join("?" * len(ids))
+
+
+def _by_sweep(sweep_ids: list[int], rows: list[Any]) -> dict[int, list[Any]]:
+    """Rows whose first column is a sweep id, by sweep, in their order; every sweep asked
+    for has a list (an empty one where no row is its)."""
+    by_sweep: dict[int, list[Any]] = {sweep_id: [] for sweep_id in sweep_ids}
+    for row in rows:
+        by_sweep[row[0]].append(row)
+    return by_sweep
 
 
 class Store:
@@ -239,21 +252,6 @@ class Store:
             "ORDER BY cell LIMIT ?", (sweep_id, offset, limit))
         return [records.job_from_row(row) for row in rows]
 
-    async def sweep_failed(self, sweep_id: int, limit: int) -> list[JobRecord]:
-        """Failed cells, in cell order, at most `limit`."""
-        rows = await self.fetchall(
-            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Failed' "
-            "ORDER BY cell LIMIT ?", (sweep_id, limit))
-        return [records.job_from_row(row) for row in rows]
-
-    async def sweep_best(self, sweep_id: int) -> JobRecord | None:
-        """The succeeded cell that reported the highest throughput; ties: the lower cost."""
-        rows = await self.fetchall(
-            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE {CURRENT} AND phase = 'Succeeded' "
-            "AND json_extract(metrics, '$.throughput') IS NOT NULL ORDER BY "
-            "json_extract(metrics, '$.throughput') DESC, cost, cell LIMIT 1", (sweep_id,))
-        return records.job_from_row(rows[0]) if rows else None
-
     async def sweep_costs(self, sweep_id: int) -> tuple[float, float]:
         """The cost of every ended attempt of the sweep, and a typical cell's: the mean over
         cells that ran and ended (0 before any has)."""
@@ -269,32 +267,99 @@ class Store:
             "('Suspended', 'Pending') ORDER BY seq DESC LIMIT 1", (sweep_id,))
         return str(rows[0][0]) if rows else None
 
-    async def sweep_cell_groups(self, sweep_id: int, now: float) -> list[CellGroup]:
-        """Each cell's latest job, grouped by phase and GPU request: what an estimate
-        needs, without reading every cell (one not started yet counts as starting `now`)."""
+    async def sweep_totals(self, sweep_id: int) -> tuple[dict[str, int], float]:
+        """Cells per phase (as each cell's latest job stands), and the cost of every ended
+        attempt of the sweep, retried ones too."""
+        return (await self.sweeps_totals([sweep_id]))[sweep_id]
+
+    # --- a page of sweeps' status documents: each part one statement for the whole page,
+    # by sweep id (one sweep's document is a page of one) ---------------------------------
+
+    async def sweeps_totals(self, sweep_ids: list[int]
+                            ) -> dict[int, tuple[dict[str, int], float]]:
+        """Per sweep: cells per phase (as each cell's latest job stands), and the cost of
+        every ended attempt of the sweep, retried ones too."""
         rows = await self.fetchall(
-            "SELECT phase, COALESCE(json_extract(spec, '$.gpu.count'), 0), "
+            "SELECT sweep_id, phase, SUM(superseded_by IS NULL), SUM(cost) FROM jobs "
+            f"WHERE sweep_id IN ({_marks(sweep_ids)}) GROUP BY sweep_id, phase "
+            "ORDER BY sweep_id, phase", tuple(sweep_ids))
+        by_sweep = _by_sweep(sweep_ids, rows)
+        return {sweep_id: ({row[1]: row[2] for row in mine if row[2]},
+                           sum(row[3] or 0.0 for row in mine))
+                for sweep_id, mine in by_sweep.items()}
+
+    async def sweeps_best(self, sweep_ids: list[int]) -> dict[int, JobRecord]:
+        """Per sweep that has one: the succeeded cell that reported the highest throughput;
+        ties: the lower cost, then the lower cell."""
+        rows = await self.fetchall(
+            f"SELECT {records.JOB_COLUMNS} FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY "
+            "sweep_id ORDER BY json_extract(metrics, '$.throughput') DESC, cost, cell) AS place "
+            f"FROM jobs WHERE sweep_id IN ({_marks(sweep_ids)}) AND superseded_by IS NULL "
+            "AND phase = 'Succeeded' AND json_extract(metrics, '$.throughput') IS NOT NULL) "
+            "WHERE place = 1", tuple(sweep_ids))
+        return {job.sweep_id: job for job in map(records.job_from_row, rows)
+                if job.sweep_id is not None}
+
+    async def sweeps_failed(self, sweep_ids: list[int], limit: int
+                            ) -> dict[int, list[FailedCell]]:
+        """Per sweep: its failed cells in cell order, at most `limit`, each with the last
+        stderr line kept at its last attempt's end."""
+        rows = await self.fetchall(
+            "SELECT sweep_id, id, cell, name, exit_code, reason, message, attempts, "
+            "(SELECT stderr_line FROM attempts WHERE job_id = f.id AND number = f.attempts) "
+            "FROM (SELECT sweep_id, id, cell, name, exit_code, reason, message, attempts, "
+            "ROW_NUMBER() OVER (PARTITION BY sweep_id ORDER BY cell) AS place FROM jobs "
+            f"WHERE sweep_id IN ({_marks(sweep_ids)}) AND superseded_by IS NULL "
+            "AND phase = 'Failed') AS f WHERE place <= ? ORDER BY sweep_id, cell",
+            (*sweep_ids, limit))
+        return {sweep_id: [FailedCell(*row) for row in mine]
+                for sweep_id, mine in _by_sweep(sweep_ids, rows).items()}
+
+    async def failed_jobs(self, job_ids: list[int]) -> dict[int, JobRecord]:
+        """Jobs by id, however many (one JSON array, not a variable each): the failed cells
+        whose stderr line was not kept, whose clusters read their files."""
+        rows = await self.fetchall(
+            f"SELECT {records.JOB_COLUMNS} FROM jobs WHERE id IN "
+            "(SELECT value FROM json_each(?))", (json.dumps(job_ids),))
+        return {job.id: job for job in map(records.job_from_row, rows)}
+
+    async def sweeps_running(self, sweep_ids: list[int]) -> dict[int, list[int]]:
+        """Per sweep: the job ids of the cells that start or run now, in cell order."""
+        rows = await self.fetchall(
+            f"SELECT sweep_id, id FROM jobs WHERE sweep_id IN ({_marks(sweep_ids)}) AND "
+            "superseded_by IS NULL AND phase IN ('Starting', 'Running') "
+            "ORDER BY sweep_id, cell", tuple(sweep_ids))
+        return {sweep_id: [row[1] for row in mine]
+                for sweep_id, mine in _by_sweep(sweep_ids, rows).items()}
+
+    async def sweeps_cell_groups(self, sweep_ids: list[int], now: float
+                                 ) -> dict[int, list[CellGroup]]:
+        """Per sweep: each cell's latest job, grouped by phase and GPU request: what an
+        estimate needs, without reading every cell (one not started yet counts as
+        starting `now`)."""
+        rows = await self.fetchall(
+            "SELECT sweep_id, phase, COALESCE(json_extract(spec, '$.gpu.count'), 0), "
             "json_extract(spec, '$.gpu.type'), json_extract(spec, '$.expected_duration'), "
             "COUNT(*), COALESCE(SUM(CASE WHEN ended_at IS NOT NULL THEN ended_at - "
             "started_at END), 0), COUNT(CASE WHEN ended_at IS NOT NULL THEN started_at END), "
             "COALESCE(SUM(CASE WHEN ended_at IS NULL THEN COALESCE(started_at, ?) END), 0) "
-            f"FROM jobs WHERE {CURRENT} GROUP BY 1, 2, 3, 4", (now, sweep_id))
-        return [CellGroup(*row) for row in rows]
+            f"FROM jobs WHERE sweep_id IN ({_marks(sweep_ids)}) AND superseded_by IS NULL "
+            "GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5", (now, *sweep_ids))
+        return {sweep_id: [CellGroup(*row[1:]) for row in mine]
+                for sweep_id, mine in _by_sweep(sweep_ids, rows).items()}
 
-    async def sweep_running(self, sweep_id: int) -> list[int]:
-        """The job ids of the cells that start or run now."""
-        return [row[0] for row in await self.fetchall(
-            f"SELECT id FROM jobs WHERE {CURRENT} AND phase IN ('Starting', 'Running')",
-            (sweep_id,))]
-
-    async def sweep_totals(self, sweep_id: int) -> tuple[dict[str, int], float]:
-        """Cells per phase (as each cell's latest job stands), and the cost of every ended
-        attempt of the sweep, retried ones too."""
+    async def sweeps_first_cells(self, sweep_ids: list[int]) -> dict[int, str]:
+        """Per sweep: the name of its lowest cell's latest job."""
         rows = await self.fetchall(
-            "SELECT phase, SUM(superseded_by IS NULL), SUM(cost) FROM jobs "
-            "WHERE sweep_id = ? GROUP BY phase", (sweep_id,))
-        return ({row[0]: row[1] for row in rows if row[1]},
-                sum(row[2] or 0.0 for row in rows))
+            "SELECT sweep_id, name, MIN(cell) FROM jobs "
+            f"WHERE sweep_id IN ({_marks(sweep_ids)}) AND superseded_by IS NULL "
+            "GROUP BY sweep_id", tuple(sweep_ids))
+        return {row[0]: row[1] for row in rows}
+
+    async def job_names(self, job_ids: list[int]) -> dict[int, str]:
+        rows = await self.fetchall(
+            f"SELECT id, name FROM jobs WHERE id IN ({_marks(job_ids)})", tuple(job_ids))
+        return {row[0]: row[1] for row in rows}
 
     async def events(self, *, since: int = 0, job_id: int | None = None,
                      project: str | None = None, limit: int = 10000) -> list[Event]:

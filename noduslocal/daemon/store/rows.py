@@ -1,5 +1,6 @@
 """Rows of the jobs and attempts tables as records: the columns read, a job's stored spec
-parsed once however often it is listed, and a sweep's cells grouped for its estimate."""
+parsed once however often it is listed, a sweep's cells grouped for its estimate, and its
+failed cells as their clusters read them."""
 
 from __future__ import annotations
 
@@ -57,3 +58,19 @@ class CellGroup:
     wall: float  # seconds, summed over the cells that ran and ended
     ran: int  # how many ran and ended
     started: float  # started_at summed over the running ones
+
+
+@dataclass(frozen=True)
+class FailedCell:
+    """A failed cell as its sweep's failures are clustered: what its latest job ended
+    with, and the last line of that job's last attempt's stderr as kept at the end (None
+    for an attempt that ended before it was kept: the file is read)."""
+    sweep_id: int
+    job_id: int
+    cell: int
+    name: str
+    exit_code: int | None
+    reason: str | None
+    message: str | None
+    attempts: int
+    stderr_line: str | None

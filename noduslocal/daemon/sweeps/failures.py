@@ -1,6 +1,7 @@
 """Failed cells clustered by error: the exit code plus the last line of stderr with
 numbers, paths and hex ids made alike, so 400 failures read as the two causes they are.
-"""
+The line is kept with each attempt's end (last_line, read then); an older end's is read
+from its file."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from noduslocal.domain.jobs import JobRecord
+from noduslocal.daemon.store.rows import FailedCell
 
 TAIL = 4096  # bytes of stderr read for its last line
 MAX_CELLS = 1000  # failed cells looked at; the rest are counted, not read
@@ -38,19 +39,20 @@ def last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def clusters(failed: list[JobRecord],
-             stderr_of: Callable[[JobRecord], Path]) -> list[dict[str, Any]]:
+def clusters(failed: list[FailedCell],
+             line_of: Callable[[FailedCell], str]) -> list[dict[str, Any]]:
     """Groups of failed cells, the largest first: exit code, normalised error, how many,
-    the first few cells and an exemplar (the first) with its error as it was."""
+    the first few cells and an exemplar (the first) with its error as it was.
+    `line_of(cell)`: the last line of its last attempt's stderr."""
     groups: dict[tuple[int | None, str], dict[str, Any]] = {}
-    for job in failed[:MAX_CELLS]:
-        line = last_line(stderr_of(job)) if job.attempts else ""
-        key = (job.exit_code, normalise(line) or (job.message or job.reason or ""))
+    for cell in failed[:MAX_CELLS]:
+        line = line_of(cell) if cell.attempts else ""
+        key = (cell.exit_code, normalise(line) or (cell.message or cell.reason or ""))
         group = groups.setdefault(key, {"exit_code": key[0], "error": key[1], "count": 0,
-                                        "cells": [], "exemplar": job.cell,
-                                        "exemplar_job": job.name,
-                                        "exemplar_error": line or job.message})
+                                        "cells": [], "exemplar": cell.cell,
+                                        "exemplar_job": cell.name,
+                                        "exemplar_error": line or cell.message})
         group["count"] += 1
         if len(group["cells"]) < EXAMPLES:
-            group["cells"].append(job.cell)
+            group["cells"].append(cell.cell)
     return sorted(groups.values(), key=lambda g: (-g["count"], g["exemplar"]))

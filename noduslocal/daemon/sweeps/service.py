@@ -71,6 +71,12 @@ class SweepService:
         error, the estimate. `redact`: for a caller who is not the owner."""
         return await self.reports.status(sweep, redact)
 
+    async def documents(self, sweeps: list[SweepRecord], redact: list[bool]
+                        ) -> list[dict[str, Any]]:
+        """A page of sweeps' statuses, each as document() makes it, from a fixed number of
+        queries whatever the page's size, and no file read. `redact`: each sweep's."""
+        return await self.reports.statuses(sweeps, redact)
+
     async def cells(self, sweep: SweepRecord, offset: int, limit: int,
                     redact: bool) -> list[dict[str, Any]]:
         return await self.reports.cells(sweep, offset, limit, redact)
