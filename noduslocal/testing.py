@@ -32,18 +32,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.runtime.base import (
     LOG_FILES,
     AttemptRef,
+    AttemptState,
+    ExecResult,
+    Exited,
     Launch,
     LaunchFailed,
+    NeverStarted,
     NotLaunched,
     Rank,
+    Vanished,
     rank_dir,
 )
-from noduslocal.daemon.runtime.host.execute import ExecResult
-from noduslocal.daemon.runtime.host.shim import start_ticks
+from noduslocal.daemon.runtime.shim import start_ticks
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import Diagnosis, Handle
 from noduslocal.domain.sockets import SOCKET_ENV

@@ -124,7 +124,7 @@ log "installing noduslocal into $PREFIX"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade "$REPO" \
     >"$VENV/pip.log" 2>&1 || { cat "$VENV/pip.log"; exit 1; }
 # The host jobs' compiled supervisor, built now rather than at the daemon's first start.
-"$VENV/bin/python" -m noduslocal.daemon.runtime.host.compiled_shim >/dev/null 2>&1 || true
+"$VENV/bin/python" -m noduslocal.daemon.runtime.compiled_shim >/dev/null 2>&1 || true
 
 log "the units in $UNITS"
 mkdir -p "$ROOT$UNITS"

@@ -24,7 +24,7 @@ if [ ! -x .venv/bin/noduslocal ]; then
         || { cat /tmp/noduslocal-quickstart-pip.log; exit 1; }
 fi
 if command -v cc >/dev/null || command -v gcc >/dev/null; then
-    .venv/bin/python -m noduslocal.daemon.runtime.host.compiled_shim >/dev/null 2>&1 \
+    .venv/bin/python -m noduslocal.daemon.runtime.compiled_shim >/dev/null 2>&1 \
         || log "the compiled shim did not build; host jobs use the Python shim (slower)"
 else
     log "no C compiler: host jobs use the Python shim (about 2 ms more per job);" \

@@ -105,7 +105,7 @@ if [ -n "$fresh" ] || [ "$TIER" != unit ] \
 fi
 if needs daemon system; then
     log "building the compiled shim (host jobs' per-attempt supervisor)"
-    .venv/bin/python -m noduslocal.daemon.runtime.host.compiled_shim >/dev/null
+    .venv/bin/python -m noduslocal.daemon.runtime.compiled_shim >/dev/null
 fi
 
 log "ruff"

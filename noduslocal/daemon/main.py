@@ -162,8 +162,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
     from noduslocal.daemon.events import EventHub
     from noduslocal.daemon.files.layout import JobLayout
     from noduslocal.daemon.gpus.service import GpuService
+    from noduslocal.daemon.runtime import compiled_shim
     from noduslocal.daemon.runtime.docker.runtime import DockerRuntime
-    from noduslocal.daemon.runtime.host import compiled_shim
     from noduslocal.daemon.runtime.host.runtime import HostRuntime
     from noduslocal.daemon.runtime.host.spawner import Spawner
     from noduslocal.daemon.store import Store

@@ -31,8 +31,7 @@ from noduslocal.daemon.jobs.orphans import (
     lost_view,
 )
 from noduslocal.daemon.jobs.runner import AttemptRunner
-from noduslocal.daemon.runtime.attempts import NeverStarted
-from noduslocal.daemon.runtime.base import Rank, Runtime
+from noduslocal.daemon.runtime.base import NeverStarted, Rank, Runtime
 from noduslocal.daemon.scheduler.queue import Request
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store.restore import catch_up, restore_job

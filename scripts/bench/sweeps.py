@@ -25,7 +25,7 @@ from common import summary_ms, table
 from throughput import run_tsp
 
 from noduslocal import testing
-from noduslocal.daemon.runtime.host import compiled_shim
+from noduslocal.daemon.runtime import compiled_shim
 
 
 def create_times(cells: int, rounds: int) -> list[float]:

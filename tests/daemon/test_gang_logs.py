@@ -13,7 +13,7 @@ from pathlib import Path
 from noduslocal import testing
 from noduslocal.daemon.jobs.gang_logs import OFFSETS
 from noduslocal.daemon.runtime.base import rank_dir
-from noduslocal.daemon.runtime.host.shim import EXIT
+from noduslocal.daemon.runtime.shim import EXIT
 from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import wait_until
 from tests.conftest import run_cli

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from noduslocal import testing
-from noduslocal.daemon.runtime.host import compiled_shim
+from noduslocal.daemon.runtime import compiled_shim
 
 
 def test_built_once_named_by_its_source_and_trusted_only_if_safe(tmp_path: Path) -> None:

@@ -16,17 +16,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from noduslocal.daemon.runtime.attempts import (
-    Alive,
-    AttemptState,
-    Exited,
-    NeverStarted,
-    Vanished,
-    inspect,
-    read_exit,
-    read_pid,
-)
-from noduslocal.daemon.runtime.host import compiled_shim, shim
+from noduslocal.daemon.runtime import compiled_shim, shim
+from noduslocal.daemon.runtime.attempt_dir import inspect, read_exit, read_pid
+from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.runtime.host import spawner as spawner_module
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone

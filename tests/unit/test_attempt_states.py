@@ -17,7 +17,7 @@ from noduslocal.daemon.jobs.attempt import (
     recorded_life,
 )
 from noduslocal.daemon.jobs.outcomes import outcome_of
-from noduslocal.daemon.runtime.attempts import Exited, NeverStarted
+from noduslocal.daemon.runtime.base import Exited, NeverStarted
 from noduslocal.daemon.scheduler.queue import Request
 from noduslocal.domain.jobs import JobRecord, JobSpec
 from noduslocal.domain.states import IllegalTransition, Phase, Reason

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from noduslocal.daemon.runtime.host import compiled_shim
+from noduslocal.daemon.runtime import compiled_shim
 
 
 def test_without_a_compiler_there_is_none(tmp_path: Path,

@@ -15,9 +15,17 @@ from noduslocal.daemon.config.settings import load_settings
 from noduslocal.daemon.coordinator import Lifecycle
 from noduslocal.daemon.events import EventHub
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited, Vanished
-from noduslocal.daemon.runtime.base import LOG_FILES, AttemptRef, Launch, Rank, Runtime
-from noduslocal.daemon.runtime.host.execute import ExecResult
+from noduslocal.daemon.runtime.base import (
+    LOG_FILES,
+    AttemptRef,
+    AttemptState,
+    ExecResult,
+    Exited,
+    Launch,
+    Rank,
+    Runtime,
+    Vanished,
+)
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain.jobs import Diagnosis, Handle
 from noduslocal.domain.states import TERMINAL

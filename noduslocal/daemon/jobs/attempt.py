@@ -13,8 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from noduslocal.daemon.gpus.cost import Meter
-from noduslocal.daemon.runtime.attempts import AttemptState
-from noduslocal.daemon.runtime.base import AttemptRef, Handle, failed
+from noduslocal.daemon.runtime.base import AttemptRef, AttemptState, Handle, failed
 from noduslocal.daemon.scheduler.queue import Request
 from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import IllegalTransition

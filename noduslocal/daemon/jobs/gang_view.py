@@ -13,7 +13,7 @@ from typing import Any
 
 from noduslocal.daemon.gpus.model import Inventory
 from noduslocal.daemon.jobs.attempt import Attempt
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted
+from noduslocal.daemon.runtime.base import AttemptState, Exited, NeverStarted
 from noduslocal.domain.jobs import JobRecord
 
 RANKS = "ranks.json"  # in the attempt directory: each rank's end and GPUs, once it ended

@@ -22,10 +22,12 @@ from typing import Any
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife
 from noduslocal.daemon.jobs.stops import Stopper
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted
 from noduslocal.daemon.runtime.base import (
+    AttemptState,
+    Exited,
     Launch,
     LaunchFailed,
+    NeverStarted,
     NotLaunched,
     Rank,
     Runtime,

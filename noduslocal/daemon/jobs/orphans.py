@@ -19,8 +19,9 @@ from typing import Any
 
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs.indexed_run import JOURNAL
-from noduslocal.daemon.runtime.attempts import Exited, kill_leftovers, read_exit, read_pid
-from noduslocal.daemon.runtime.host import shim
+from noduslocal.daemon.runtime import shim
+from noduslocal.daemon.runtime.attempt_dir import kill_leftovers, read_exit, read_pid
+from noduslocal.daemon.runtime.base import Exited
 from noduslocal.daemon.store.restore import LostAttempt, LostJob
 from noduslocal.domain.jobs import JobRecord, JobSpec
 from noduslocal.domain.states import AttemptPhase, Phase, Reason

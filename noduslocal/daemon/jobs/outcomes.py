@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 
 from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.daemon.runtime.base import AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.store.job_writes import Outcome
 from noduslocal.domain.states import AttemptPhase, Phase, Reason
 from noduslocal.domain.units import fmt_bytes

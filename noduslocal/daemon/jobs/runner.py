@@ -26,8 +26,17 @@ from noduslocal.daemon.jobs.gang_logs import LogMerger
 from noduslocal.daemon.jobs.indexed_run import IndexedRun
 from noduslocal.daemon.jobs.outcomes import outcome_of, retry_pause
 from noduslocal.daemon.jobs.stops import Stopper
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited, NeverStarted, Vanished
-from noduslocal.daemon.runtime.base import Launch, LaunchFailed, NotLaunched, Rank, Runtime
+from noduslocal.daemon.runtime.base import (
+    AttemptState,
+    Exited,
+    Launch,
+    LaunchFailed,
+    NeverStarted,
+    NotLaunched,
+    Rank,
+    Runtime,
+    Vanished,
+)
 from noduslocal.daemon.runtime.gang_launch import master_port
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain.indexes import output_path

@@ -31,8 +31,7 @@ from noduslocal.daemon.jobs.indexed_run import (
     running_index_launch,
 )
 from noduslocal.daemon.jobs.runner import AttemptRunner
-from noduslocal.daemon.runtime.base import Runtime
-from noduslocal.daemon.runtime.host.execute import ExecResult
+from noduslocal.daemon.runtime.base import ExecResult, Runtime
 from noduslocal.daemon.scheduler.capacity import Request
 from noduslocal.daemon.scheduler.estimate import estimate_start
 from noduslocal.daemon.scheduler.gang_estimate import gang_topology

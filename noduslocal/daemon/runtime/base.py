@@ -1,6 +1,7 @@
 """The one interface every runtime implements (host processes, docker; later a cluster):
 launch an attempt's ranks, learn each rank's end, signal, adopt or judge after a restart,
-exec beside a rank, and where its logs are. The lifecycle sees only this.
+exec beside a rank, and where its logs are; with the runtime-neutral types it speaks in
+(a rank's end states, an exec's result, the log names). The lifecycle sees only this.
 """
 
 from __future__ import annotations
@@ -9,16 +10,67 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from noduslocal.daemon.gpus.model import Gpu, job_env
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited
-from noduslocal.daemon.runtime.host.execute import ExecResult
-from noduslocal.daemon.runtime.host.shim import OUTPUT_LOG, STDERR_LOG
 from noduslocal.daemon.runtime.launchers import RankPlan
+from noduslocal.daemon.runtime.shim import OUTPUT_LOG, STDERR_LOG
 from noduslocal.domain.jobs import Diagnosis, Handle, JobRecord
 
+# Every runtime writes a rank's logs under the names the shim spells (the shim imports
+# nothing of the daemon, so the attempt directory's file names live there, once).
 LOG_FILES = {"all": OUTPUT_LOG, "stderr": STDERR_LOG}
+OUTPUT_LIMIT = 16 * 1024 * 1024  # bytes of an exec's stdout and of its stderr sent back
+
+
+@dataclass(frozen=True)
+class Exited:
+    exit_code: int
+    signal: int | None
+    started_at: float
+    ended_at: float
+    # Containers: True when docker says the kernel killed it for memory; None when it was
+    # SIGKILLed (exit 137) by nobody we know of, which is most likely the OOM killer too.
+    oom_killed: bool | None = False
+
+
+@dataclass(frozen=True)
+class Alive:
+    shim_pid: int  # 0: the shim holds its lock but has not named its pids yet
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """The attempt's shim or container is gone without an exit status we can trust."""
+
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class NeverStarted:
+    """No shim or container ran this attempt, and none ever will (for a shim we left an
+    `abandoned` marker)."""
+
+    detail: str | None = None
+
+
+# What became of a rank, in every runtime's words.
+AttemptState = Exited | Alive | Vanished | NeverStarted
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A command run to its end beside a rank (`job exec`), its output at most OUTPUT_LIMIT
+    bytes a stream, secrets masked."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    truncated: bool
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": "Process", "returncode": self.returncode, "stdout": self.stdout,
+                "stderr": self.stderr, "truncated": self.truncated}
 
 
 @dataclass

@@ -13,8 +13,14 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from noduslocal.daemon.runtime.attempts import AttemptState, Vanished
-from noduslocal.daemon.runtime.base import Launch, NotLaunched, Rank, failed
+from noduslocal.daemon.runtime.base import (
+    AttemptState,
+    Launch,
+    NotLaunched,
+    Rank,
+    Vanished,
+    failed,
+)
 from noduslocal.domain.jobs import Handle
 
 KILL_WAIT = 30.0  # seconds a killed rank of a failed launch may take to be gone

@@ -12,7 +12,7 @@ from typing import Any
 
 import docker
 
-from noduslocal.daemon.runtime.attempts import AttemptState, Exited, Vanished
+from noduslocal.daemon.runtime.base import AttemptState, Exited, Vanished
 from noduslocal.domain.timefmt import parse_iso
 
 PID_FILES = (Path("/run/docker.pid"), Path("/var/run/docker.pid"))

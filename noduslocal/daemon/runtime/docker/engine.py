@@ -20,12 +20,12 @@ import docker.errors
 import requests.exceptions
 
 from noduslocal.daemon import local_addresses
-from noduslocal.daemon.runtime.attempts import Alive, AttemptState, NeverStarted, Vanished
+from noduslocal.daemon.runtime.base import Alive, AttemptState, NeverStarted, Vanished
 from noduslocal.daemon.runtime.docker.end import ended_while_away, exit_state, parse_time
 from noduslocal.daemon.runtime.docker.link import DockerLink
 from noduslocal.daemon.runtime.docker.logs import pump_logs
 from noduslocal.daemon.runtime.docker.spec import LABEL, job_filter
-from noduslocal.daemon.runtime.host.shim import MAX_LOG
+from noduslocal.daemon.runtime.shim import MAX_LOG
 from noduslocal.domain.container_fields import registry_of
 
 log = logging.getLogger(__name__)

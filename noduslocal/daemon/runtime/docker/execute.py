@@ -13,8 +13,8 @@ from typing import Any
 import docker
 import docker.errors
 
-from noduslocal.daemon.runtime.host.execute import OUTPUT_LIMIT, ExecResult
-from noduslocal.daemon.runtime.host.shim import Masker
+from noduslocal.daemon.runtime.base import OUTPUT_LIMIT, ExecResult
+from noduslocal.daemon.runtime.shim import Masker
 from noduslocal.domain import errors
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import docker
 
-from noduslocal.daemon.runtime.host.shim import MAX_LOG, OUTPUT_LOG, STDERR_LOG, CappedLog, Masker
+from noduslocal.daemon.runtime.shim import MAX_LOG, OUTPUT_LOG, STDERR_LOG, CappedLog, Masker
 
 log = logging.getLogger(__name__)
 HEADER = struct.Struct(">BxxxL")  # dockerd's multiplexed stream: stream id, payload size

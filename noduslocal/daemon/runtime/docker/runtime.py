@@ -14,13 +14,16 @@ from typing import Any
 
 from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.runtime.attempts import Alive, AttemptState, NeverStarted
 from noduslocal.daemon.runtime.base import (
     LOG_FILES,
+    Alive,
     AttemptRef,
+    AttemptState,
+    ExecResult,
     Handle,
     Launch,
     LaunchFailed,
+    NeverStarted,
     NotLaunched,
     Rank,
     rank_dir,
@@ -30,7 +33,6 @@ from noduslocal.daemon.runtime.docker.engine import DockerEngine, DockerUnavaila
 from noduslocal.daemon.runtime.docker.execute import exec_in_container
 from noduslocal.daemon.runtime.docker.network import GangNetworks
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
-from noduslocal.daemon.runtime.host.execute import ExecResult
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import Diagnosis
 

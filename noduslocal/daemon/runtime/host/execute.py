@@ -12,31 +12,18 @@ import logging
 import os
 import signal
 import uuid
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.runtime.host import shim
-from noduslocal.daemon.runtime.host.shim import ENV, Masker
+from noduslocal.daemon.runtime import shim
+from noduslocal.daemon.runtime.base import OUTPUT_LIMIT, ExecResult
+from noduslocal.daemon.runtime.shim import ENV, Masker
 from noduslocal.domain import errors
 
 log = logging.getLogger(__name__)
-OUTPUT_LIMIT = 16 * 1024 * 1024  # bytes of stdout and of stderr sent back
 RECORD = "exec-{token}.json"  # in the runtime's records directory while the exec runs
 TOKEN_ENV = "NODUS_EXEC_ID"  # in the exec's environment, and so in all it starts
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    returncode: int
-    stdout: str
-    stderr: str
-    truncated: bool
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"kind": "Process", "returncode": self.returncode, "stdout": self.stdout,
-                "stderr": self.stderr, "truncated": self.truncated}
 
 
 async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,

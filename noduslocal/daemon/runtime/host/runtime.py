@@ -10,16 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.runtime.attempts import (
-    Alive,
-    AttemptState,
-    kill_leftovers,
-    read_pid,
-    settled_inspect,
-)
+from noduslocal.daemon.runtime.attempt_dir import kill_leftovers, read_pid, settled_inspect
 from noduslocal.daemon.runtime.base import (
     LOG_FILES,
+    Alive,
     AttemptRef,
+    AttemptState,
+    ExecResult,
     Handle,
     Launch,
     NotLaunched,
@@ -27,7 +24,7 @@ from noduslocal.daemon.runtime.base import (
     rank_dir,
 )
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
-from noduslocal.daemon.runtime.host.execute import ExecResult, kill_orphaned_execs, run_in_job
+from noduslocal.daemon.runtime.host.execute import kill_orphaned_execs, run_in_job
 from noduslocal.daemon.runtime.host.launch import launch_request
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.domain.jobs import Diagnosis

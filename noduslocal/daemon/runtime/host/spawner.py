@@ -15,15 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.runtime.attempts import (
-    Alive,
-    AttemptState,
-    Vanished,
-    has_exit,
-    inspect,
-    read_pid,
-)
-from noduslocal.daemon.runtime.host import compiled_shim, shim
+from noduslocal.daemon.runtime import compiled_shim, shim
+from noduslocal.daemon.runtime.attempt_dir import has_exit, inspect, read_pid
+from noduslocal.daemon.runtime.base import Alive, AttemptState, Vanished
 
 log = logging.getLogger(__name__)
 SPAWNER_WAIT = 10.0  # seconds a launch waits for a spawner that is (re)starting

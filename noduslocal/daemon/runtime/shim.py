@@ -8,7 +8,8 @@ test after a restart), runs the job in a new process group, pumps its output int
 files (each at most `max_log` bytes: its head, a marker, and its last bytes at the end),
 and writes exit.json atomically before it exits, into room it reserved before the job
 started, so that a disk the job filled still gets its exit. Shims outlive the spawner and
-the daemon.
+the daemon. Shared by the runtimes that run a shim (host; a cluster's nodes), its log
+writer also by docker's; attempt_dir.py reads what it writes, shim.c is its compiled twin.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import signal
 import sys
 import time
 
+# The attempt directory's files: attempt_dir.py and base.LOG_FILES read these names, and
+# shim.c spells the same ones.
 LOCK = "attempt.lock"
 PID = "pid.json"
 EXIT = "exit.json"

@@ -1,6 +1,6 @@
-"""What an attempt directory says about its attempt: the exit a shim recorded, the pids it
-named, the verdict after a restart (exited, alive, vanished, never started), and the
-clean-up of processes a vanished attempt left behind.
+"""The reader of the attempt directory the shim (shim.py) writes: the exit it recorded, the
+pids it named, the verdict after a restart (exited, alive, vanished, never started), and the
+clean-up of processes a vanished attempt left behind. Any runtime that runs the shim uses it.
 """
 
 from __future__ import annotations
@@ -11,45 +11,11 @@ import fcntl
 import json
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.runtime.host import shim
-
-
-@dataclass(frozen=True)
-class Exited:
-    exit_code: int
-    signal: int | None
-    started_at: float
-    ended_at: float
-    # Containers: True when docker says the kernel killed it for memory; None when it was
-    # SIGKILLed (exit 137) by nobody we know of, which is most likely the OOM killer too.
-    oom_killed: bool | None = False
-
-
-@dataclass(frozen=True)
-class Alive:
-    shim_pid: int  # 0: the shim holds its lock but has not named its pids yet
-
-
-@dataclass(frozen=True)
-class Vanished:
-    """The attempt's shim or container is gone without an exit status we can trust."""
-
-    detail: str | None = None
-
-
-@dataclass(frozen=True)
-class NeverStarted:
-    """No shim or container ran this attempt, and none ever will (for a shim we left an
-    `abandoned` marker)."""
-
-    detail: str | None = None
-
-
-AttemptState = Exited | Alive | Vanished | NeverStarted
+from noduslocal.daemon.runtime import shim
+from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverStarted, Vanished
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@ install.sh build it, else built once into the data dir when a C compiler is ther
 `--serve` it is the spawner, and requests reach it framed as encode_request() makes them.
 Without it the Python spawner forks the Python shim, which speaks the same protocol.
 
-    python -m noduslocal.daemon.runtime.host.compiled_shim        builds it beside the package
+    python -m noduslocal.daemon.runtime.compiled_shim        builds it beside the package
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.runtime.host.shim import MAX_LOG
+from noduslocal.daemon.runtime.shim import MAX_LOG
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("shim.c")
