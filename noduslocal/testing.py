@@ -9,8 +9,9 @@ test what a crash does. On exit every job process it started is killed and the d
 removed.
 
 For unit tests of the lifecycle with no daemon and no processes: FakeRuntime, an in-memory
-runtime whose ranks end when the test says, and lifecycle(), the daemon's lifecycle parts
-built on a real SQLite store in a directory, driven through that runtime.
+runtime whose ranks end when the test says, and lifecycle(), the daemon's parts built as
+the daemon builds them (build.build_daemon) on a real SQLite store in a directory, driven
+through that runtime.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.sdk.api_client import ApiClient
 
 if TYPE_CHECKING:
+    from noduslocal.daemon.build import Daemon
     from noduslocal.daemon.config.settings import Settings
     from noduslocal.daemon.coordinator import Lifecycle
     from noduslocal.daemon.events import EventHub
     from noduslocal.daemon.files.layout import JobLayout
+    from noduslocal.daemon.gpus.model import Inventory
     from noduslocal.daemon.store import Store
     from noduslocal.daemon.store.job_writes import Owner
     from noduslocal.domain.jobs import JobRecord
@@ -398,13 +401,29 @@ async def eventually(predicate: Callable[[], T | Awaitable[T]], what: str,
 class LifecycleHarness:
     """What lifecycle() yields: the parts, the fake runtime, and a few shortcuts."""
 
-    settings: Settings
-    store: Store
-    layout: JobLayout
-    hub: EventHub
-    lifecycle: Lifecycle
+    daemon: Daemon  # every part; daemon.live.replace() is a config reload
     runtime: FakeRuntime
     owner: Owner
+
+    @property
+    def settings(self) -> Settings:
+        return self.daemon.live.current
+
+    @property
+    def store(self) -> Store:
+        return self.daemon.store
+
+    @property
+    def layout(self) -> JobLayout:
+        return self.daemon.layout
+
+    @property
+    def hub(self) -> EventHub:
+        return self.daemon.hub
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return self.daemon.lifecycle
 
     async def create_job(self, name: str, **fields: Any) -> JobRecord:
         """A job as `Job.create(name=..., **fields)` makes it (command: ["train"])."""
@@ -460,17 +479,17 @@ class LifecycleHarness:
 @contextlib.asynccontextmanager
 async def lifecycle(directory: Path, runtime: FakeRuntime | None = None, *,
                     cpus: float = 4, memory: int = 4 * 2**30, kill_grace: float = 10.0,
+                    inventory: Inventory | None = None,
                     **settings: Any) -> AsyncIterator[LifecycleHarness]:
-    """The daemon's lifecycle (coordinator.Lifecycle, as main.py builds it, without the
-    API) on a real store under `directory`, its one runtime `runtime`, started and
-    recovered. Built again on the same directory and runtime, it is a restarted daemon:
-    it adopts what still runs there. Settings not given are the defaults, except that
-    the disk reserve is 0 (a test's disk need not have 2 GiB free)."""
+    """The daemon (build.build_daemon, as main.py builds it, not serving the API) on a real
+    store under `directory`, its one runtime `runtime` and the GPUs of `inventory` (none
+    if not given), started and recovered. Built again on the same directory and runtime,
+    it is a restarted daemon: it adopts what still runs there. Settings not given are the
+    defaults, except that the disk reserve is 0 (a test's disk need not have 2 GiB free)."""
+    from noduslocal.daemon.build import build_daemon
     from noduslocal.daemon.config.settings import Settings
-    from noduslocal.daemon.coordinator import Lifecycle
-    from noduslocal.daemon.events import EventHub
-    from noduslocal.daemon.files.layout import JobLayout
-    from noduslocal.daemon.store import Store, job_writes
+    from noduslocal.daemon.gpus.model import Inventory
+    from noduslocal.daemon.store import job_writes
 
     runtime = runtime or FakeRuntime()
     data_dir = directory / "data"
@@ -478,17 +497,13 @@ async def lifecycle(directory: Path, runtime: FakeRuntime | None = None, *,
     config = Settings(**{"socket": directory / "api.sock", "data_dir": data_dir,
                          "cpus_m": int(cpus * 1000), "memory": memory,
                          "kill_grace": kill_grace, "disk_reserve": 0, **settings})
-    hub = EventHub()
-    store = Store(data_dir / "noduslocal.db")
-    await store.open(hub.publish, config.commit_batch)
-    layout = JobLayout(data_dir)
-    parts = Lifecycle(config, store, layout, {runtime.kind: runtime}, hub=hub)
-    hub.listen(parts.on_committed)
+    built = await build_daemon(config, runtimes=[runtime],
+                               inventory=inventory or Inventory([], "none", "no GPU inventory"))
     owner = job_writes.Owner(os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name,
                              admin=True)
     try:
-        await parts.start()
-        yield LifecycleHarness(config, store, layout, hub, parts, runtime, owner)
+        await built.start()
+        yield LifecycleHarness(built, runtime, owner)
     finally:
-        await parts.stop()
-        await store.close()
+        await built.stop()
+        await built.close()

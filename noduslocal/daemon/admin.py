@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.config.reload import ConfigReloader
-from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.disk.reclaim import Reclaimer
 from noduslocal.daemon.disk.usage import DiskUsage, UserUsage
 from noduslocal.daemon.disk.watch import DiskReading, DiskWatch
@@ -48,11 +48,11 @@ class GpuNow:
 
 
 class AdminService:
-    def __init__(self, settings: Settings, store: Store, runtimes: Mapping[str, Runtime],
+    def __init__(self, live: LiveSettings, store: Store, runtimes: Mapping[str, Runtime],
                  queue: Queue, board: Board, accounting: GpuAccounting, health: GpuHealth,
                  users: UserAdmin, disk: DiskWatch, usage: DiskUsage, reclaimer: Reclaimer,
                  recovery: Recovery) -> None:
-        self.settings = settings
+        self.live = live
         self.store = store
         self.runtimes = runtimes
         self.queue = queue
@@ -161,7 +161,7 @@ class AdminService:
         if reading is None:
             return Diagnosis("disk", None, "not read yet")
         detail = (f"{fmt_bytes(reading.free)} free of {fmt_bytes(reading.total)} at "
-                  f"{reading.path} (reserve {fmt_bytes(self.settings.disk_reserve)})")
+                  f"{reading.path} (reserve {fmt_bytes(self.live.current.disk_reserve)})")
         if reading.low:
             return Diagnosis("disk", False, (
                 f"{reading.describe()}: new work is refused; free space there (`noduslocal "
@@ -215,7 +215,7 @@ class AdminService:
         """Each user's job directories, volumes and blobs; `refresh` measures them now."""
         if refresh or self.usage.measured_at is None:
             await self.usage.refresh_for(uid)
-        settings = self.usage.settings
+        settings = self.live.current
         users = sorted(self.usage.users.values(), key=lambda u: (-u.total, u.user))
         return {"measured_at": self.usage.measured_at,
                 "users": [u.to_wire(settings.quota_for(u.user), settings.keep_for(u.user))

@@ -1,7 +1,8 @@
 """The lifecycle's coordinator: builds its parts (admission and the queue pass, the
 attempt runner, stops and owners' controls, recovery, GPU health and cost, the sweeps, the
 disk) around one board of attempts, and the API's services over them; the daemon starts,
-stops and feeds it (runtimes that come and go, committed events, GPUs, settings).
+stops and feeds it (runtimes that come and go, committed events, GPUs). Every part reads
+the settings from one LiveSettings holder; build.py makes it, and the daemon around it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 from collections.abc import Mapping
 
 from noduslocal.daemon.admin import AdminService
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.disk.reclaim import Reclaimer
 from noduslocal.daemon.disk.room import Room
@@ -46,11 +48,15 @@ from noduslocal.domain.jobs import Event
 
 
 class Lifecycle:
-    def __init__(self, settings: Settings, store: Store, layout: JobLayout,
+    def __init__(self, live: LiveSettings, store: Store, layout: JobLayout,
                  runtimes: Mapping[str, Runtime], inventory: Inventory | None = None, *,
                  hub: EventHub) -> None:
-        """`runtimes`: by kind (JobSpec.runtime), each job goes to its own. `hub`: where
-        committed events fan out (the store's); the services' long polls wait on it."""
+        """`live`: the settings every part reads; `runtimes`: by kind (JobSpec.runtime),
+        each job goes to its own. `hub`: where committed events fan out (the store's); the
+        services' long polls wait on it."""
+        # What the parts take once, here; the live values among them are made again in
+        # _settings_changed.
+        settings = live.current
         self.store = store
         self.layout = layout
         self.runtimes = runtimes
@@ -59,14 +65,14 @@ class Lifecycle:
         inventory = inventory or Inventory([], "none", "no GPU inventory")
         capacity = Capacity(settings.cpus_m, settings.memory,
                             gpus=GpuPool(inventory, settings.gpu_busy_memory))
-        self.accounting = GpuAccounting(settings, capacity, inventory)
+        self.accounting = GpuAccounting(live, capacity, inventory)
         self.queue = Queue(capacity, limits=Limits(settings.user_max_gpus,
                                                    settings.user_max_jobs),
                            usage=self.accounting.usage, describe=self.board.job_name)
-        self.stopper = Stopper(settings, store, self.board, runtimes, self.background)
+        self.stopper = Stopper(live, store, self.board, runtimes, self.background)
         self.dispatch = Dispatch(store, self.queue, self.board, self.accounting, self.stopper,
                                  self.background, on_start=self._run)
-        self.admission = Admission(settings, store, capacity, self.dispatch, self.background)
+        self.admission = Admission(live, store, capacity, self.dispatch, self.background)
         self.reports = SweepReports(store, settings.region, self.accounting,
                                     lambda job_id: self.jobs.running_cost(job_id),
                                     lambda job_id: self.jobs.running_metrics(job_id),
@@ -81,7 +87,7 @@ class Lifecycle:
                                     self.disk.room,
                                     lambda job_id, phase: self.sweeps.cell_ending(job_id, phase),
                                     stderr_line=self.reports.stderr_line)
-        self.webhooks = Webhooks(settings, self.background, self.reports)
+        self.webhooks = Webhooks(live, self.background, self.reports)
         self.sweeps = SweepController(store, self.dispatch, self.background, self.webhooks,
                                       hub, lambda job_id: self.jobs.running_cost(job_id),
                                       self.runner.prepare_ahead)
@@ -92,14 +98,14 @@ class Lifecycle:
         self.sweep_controls = SweepControls(store, self.sweeps, self.dispatch, self.controls)
         self.recovery = Recovery(store, layout, runtimes, self.board, self.dispatch,
                                  self.accounting, self.runner, self.sweeps)
-        self.health = GpuHealth(settings, capacity, self.accounting, self.board,
+        self.health = GpuHealth(live, capacity, self.accounting, self.board,
                                 self.stopper, self.dispatch.kick)
-        self.users = UserAdmin(settings, store, self.queue, self.accounting, self.dispatch)
-        self.usage = DiskUsage(settings, store, layout)
-        self.retention = Reclaimer(settings, store, layout, self.board, self.usage)
+        self.users = UserAdmin(live, store, self.queue, self.accounting, self.dispatch)
+        self.usage = DiskUsage(live, store, layout)
+        self.retention = Reclaimer(live, store, layout, self.board, self.usage)
         self.room = Room(self.disk, self.usage, store)
         # The API's doors: one service per domain, each given the parts it needs.
-        self.jobs = JobService(settings, store, hub, layout, runtimes, self.board, self.queue,
+        self.jobs = JobService(live, store, hub, layout, runtimes, self.board, self.queue,
                                self.dispatch, self.admission, self.controls, self.runner,
                                self.accounting, self.room, self.usage,
                                is_cell=self.sweeps.is_cell,
@@ -107,10 +113,11 @@ class Lifecycle:
         self.sweep_service = SweepService(store, hub, layout, self.room, self.usage,
                                           self.webhooks, self.sweep_admission, self.sweeps,
                                           self.sweep_controls, self.reports)
-        self.admin = AdminService(settings, store, runtimes, self.queue, self.board,
+        self.admin = AdminService(live, store, runtimes, self.queue, self.board,
                                   self.accounting, self.health, self.users, self.disk,
                                   self.usage, self.retention, self.recovery)
         self.resources = ResourceService(store, layout, self.room, self.usage)
+        live.subscribe(self._settings_changed)
 
     def _run(self, attempt: Attempt) -> None:
         attempt.task = asyncio.create_task(self.runner.run(attempt))
@@ -157,12 +164,9 @@ class Lifecycle:
     def set_inventory(self, inventory: Inventory) -> None:
         self.health.set_inventory(inventory)
 
-    def apply_settings(self, settings: Settings) -> None:
-        """A reloaded config's live settings (config.LIVE) to every part that reads them;
-        a raised limit may let a held job start now."""
-        for part in (self.admission, self.stopper, self.accounting, self.health, self.users,
-                     self.usage, self.retention, self.webhooks, self.jobs, self.admin):
-            part.settings = settings
+    def _settings_changed(self, settings: Settings) -> None:
+        """A reloaded config: the parts read the new settings themselves; what is derived
+        from them is made again here, and a raised limit may let a held job start now."""
         self.queue.limits = Limits(settings.user_max_gpus, settings.user_max_jobs)
         if self.queue.capacity.gpus is not None:
             self.queue.capacity.gpus.busy_memory = settings.gpu_busy_memory

@@ -18,7 +18,6 @@ import signal
 import socket
 import stat
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -157,16 +156,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         total_cap,
     )
     from noduslocal.daemon.api.prometheus import Metrics, scrape_app
-    from noduslocal.daemon.api.services import Services
-    from noduslocal.daemon.coordinator import Lifecycle
-    from noduslocal.daemon.events import EventHub
-    from noduslocal.daemon.files.layout import JobLayout
-    from noduslocal.daemon.gpus.service import GpuService
-    from noduslocal.daemon.runtime import compiled_shim
-    from noduslocal.daemon.runtime.docker.runtime import DockerRuntime
-    from noduslocal.daemon.runtime.host.runtime import HostRuntime
-    from noduslocal.daemon.runtime.host.spawner import Spawner
-    from noduslocal.daemon.store import Store
+    from noduslocal.daemon.build import build_daemon
 
     try:
         passed = systemd.passed_socket()
@@ -186,42 +176,19 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    hub = EventHub()
-    store = Store(settings.data_dir / "noduslocal.db")
-    layout = JobLayout(settings.data_dir)
-    # Above the highest job directory: an id the database forgot is never given again.
-    await store.open(hub.publish, settings.commit_batch,
-                     max(layout.job_ids_on_disk(), default=0))
-    gpus = GpuService(settings)
-    inventory = await gpus.start()
-    compiled = (None if settings.host_shim == "python"
-                else await asyncio.to_thread(compiled_shim.find, settings.data_dir))
-    host = HostRuntime(layout, Spawner(compiled, settings.max_log_bytes))
-    await host.start()
-    docker = DockerRuntime(settings, layout, lambda: lifecycle.runtime_changed(),
-                           store.attempt_ended)
-    lifecycle = Lifecycle(settings, store, layout, {host.kind: host, docker.kind: docker},
-                          inventory, hub=hub)
-    gpus.watch(lifecycle.set_inventory)
-    hub.listen(lifecycle.on_committed)
-    hub.listen(logfmt.log_job_events)
-    await docker.start()
+    daemon = await build_daemon(settings)
     runner: web.AppRunner | None = None
     scraper: web.AppRunner | None = None
     try:
         systemd.notify("STATUS=recovering: adopting the jobs that ran on while no daemon was up")
-        await lifecycle.start()
-        services = Services(settings, lifecycle.jobs, lifecycle.sweep_service,
-                            lifecycle.admin, lifecycle.resources, time.time())
+        await daemon.start()
+        services = daemon.services
         reloader = None
         if config is not None:
-            def apply(new: Settings) -> None:
-                services.settings = gpus.settings = docker.settings = new
-                host.spawner.max_log_bytes = new.max_log_bytes
-                lifecycle.apply_settings(new)
-
-            reloader = ConfigReloader(config[0], config[1], loaded, settings, apply)
-            lifecycle.admin.config = reloader
+            # Every part reads the one holder: a reload is replacing what it holds.
+            reloader = ConfigReloader(config[0], config[1], loaded, settings,
+                                      daemon.live.replace)
+            daemon.lifecycle.admin.config = reloader
         metrics = Metrics(services)
         app = build_app(services, metrics)
         # A connection that never finishes its request's headers is closed like an idle one.
@@ -264,7 +231,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         log.info("stopping: jobs keep running and will be adopted on the next start")
         systemd.notify("STOPPING=1\nSTATUS=stopping; the jobs run on")
     finally:
-        await lifecycle.stop()
+        await daemon.stop()
         if runner is not None:
             await runner.cleanup()
         if scraper is not None:
@@ -272,10 +239,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         if passed is None:  # systemd's own socket stays for the next start
             with contextlib.suppress(FileNotFoundError):
                 settings.socket.unlink()
-        await docker.close()
-        await gpus.close()
-        await host.close()
-        await store.close()
+        await daemon.close()
         os.close(lock_fd)
 
 

@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from noduslocal.daemon.build import build_daemon
 from noduslocal.daemon.config.settings import load_settings
 from noduslocal.daemon.coordinator import Lifecycle
-from noduslocal.daemon.events import EventHub
-from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.gpus.model import Inventory
 from noduslocal.daemon.runtime.base import (
     LOG_FILES,
     AttemptRef,
@@ -97,18 +97,16 @@ def run_with(tmp_path: Path, runtime: ListRuntime,
                              overrides={"cpus": "2", "memory": "1GiB"})
 
     async def main() -> None:
-        store = Store(tmp_path / "db.sqlite")
-        hub = EventHub()
-        await store.open(hub.publish)
+        settings.data_dir.mkdir(exist_ok=True)  # the daemon makes it before it builds
         conforming: Runtime = runtime  # the type checker holds it to the protocol
-        lifecycle = Lifecycle(settings, store, JobLayout(settings.data_dir),
-                              {runtime.kind: conforming}, hub=hub)
+        daemon = await build_daemon(settings, runtimes=[conforming],
+                                    inventory=Inventory([], "none", "no GPUs"))
         try:
-            await lifecycle.start()
-            await body(lifecycle, store)
+            await daemon.start()
+            await body(daemon.lifecycle, daemon.store)
         finally:
-            await lifecycle.stop()
-            await store.close()
+            await daemon.stop()
+            await daemon.close()
 
     asyncio.run(main())
 

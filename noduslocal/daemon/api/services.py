@@ -11,6 +11,7 @@ from aiohttp import web
 
 from noduslocal.daemon.admin import AdminService
 from noduslocal.daemon.api.lanes import Lanes
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.jobs.service import JobService
 from noduslocal.daemon.resources import ResourceService
@@ -19,13 +20,18 @@ from noduslocal.daemon.sweeps.service import SweepService
 
 @dataclass
 class Services:
-    settings: Settings
+    live: LiveSettings
     jobs: JobService
     sweeps: SweepService
     admin: AdminService  # the box: GPUs, health, doctor, metrics, disk use, admins' acts
     resources: ResourceService  # secrets, volumes, uploaded sources
     started_at: float
     lanes: Lanes = field(default_factory=Lanes)  # each user's heavy reads, apart
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force now (a reload replaces them)."""
+        return self.live.current
 
 
 SERVICES = web.AppKey("services", Services)

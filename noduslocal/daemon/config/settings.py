@@ -178,9 +178,8 @@ _TOML_KEYS = {
                                                    _TOML_KEYS)),
     "du_every": ("du_every", lambda v: check.interval(v, "du_every")),
 }
-# The settings a reload applies to the running daemon (lifecycle/coordinator.py's
-# apply_settings and the daemon's own holders take them); any other change waits for a
-# restart, and the daemon says so.
+# The settings a reload applies to the running daemon (through config/live.py's holder,
+# which every part reads); any other change waits for a restart, and the daemon says so.
 LIVE = frozenset({
     "kill_grace", "admin_group", "max_wait_poll", "pids_limit", "shm_size",
     "gpu_busy_memory", "gpu_poll", "max_user_priority", "user_max_gpus", "user_max_jobs",

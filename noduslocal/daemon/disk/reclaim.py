@@ -14,7 +14,7 @@ import time
 from functools import partial
 from typing import Any
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.disk.usage import DiskUsage
 from noduslocal.daemon.disk.watch import allocated
 from noduslocal.daemon.files.layout import JobLayout
@@ -33,9 +33,9 @@ WAKE_EVERY = 5.0  # seconds between looks at whether a pass is due
 
 
 class Reclaimer:
-    def __init__(self, settings: Settings, store: Store, layout: JobLayout, board: Board,
+    def __init__(self, live: LiveSettings, store: Store, layout: JobLayout, board: Board,
                  usage: DiskUsage) -> None:
-        self.settings = settings
+        self.live = live
         self.store = store
         self.layout = layout
         self.board = board
@@ -45,14 +45,14 @@ class Reclaimer:
     async def follow(self) -> None:
         log.info("retention: ended jobs keep their files for %s (keep_ended%s); the first "
                  "pass runs in %s (gc_every); `noduslocal gc --dry-run` shows what it would "
-                 "remove", fmt_duration(self.settings.keep_ended),
-                 ", with per-user overrides" if self.settings.keep_ended_users else "",
-                 fmt_duration(self.settings.gc_every))
+                 "remove", fmt_duration(self.live.current.keep_ended),
+                 ", with per-user overrides" if self.live.current.keep_ended_users else "",
+                 fmt_duration(self.live.current.gc_every))
         last = time.monotonic()
         while True:
             # In short steps, so a reloaded gc_every counts from the last pass at once.
-            await asyncio.sleep(min(self.settings.gc_every, WAKE_EVERY))
-            if time.monotonic() - last < self.settings.gc_every:
+            await asyncio.sleep(min(self.live.current.gc_every, WAKE_EVERY))
+            if time.monotonic() - last < self.live.current.gc_every:
                 continue
             last = time.monotonic()
             try:
@@ -64,7 +64,7 @@ class Reclaimer:
         async with self._one_at_a_time:
             now = time.time()
             active = frozenset(self.board.active) | frozenset(self.board.settling)
-            keep_for, shortest = self.settings.keep_for, self._shortest_keep()
+            keep_for, shortest = self.live.current.keep_for, self._shortest_keep()
             found, after = Reclaimed(), (-1.0, 0)
 
             def batch(c: sqlite3.Connection, at: Cursor,
@@ -96,7 +96,8 @@ class Reclaimer:
         return report
 
     def _shortest_keep(self) -> float | None:
-        keeps = [k for k in (self.settings.keep_ended, *self.settings.keep_ended_users.values())
+        settings = self.live.current
+        keeps = [k for k in (settings.keep_ended, *settings.keep_ended_users.values())
                  if k is not None]
         return min(keeps, default=None)
 

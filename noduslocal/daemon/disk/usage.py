@@ -13,7 +13,7 @@ import sys
 import time
 
 from noduslocal.daemon.accounts import user_name
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.disk.watch import allocated
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.store import Store
@@ -28,8 +28,8 @@ REFRESH_EVERY = 5.0  # seconds between measurements one user's `du` may ask for
 
 
 class DiskUsage:
-    def __init__(self, settings: Settings, store: Store, layout: JobLayout) -> None:
-        self.settings = settings
+    def __init__(self, live: LiveSettings, store: Store, layout: JobLayout) -> None:
+        self.live = live
         self.store = store
         self.layout = layout
         self.users: dict[int, UserUsage] = {}
@@ -51,11 +51,11 @@ class DiskUsage:
             except Exception:
                 log.exception("measuring the users' disk use failed")
             while not self._wanted.is_set() and \
-                    time.monotonic() - tried < self.settings.du_every:
+                    time.monotonic() - tried < self.live.current.du_every:
                 # In short steps, so a reloaded du_every applies at once.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wanted.wait(),
-                                           min(self.settings.du_every, WAKE_EVERY))
+                                           min(self.live.current.du_every, WAKE_EVERY))
 
     def refresh_soon(self) -> None:
         """Something was freed (a job removed, a volume deleted, a retention pass): measure
@@ -124,7 +124,7 @@ class DiskUsage:
     def require_under_quota(self, uid: int, user: str, what: str) -> None:
         """Refuse new work (`what`: "new jobs") of a user at or over their disk quota, as
         last measured."""
-        quota = self.settings.quota_for(user)
+        quota = self.live.current.quota_for(user)
         usage = self.users.get(uid)
         if quota is None or usage is None or usage.total < quota:
             return

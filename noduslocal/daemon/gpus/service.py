@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.gpus import simulated
 from noduslocal.daemon.gpus.model import Inventory
 from noduslocal.daemon.gpus.nvml import Nvml
@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class GpuService:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, live: LiveSettings) -> None:
+        self.live = live
         self.nvml: Nvml | None = None
         self.inventory = Inventory([], "none", "not read yet")
         self._task: asyncio.Task[None] | None = None
@@ -30,11 +30,11 @@ class GpuService:
         self.broken: dict[str, str] = {}
 
     async def start(self) -> Inventory:
-        if self.settings.simulate_gpus:
-            self.inventory = simulated.parse(self.settings.simulate_gpus)
+        if self.live.current.simulate_gpus:
+            self.inventory = simulated.parse(self.live.current.simulate_gpus)
             log.warning("SIMULATED GPUs (no NVML): %s", self.inventory.summary())
             return self.inventory
-        self.nvml = Nvml(self.settings.nvml_library)
+        self.nvml = Nvml(self.live.current.nvml_library)
         await asyncio.to_thread(self.nvml.open)
         self.inventory = await asyncio.to_thread(self.nvml.read)
         if self.inventory.gpus:
@@ -67,7 +67,7 @@ class GpuService:
     async def _poll(self, on_change: Callable[[Inventory], None]) -> None:
         assert self.nvml is not None
         while True:
-            await asyncio.sleep(self.settings.gpu_poll)
+            await asyncio.sleep(self.live.current.gpu_poll)
             try:
                 inventory = await asyncio.to_thread(self.nvml.read, self.inventory)
             except Exception:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.gpus.model import Inventory
 from noduslocal.daemon.jobs.attempt import Attempt
 from noduslocal.daemon.runtime.base import GpuGrant
@@ -17,11 +17,11 @@ from noduslocal.daemon.store import Store
 
 
 class GpuAccounting:
-    def __init__(self, settings: Settings, capacity: Capacity, inventory: Inventory) -> None:
-        self.settings = settings
+    def __init__(self, live: LiveSettings, capacity: Capacity, inventory: Inventory) -> None:
+        self.live = live
         self.capacity = capacity
         self.inventory = inventory  # replaced by each new reading (GpuHealth)
-        self.ledger = Ledger(settings.fair_share_half_life)
+        self.ledger = Ledger(live.current.fair_share_half_life)  # not live
 
     def grant(self, uuids: list[str]) -> GpuGrant:
         by_uuid = self.inventory.by_uuid()
@@ -30,7 +30,7 @@ class GpuAccounting:
 
     async def replay(self, store: Store) -> None:
         """At start: the fair-share ledger from the attempts of the last ten half-lives."""
-        horizon = time.time() - 10 * self.settings.fair_share_half_life
+        horizon = time.time() - 10 * self.live.current.fair_share_half_life
         for uid, gpus, started, ended in await store.gpu_usage(horizon):
             self.ledger.charge(uid, gpus * max(0.0, ended - started) / 3600, ended)
 
@@ -53,12 +53,12 @@ class GpuAccounting:
     def attempt_cost(self, attempt: Attempt) -> float:
         if attempt.meter is None:
             return 0.0
-        return attempt.meter.cost(self.inventory, self.settings.gpu_hour_rates,
-                                  self.settings.energy_price_per_kwh, time.time())
+        return attempt.meter.cost(self.inventory, self.live.current.gpu_hour_rates,
+                                  self.live.current.energy_price_per_kwh, time.time())
 
     def gpu_hour_rate(self, model: str | None) -> float:
         """What a GPU-hour of `model` costs (None: this box's first GPU's model)."""
-        rates = self.settings.gpu_hour_rates
+        rates = self.live.current.gpu_hour_rates
         if model is None:
             model = next((gpu.model for gpu in self.inventory.gpus), "")
         return rates.get(model, rates.get("default", 0.0))

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.scheduler.capacity import Capacity, Request
@@ -40,9 +40,9 @@ async def under_a_free_name(store: Store, requested: str | None, kind: str,
 
 
 class Admission:
-    def __init__(self, settings: Settings, store: Store, capacity: Capacity,
+    def __init__(self, live: LiveSettings, store: Store, capacity: Capacity,
                  dispatch: Dispatch, background: Background) -> None:
-        self.settings = settings
+        self.live = live
         self.store = store
         self.capacity = capacity
         self.dispatch = dispatch
@@ -52,12 +52,12 @@ class Admission:
         """Refuse what can never run here, naming the field and what is allowed."""
         if self.background.closed:
             raise errors.Conflict("the daemon is shutting down; submit again once it is back")
-        if req.spec.priority > self.settings.max_user_priority and not owner.admin:
+        if req.spec.priority > self.live.current.max_user_priority and not owner.admin:
             raise errors.InvalidArgument(
-                f"priority: at most {self.settings.max_user_priority} for users; admins may "
+                f"priority: at most {self.live.current.max_user_priority} for users; admins may "
                 "go higher", field="priority")
         request = Request.of(0, req.spec, owner.uid)
-        limit = self.settings.user_max_gpus
+        limit = self.live.current.user_max_gpus
         if limit is not None and request.gpu_count > limit:
             raise errors.InvalidArgument(f"gpu: {request.gpu_count} GPUs requested; a user may "
                                          f"hold at most {limit} at once here", field="gpu")

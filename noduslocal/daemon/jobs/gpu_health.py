@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.gpus.model import Inventory
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.attempt import AttemptLife, Board
@@ -21,10 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class GpuHealth:
-    def __init__(self, settings: Settings, capacity: Capacity, accounting: GpuAccounting,
+    def __init__(self, live: LiveSettings, capacity: Capacity, accounting: GpuAccounting,
                  board: Board, stopper: Stopper, kick: Callable[[], None]) -> None:
         """`kick`: asks for a queue pass, as what may start changed."""
-        self.settings = settings
+        self.live = live
         self.capacity = capacity
         self.accounting = accounting
         self.board = board
@@ -62,7 +62,7 @@ class GpuHealth:
     async def watch_costs(self) -> None:
         """Stop a job once it has cost more than its max_cost (every gpu_poll seconds)."""
         while True:
-            await asyncio.sleep(self.settings.gpu_poll)
+            await asyncio.sleep(self.live.current.gpu_poll)
             for attempt in list(self.board.active.values()):
                 try:
                     limit = attempt.job.spec.max_cost

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.events import EventHub, job_topic
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs import gang_view
@@ -86,7 +86,7 @@ def _pct(values: list[float], p: float) -> float:
 
 
 class JobService:
-    def __init__(self, settings: Settings, store: Store, hub: EventHub, layout: JobLayout,
+    def __init__(self, live: LiveSettings, store: Store, hub: EventHub, layout: JobLayout,
                  runtimes: Mapping[str, Runtime], board: Board, queue: Queue,
                  dispatch: Dispatch, admission: Admission, controls: OwnerControls,
                  runner: AttemptRunner, accounting: GpuAccounting, room: Room,
@@ -94,7 +94,7 @@ class JobService:
                  sweep_wait_reason: Callable[[int], str | None]) -> None:
         """`is_cell`, `sweep_wait_reason`: the sweep controller's say on a job (whether a
         sweep released it, why its sweep keeps it back)."""
-        self.settings = settings
+        self.live = live
         self.store = store
         self.hub = hub
         self.layout = layout
@@ -306,7 +306,7 @@ class JobService:
             why = runtime.wait_reason() or "the daemon has just restarted"
             raise errors.Conflict(f"job {job.name!r}: it is not adopted yet ({why}); try "
                                   "again shortly")
-        owner, most = job.owner_uid, self.settings.user_max_execs
+        owner, most = job.owner_uid, self.live.current.user_max_execs
         if self._execs[owner] >= most:
             raise errors.ResourceExhausted(
                 f"exec: {job.owner} has {self._execs[owner]} execs running, the most one "

@@ -15,7 +15,7 @@ import signal
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.jobs.attempt import Attempt, Board
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.outcomes import overrides
@@ -30,9 +30,9 @@ RECORD_WAIT = 2.0
 
 
 class Stopper:
-    def __init__(self, settings: Settings, store: Store, board: Board,
+    def __init__(self, live: LiveSettings, store: Store, board: Board,
                  runtimes: Mapping[str, Runtime], background: Background) -> None:
-        self.settings = settings
+        self.live = live
         self.store = store
         self.board = board
         self.runtimes = runtimes
@@ -55,7 +55,7 @@ class Stopper:
         is recorded: the end that came first is the attempt's."""
         if await self.signal(attempt, signal.SIGTERM) and self.board.occupies(attempt):
             attempt.timers.append(asyncio.get_running_loop().call_later(
-                self.settings.kill_grace, lambda: self.kill(attempt)))
+                self.live.current.kill_grace, lambda: self.kill(attempt)))
 
     def kill(self, attempt: Attempt) -> None:
         """SIGKILL now, on its own task (from code that may not wait)."""
@@ -125,7 +125,7 @@ class Stopper:
         attempt.stop_landed()  # no await since the kill: the exit cannot be seen yet
         if self.board.occupies(attempt):
             attempt.timers.append(asyncio.get_running_loop().call_later(
-                self.settings.kill_grace, lambda: self.kill(attempt)))
+                self.live.current.kill_grace, lambda: self.kill(attempt)))
 
     async def _retry_stop(self, attempt: Attempt) -> None:
         while self.board.occupies(attempt) and not self.background.closed and not attempt.ended:

@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.scheduler.queue import Queue
@@ -27,9 +27,9 @@ def hold_reason(by: str, reason: str | None) -> str:
 
 
 class UserAdmin:
-    def __init__(self, settings: Settings, store: Store, queue: Queue,
+    def __init__(self, live: LiveSettings, store: Store, queue: Queue,
                  accounting: GpuAccounting, dispatch: Dispatch) -> None:
-        self.settings = settings
+        self.live = live
         self.store = store
         self.queue = queue
         self.accounting = accounting
@@ -82,7 +82,7 @@ class UserAdmin:
             pending[req.owner_uid] = pending.get(req.owner_uid, 0) + 1
         by_user = self.queue.capacity.by_user
         uids = sorted({*names, *holds, *pending, *by_user})
-        settings = self.settings
+        settings = self.live.current
         out = []
         for uid in uids:
             jobs, gpus = by_user.get(uid, (0, 0))

@@ -18,7 +18,7 @@ from aiohttp.resolver import ThreadedResolver
 from yarl import URL
 
 from noduslocal.daemon import local_addresses
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.sweeps.reports import SweepReports
 from noduslocal.domain.errors import InvalidArgument
@@ -72,9 +72,9 @@ def _target(url: str) -> tuple[str, int]:
 
 
 class Webhooks:
-    def __init__(self, settings: Settings, background: Background,
+    def __init__(self, live: LiveSettings, background: Background,
                  reports: SweepReports) -> None:
-        self.settings = settings  # replaced on a reload: webhook_local_networks is live
+        self.live = live  # webhook_local_networks is live: read at each use
         self.background = background
         self.reports = reports
 
@@ -102,7 +102,7 @@ class Webhooks:
 
     async def _resolve(self, host: str, port: int) -> None:
         """Refused unless every address `host` has now may be reached."""
-        allowed = self.settings.webhook_local_networks
+        allowed = self.live.current.webhook_local_networks
         if local_addresses.parse(host) is not None:
             _check(host, host, allowed)  # aiohttp connects to a literal without a lookup
         else:
@@ -129,7 +129,7 @@ class Webhooks:
     def _session(self) -> aiohttp.ClientSession:
         # No cache: each post looks the name up again and checks what it found.
         connector = aiohttp.TCPConnector(
-            resolver=CheckedResolver(self.settings.webhook_local_networks),
+            resolver=CheckedResolver(self.live.current.webhook_local_networks),
             use_dns_cache=False)
         return aiohttp.ClientSession(connector=connector, trust_env=False,
                                      timeout=aiohttp.ClientTimeout(total=TIMEOUT))
@@ -145,7 +145,7 @@ class Webhooks:
         for attempt in range(1, TRIES + 1):
             try:
                 if local_addresses.parse(host) is not None:
-                    _check(host, host, self.settings.webhook_local_networks)
+                    _check(host, host, self.live.current.webhook_local_networks)
                 async with self._session() as session, \
                         session.post(url, json=doc, headers={EVENT_HEADER: event},
                                      allow_redirects=False) as answer:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime.base import (
     LOG_FILES,
@@ -43,21 +43,22 @@ ADOPT_RETRY = 1.0  # seconds between looks for a dockerd that is away, after a r
 class DockerRuntime:
     kind = "docker"
 
-    def __init__(self, settings: Settings, layout: JobLayout, on_change: Callable[[], None],
+    def __init__(self, live: LiveSettings, layout: JobLayout, on_change: Callable[[], None],
                  is_ended: Callable[[int, int], Awaitable[bool]]) -> None:
         """`on_change`: dockerd came or went (hold() changed); `is_ended(job_id, number)`:
         whether that attempt's end is committed, so its container may go."""
-        self.settings = settings
+        self.live = live
         self.layout = layout
         self._on_change = on_change
         self._is_ended = is_ended
         self._tasks: set[asyncio.Task[None]] = set()
+        settings = live.current  # what the engine takes here is not live (config.LIVE)
         self.engine = DockerEngine(settings.docker_host,
                                    container_spec.instance_id(settings.data_dir),
                                    settings.image_pull, self._availability_changed,
                                    settings.local_registries)
         self.networks = GangNetworks(self.engine)
-        self.engine.log_cap = lambda: self.settings.max_log_bytes  # a reload applies at once
+        self.engine.log_cap = lambda: self.live.current.max_log_bytes  # a reload applies at once
 
     async def start(self) -> None:
         await self.engine.start()
@@ -125,7 +126,7 @@ class DockerRuntime:
         plan = launch.plan(rank, container_spec.container_name(instance, job, ref.number),
                            container_spec.container_name(instance, job, ref.number, rank))
         kwargs = container_spec.create_kwargs(
-            self.settings, self.layout, instance, job, ref.number, launch.secrets,
+            self.live.current, self.layout, instance, job, ref.number, launch.secrets,
             gpus.env(in_container=True), gpus.device_ids, plan, launch.index_env(), rank)
         directory = ref.rank_dir(rank)
         directory.mkdir(mode=0o700, exist_ok=True)
