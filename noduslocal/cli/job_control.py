@@ -1,5 +1,5 @@
-"""`noduslocal job kill (or cancel)|suspend|resume|exec`: what an owner (or admin) does to a job that
-exists, as opposed to submitting one or reading about it."""
+"""`noduslocal job kill (or cancel)|suspend|resume|exec`: what an owner (or admin) does to a
+job that exists, as opposed to submitting one or reading about it."""
 
 from __future__ import annotations
 
