@@ -25,11 +25,10 @@ from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.admission import Admission
 from noduslocal.daemon.jobs.attempt import Attempt, Board
 from noduslocal.daemon.jobs.background import Background
-from noduslocal.daemon.jobs.controls import OwnerControls
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.jobs.gpu_health import GpuHealth
 from noduslocal.daemon.jobs.runner import AttemptRunner
-from noduslocal.daemon.jobs.service import JobService
+from noduslocal.daemon.jobs.service import JobService, OwnerControls
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.jobs.user_admin import UserAdmin
 from noduslocal.daemon.recovery import Recovery

@@ -1,6 +1,7 @@
 """The API's one door to jobs: find one (never another owner's by accident), list, create,
-the owners' controls, wait, exec, estimates, the job's live view (why it waits, what it has
-cost so far, its ranks and indexes), where its logs are, its workspace and its outputs.
+what owners ask of a job once it exists (cancel, suspend, resume, remove: OwnerControls),
+wait, exec, estimates, the job's live view (why it waits, what it has cost so far, its
+ranks and indexes), where its logs are, its workspace and its outputs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -21,7 +23,6 @@ from noduslocal.daemon.jobs import gang_view
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.admission import Admission
 from noduslocal.daemon.jobs.attempt import Board
-from noduslocal.daemon.jobs.controls import OwnerControls
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.jobs.gang_logs import merged_path
 from noduslocal.daemon.jobs.indexed_run import (
@@ -31,15 +32,16 @@ from noduslocal.daemon.jobs.indexed_run import (
     running_index_launch,
 )
 from noduslocal.daemon.jobs.runner import AttemptRunner
+from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.runtime.base import ExecResult, Runtime
 from noduslocal.daemon.scheduler.capacity import Request
 from noduslocal.daemon.scheduler.estimate import estimate_start
 from noduslocal.daemon.scheduler.gang_estimate import gang_topology
 from noduslocal.daemon.scheduler.queue import Queue
-from noduslocal.daemon.store import Store
+from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import AttemptRecord, CreateRequest, Event, JobRecord, Owner
-from noduslocal.domain.states import TERMINAL, Phase
+from noduslocal.domain.states import TERMINAL, Phase, Reason
 from noduslocal.domain.timefmt import iso
 
 JobAction = Literal["cancel", "suspend", "resume"]
@@ -83,6 +85,104 @@ class DiskUse(Protocol):
 def _pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+# What owners ask of a job once it exists, whichever phase it is in when they ask:
+# cancel, suspend (stop it and keep it aside), resume (queue it again at its old place),
+# and remove an ended one (its name free again).
+class OwnerControls:
+    def __init__(self, store: Store, layout: JobLayout, dispatch: Dispatch, board: Board,
+                 stopper: Stopper, withdraw: Callable[[int], bool],
+                 return_to_unreleased: Callable[[JobRecord], bool]) -> None:
+        """`withdraw(job_id)`: takes back a sweep's cell that was never queued; False when
+        the job is not such a cell. `return_to_unreleased(job)`: a resumed cell goes back
+        among its sweep's unreleased cells; False when it is no cell of a running sweep."""
+        self.store = store
+        self.layout = layout
+        self.dispatch = dispatch
+        self.board = board
+        self.stopper = stopper
+        self._withdraw = withdraw
+        self._return_to_unreleased = return_to_unreleased
+
+    def _take_back(self, job_id: int) -> bool:
+        """Out of the queue, or out of its sweep's held cells: it never started."""
+        return self.dispatch.remove(job_id) or self._withdraw(job_id)
+
+    async def cancel(self, job: JobRecord) -> None:
+        if job.phase == Phase.CANCELLED:
+            return
+        if job.phase in TERMINAL:
+            raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
+        if self._take_back(job.id):
+            await self.store.write(lambda c: job_writes.cancel_pending(
+                c, job.id, time.time(), "cancelled before it started"))
+            self.dispatch.kick()
+            return
+        attempt = self.board.active.get(job.id)
+        if attempt is not None:
+            await self.stopper.request_stop(attempt, Reason.CANCELLED)
+            return
+        if (recorded := self.board.finishing.get(job.id)) is not None:
+            # Its end is being recorded right now; if that end leaves it suspended or
+            # queued again, the cancel applies to what it became. Its processes are gone:
+            # while a full disk holds the end back, the caller is answered meanwhile.
+            await self.stopper.settle(self.stopper.aside(self._cancel_after(job.id,
+                                                                            recorded)))
+            return
+        if job.phase == Phase.SUSPENDED:
+            await self.store.write(lambda c: job_writes.set_phase(
+                c, job.id, Phase.CANCELLED, time.time(), Reason.CANCELLED,
+                "cancelled while suspended", expect=Phase.SUSPENDED))
+            return
+        raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be cancelled now")
+
+    async def _cancel_after(self, job_id: int, recorded: asyncio.Future[None]) -> None:
+        await asyncio.shield(recorded)
+        fresh = await self.store.job_by_id(job_id)
+        if fresh is not None and fresh.phase not in TERMINAL:
+            await self.cancel(fresh)
+
+    async def suspend(self, job: JobRecord) -> None:
+        """Stop the job as a cancel would, and keep it aside until resume()."""
+        if job.phase == Phase.SUSPENDED:
+            return
+        if job.phase in TERMINAL:
+            raise errors.Conflict(f"job {job.name!r} has already ended ({job.phase})")
+        if self._take_back(job.id):
+            await self.store.write(lambda c: job_writes.set_phase(
+                c, job.id, Phase.SUSPENDED, time.time(), Reason.SUSPENDED,
+                "suspended before it started; `job resume` queues it again"))
+            self.dispatch.kick()
+            return
+        attempt = self.board.active.get(job.id)
+        if attempt is None:
+            raise errors.Conflict(f"job {job.name!r} is {job.phase} and cannot be suspended "
+                                  "now")
+        await self.stopper.request_stop(attempt, Reason.SUSPENDED)
+
+    async def remove(self, job: JobRecord, by: str) -> None:
+        """An ended job out of listings, its name free, its directory gone; its attempts
+        stay (fair share, cost history)."""
+        if job.sweep_id is not None:
+            raise errors.Conflict(f"job {job.name!r} is a cell of a sweep; `sweep gc` frees "
+                                  "a sweep's cells")
+        if job.phase not in TERMINAL or job.id in self.board.active:
+            raise errors.Conflict(f"job {job.name!r} is {job.phase}; cancel it first "
+                                  "(`job kill`), or `job run --replace`")
+        await self.store.write(lambda c: job_writes.remove_job(c, job.id, time.time(), by))
+        await asyncio.to_thread(self.layout.remove, job.id)
+
+    async def resume(self, job: JobRecord) -> None:
+        if job.phase != Phase.SUSPENDED:
+            raise errors.Conflict(f"job {job.name!r} is {job.phase}; only a suspended job "
+                                  "can be resumed")
+        await self.store.write(lambda c: job_writes.set_phase(
+            c, job.id, Phase.PENDING, time.time(), Reason.RESUMED,
+            "resumed; queued again at its old place", expect=Phase.SUSPENDED))
+        resumed = replace(job, phase=Phase.PENDING.value, reason=Reason.RESUMED)
+        if not self._return_to_unreleased(resumed):
+            self.dispatch.enqueue(resumed)
 
 
 class JobService:

@@ -9,8 +9,8 @@ import contextlib
 import logging
 import time
 
-from noduslocal.daemon.jobs.controls import OwnerControls
 from noduslocal.daemon.jobs.dispatch import Dispatch
+from noduslocal.daemon.jobs.service import OwnerControls
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.sweeps.controller import SweepController
