@@ -20,6 +20,7 @@ from noduslocal.daemon.runtime import compiled_shim, shim
 from noduslocal.daemon.runtime.attempt_dir import inspect, read_exit, read_pid
 from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.runtime.host import spawner as spawner_module
+from noduslocal.daemon.runtime.host.runtime import signal_group
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.testing import process_gone as gone
 from tests.system.test_disk_full import fill_disk as fill
@@ -239,9 +240,9 @@ def test_signal_group_reaches_the_job(tmp_path: Path, cleanup: list[int]) -> Non
     async def body(runtime: Spawner) -> tuple[bool, AttemptState, bool]:
         shim_pid = await runtime.launch(request(directory, ["sleep", "300"]))
         cleanup.append((await running_job(directory))["pgid"])
-        sent = await runtime.signal_group(directory, signal.SIGTERM)
+        sent = await signal_group(directory, signal.SIGTERM)
         state = await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
-        return sent, state, await runtime.signal_group(directory, signal.SIGTERM)
+        return sent, state, await signal_group(directory, signal.SIGTERM)
 
     sent, state, sent_after_exit = run(with_runtime(body))
     assert sent

@@ -4,13 +4,21 @@ exit recorded in the attempt directory; adopted again after a restart by the shi
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.runtime.attempt_dir import kill_leftovers, read_pid, settled_inspect
+from noduslocal.daemon.runtime import shim
+from noduslocal.daemon.runtime.attempt_dir import (
+    has_exit,
+    kill_leftovers,
+    read_pid,
+    settled_inspect,
+)
 from noduslocal.daemon.runtime.base import (
     LOG_FILES,
     Alive,
@@ -116,7 +124,7 @@ class HostRuntime:
         return adopted(found, self.kind, recorded)
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
-        return await self.spawner.signal_group(ref.rank_dir(handle.rank), sig)
+        return await signal_group(ref.rank_dir(handle.rank), sig)
 
     async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
         for handle in handles:
@@ -133,3 +141,25 @@ class HostRuntime:
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         return rank_dir(directory, rank) / LOG_FILES[stream]
+
+
+async def signal_group(directory: Path, sig: int) -> bool:
+    """Signal a rank's process group (the shim made it; the shim then records the
+    end); False when it has already gone. The group is signalled only while its leader
+    is the job that pid.json names (same start time), never a group that reused the id."""
+    for _ in range(200):  # the shim writes pid.json right after starting the job
+        pid = read_pid(directory)
+        if pid is not None:
+            break
+        if has_exit(directory):
+            return False
+        await asyncio.sleep(0.01)
+    else:
+        return False
+    if has_exit(directory) or shim.start_ticks(pid["pgid"]) != pid.get("start_ticks"):
+        return False
+    try:
+        os.killpg(pid["pgid"], sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

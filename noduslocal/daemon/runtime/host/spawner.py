@@ -1,6 +1,5 @@
 """The host runtime's spawner, daemon side: keeps the spawner child (the compiled shim's
-`--serve`, or shim.py) that forks a shim per attempt, watches shims with pidfds, and
-signals a job's process group.
+`--serve`, or shim.py) that forks a shim per attempt, and watches shims with pidfds.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.daemon.runtime import compiled_shim, shim
-from noduslocal.daemon.runtime.attempt_dir import has_exit, inspect, read_pid
+from noduslocal.daemon.runtime.attempt_dir import has_exit, inspect
 from noduslocal.daemon.runtime.base import Alive, AttemptState, Vanished
 
 log = logging.getLogger(__name__)
@@ -160,24 +159,3 @@ class Spawner:
 
         loop.add_reader(pidfd, on_exit)
         return done
-
-    async def signal_group(self, directory: Path, sig: int) -> bool:
-        """Signal the job's process group; False when it has already gone. The group is
-        signalled only while its leader is the job that pid.json names (same start time),
-        never a group that reused the id."""
-        for _ in range(200):  # the shim writes pid.json right after starting the job
-            pid = read_pid(directory)
-            if pid is not None:
-                break
-            if has_exit(directory):
-                return False
-            await asyncio.sleep(0.01)
-        else:
-            return False
-        if has_exit(directory) or shim.start_ticks(pid["pgid"]) != pid.get("start_ticks"):
-            return False
-        try:
-            os.killpg(pid["pgid"], sig)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
