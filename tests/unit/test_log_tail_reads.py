@@ -1,6 +1,6 @@
 """Where a log's tail starts, without a daemon: lines counted from the end, a bounded read
 (a line longer than the limit comes back cut, and says so), and a missing log's empty tail.
-The daemon's reads of stuck and huge logs are in tests/daemon/test_log_tails.py."""
+The daemon's reads of stuck and huge logs are in tests/daemon/test_logs.py."""
 
 from __future__ import annotations
 

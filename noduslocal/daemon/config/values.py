@@ -1,5 +1,5 @@
 """How each setting's TOML value is checked and turned into what Settings holds: one-line
-errors that name the setting (config.py's table says which converter each one uses).
+errors that name the setting (config/settings.py's _TOML_KEYS says which converter each one uses).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from noduslocal.domain.jobs import JobRecord
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # In each job's directory: the job as the database has it (owner, project, name, spec),
-# so that a job whose rows a damaged database lost can be put back (lifecycle/orphans.py).
+# so that a job whose rows a damaged database lost can be put back (jobs/orphans.py).
 RECORD = "job.json"
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
 # Run as the job's owner in its new workspace ($1): $2 = 1 to unpack the tar on stdin,

@@ -220,7 +220,7 @@ def request_stop(conn: sqlite3.Connection, job_id: int, number: int,
 def set_phase(conn: sqlite3.Connection, job_id: int, phase: Phase, now: float, reason: str,
               message: str, expect: Phase | None = None) -> tuple[None, list[Event]]:
     """A job with no attempt running: Pending or Suspended to Suspended, Pending or
-    Cancelled (the table in states.py decides). With `expect`, only from that phase: a
+    Cancelled (the table in domain/states.py decides). With `expect`, only from that phase: a
     resume and a cancel that race cannot both win."""
     if expect is not None:
         row = conn.execute("SELECT phase, name FROM jobs WHERE id = ?", (job_id,)).fetchone()
