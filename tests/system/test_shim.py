@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from noduslocal.daemon.runtime import compiled_shim, shim
-from noduslocal.daemon.runtime.attempt_dir import inspect, read_exit, read_pid
+from noduslocal.daemon.runtime.attempt_dir import NO_ROOM_DETAIL, inspect, read_exit, read_pid
 from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.runtime.host import spawner as spawner_module
 from noduslocal.daemon.runtime.host.runtime import signal_group
@@ -593,3 +593,21 @@ def test_a_full_disk_costs_log_output_but_neither_the_shim_nor_the_exit(
             "(No space left on device)\nafter\n")
         assert sorted(p.name for p in directory.iterdir()) == [
             shim.LOCK, shim.EXIT, shim.OUTPUT_LOG, shim.PID]
+
+
+def test_no_room_for_its_records_means_the_job_never_starts(tmp_path: Path) -> None:
+    """With no room on the attempt's disk for pid.json and exit.json, the shim ran the
+    job anyway and could record neither: a restarted daemon then judged an attempt that had
+    run as never started (and ran it again). Now the job is not started at all."""
+    ran = tmp_path / "ran"
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        directory = new_dir(disk)
+        fill(disk / "filler")
+
+        async def body(runtime: Spawner) -> AttemptState:
+            return await run_job(runtime, directory, ["touch", str(ran)], cwd=tmp_path)
+
+        state = run(with_runtime(body))
+        assert state == NeverStarted(NO_ROOM_DETAIL, certain=True), state
+        assert not ran.exists()
+        assert read_pid(directory) is None

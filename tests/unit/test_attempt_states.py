@@ -20,7 +20,7 @@ from noduslocal.daemon.jobs.outcomes import outcome_of
 from noduslocal.daemon.runtime.base import Exited, NeverStarted
 from noduslocal.daemon.scheduler.queue import Request
 from noduslocal.domain.jobs import JobRecord, JobSpec
-from noduslocal.domain.states import IllegalTransition, Phase, Reason
+from noduslocal.domain.states import AttemptPhase, IllegalTransition, Phase, Reason
 
 Life = AttemptLife
 
@@ -114,3 +114,11 @@ def test_an_attempt_that_never_started_is_lost_once_it_was_launched() -> None:
     assert (starting.job_phase, starting.reason) == (Phase.PENDING, Reason.REQUEUED)
     launched = outcome_of(NeverStarted(), attempt(Life.RUNNING))
     assert (launched.job_phase, launched.reason) == (Phase.FAILED, Reason.LOST)
+
+
+def test_a_launched_shim_that_found_no_room_never_started_the_job() -> None:
+    """The shim says so itself (its no-room marker): the attempt is NotStarted and the job
+    queued again, no retry spent, rather than lost as a shim that vanished would be."""
+    refused = outcome_of(NeverStarted("no room", certain=True), attempt(Life.RUNNING))
+    assert (refused.attempt_phase, refused.job_phase, refused.reason, refused.spend_retry) == (
+        AttemptPhase.NOT_STARTED, Phase.PENDING, Reason.REQUEUED, False)

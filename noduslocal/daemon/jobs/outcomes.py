@@ -23,6 +23,9 @@ PAUSES: dict[str, tuple[Phase, str]] = {
 
 NOT_RETRIED = frozenset({126, 127})  # cannot execute, not found: a retry cannot help
 RETRY_PAUSE_MAX = 60.0
+# Seconds before a job whose shim found no room to record it is tried again: the disk
+# watch reads the disk every few seconds, and a full disk is not freed in less.
+NO_ROOM_PAUSE = 5.0
 
 
 def retry_pause(retries_used: int) -> float:
@@ -41,7 +44,7 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
     job, stop = attempt.job, attempt.stop_reason
     if isinstance(state, Exited) and attempt.life is AttemptLife.STOP_ASKED:
         stop = None  # it ended before our signal reached it: as it ended, not as we asked
-    if isinstance(state, NeverStarted) and attempt.launched:
+    if isinstance(state, NeverStarted) and attempt.launched and not state.certain:
         state = Vanished()  # a shim was started: whether the job ran, nobody knows
     if isinstance(state, Exited):
         code, sig = state.exit_code, state.signal

@@ -24,7 +24,7 @@ from noduslocal.daemon.jobs.attempt import Attempt, Board, verdict
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.jobs.gang_logs import LogMerger
 from noduslocal.daemon.jobs.indexed_run import IndexedRun
-from noduslocal.daemon.jobs.outcomes import outcome_of, retry_pause
+from noduslocal.daemon.jobs.outcomes import NO_ROOM_PAUSE, outcome_of, retry_pause
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.runtime.base import (
     AttemptState,
@@ -214,6 +214,8 @@ class AttemptRunner:
                             retries_used=job.retries_used + outcome.spend_retry)
             if outcome.reason == Reason.RETRYING:  # a failed task: after a growing pause
                 self.dispatch.enqueue_later(again, retry_pause(job.retries_used))
+            elif isinstance(state, NeverStarted) and state.certain:
+                self.dispatch.enqueue_later(again, NO_ROOM_PAUSE)  # not at once, in a loop
             else:
                 self.dispatch.enqueue(again)
         # The ranks are gone, so their share goes to the next job now: that job's start and

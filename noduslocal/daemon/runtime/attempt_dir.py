@@ -38,6 +38,8 @@ def read_exit(directory: Path) -> Exited | None:
 def read_pid(directory: Path) -> dict[str, Any] | None:
     return _read_json(directory / shim.PID)
 
+NO_ROOM_DETAIL = "no room on the data dir's disk to record the job, so it was not started"
+
 
 def has_exit(directory: Path) -> bool:
     try:
@@ -67,6 +69,8 @@ def inspect(directory: Path) -> AttemptState:
         if read_pid(directory) is not None:
             return Vanished()
         (directory / shim.ABANDONED).touch()
+        if (directory / shim.NO_ROOM).exists():
+            return NeverStarted(NO_ROOM_DETAIL, certain=True)
         return NeverStarted()
     finally:
         os.close(fd)

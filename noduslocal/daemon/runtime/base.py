@@ -49,9 +49,11 @@ class Vanished:
 @dataclass(frozen=True)
 class NeverStarted:
     """No shim or container ran this attempt, and none ever will (for a shim we left an
-    `abandoned` marker)."""
+    `abandoned` marker). `certain`: the runtime knows it although it launched the attempt
+    (a shim that found no room to record the job, and so never started it)."""
 
     detail: str | None = None
+    certain: bool = False
 
 
 # What became of a rank, in every runtime's words.

@@ -400,12 +400,20 @@ static char *tmp_path(const char *name) {
 }
 
 /* The temporary file of a record, with RECORD_ROOM bytes allocated now: a job that fills
- * the disk cannot take its exit's room. -1 when it cannot be made. */
+ * the disk cannot take its exit's room. -1 when it cannot be made or the disk has no room
+ * for it (a file system without fallocate: written as it comes). */
 static int reserve_record(const char *name) {
     char *tmp = tmp_path(name);
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        int err = posix_fallocate(fd, 0, RECORD_ROOM);
+        if (err == ENOSPC || err == EDQUOT) {
+            close(fd);
+            unlink(tmp);
+            fd = -1;
+        }
+    }
     free(tmp);
-    if (fd >= 0) posix_fallocate(fd, 0, RECORD_ROOM); /* no room: written as it comes */
     return fd;
 }
 
@@ -588,6 +596,23 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     char *abandoned = path_in("abandoned");
     if (access(abandoned, F_OK) == 0) _exit(0); /* a restarted daemon gave up on us */
     int pid_record = reserve_record("pid.json"), exit_record = reserve_record("exit.json");
+    if (pid_record < 0 || exit_record < 0) {
+        /* A job we could not record would run unseen: judged never started after a
+         * restart, it would run twice. Not started, it is (and is queued again). */
+        if (pid_record >= 0) {
+            char *tmp = tmp_path("pid.json");
+            close(pid_record);
+            unlink(tmp);
+        }
+        if (exit_record >= 0) {
+            char *tmp = tmp_path("exit.json");
+            close(exit_record);
+            unlink(tmp);
+        }
+        int marker = open(path_in("no-room"), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (marker >= 0) close(marker); /* an empty file: a name needs no block */
+        _exit(0);
+    }
     if (req->max_log) {
         tail_room = req->max_log / 4 < TAIL_MAX ? (size_t)(req->max_log / 4) : TAIL_MAX;
         head_room = req->max_log > tail_room + NOTE_ROOM ? req->max_log - tail_room - NOTE_ROOM

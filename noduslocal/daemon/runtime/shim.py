@@ -30,6 +30,7 @@ LOCK = "attempt.lock"
 PID = "pid.json"
 EXIT = "exit.json"
 ABANDONED = "abandoned"
+NO_ROOM = "no-room"  # made empty by a shim that found no room to record its job
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
 DRAIN_AFTER_EXIT = 2.0  # seconds to keep reading pipes that escaped processes hold open
@@ -58,13 +59,20 @@ def write_json_atomic(directory: str, name: str, data: dict, durable: bool = Fal
 def reserve_record(directory: str, name: str) -> int:
     """The temporary file that write_reserved() fills, with RECORD_ROOM bytes allocated
     now: a job that fills the disk cannot take its exit's room. -1 when it cannot be made."""
+    tmp = os.path.join(directory, f".{name}.tmp")
     try:
-        fd = os.open(os.path.join(directory, f".{name}.tmp"),
-                     os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     except OSError:
         return -1
-    with contextlib.suppress(OSError):  # no room now: written as it comes, at the end
+    try:
         os.posix_fallocate(fd, 0, RECORD_ROOM)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return -1
+        # A file system without fallocate: the record is written as it comes.
     return fd
 
 
@@ -419,6 +427,18 @@ def run_shim(req: dict) -> None:
             os._exit(0)  # a restarted daemon gave up on this attempt before we ran
         pid_record, exit_record = (reserve_record(directory, PID),
                                    reserve_record(directory, EXIT))
+        if pid_record < 0 or exit_record < 0:
+            # A job we could not record would run unseen: judged never started after a
+            # restart, it would run twice. Not started, it is (and is queued again).
+            for fd, name in ((pid_record, PID), (exit_record, EXIT)):
+                if fd >= 0:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(directory, f".{name}.tmp"))
+            with contextlib.suppress(OSError):  # an empty file: a name needs no block
+                os.close(os.open(os.path.join(directory, NO_ROOM),
+                                 os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            os._exit(0)
         logs = Logs(directory, req.get("max_log", MAX_LOG))
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
