@@ -64,7 +64,7 @@ def test_sweep_phases() -> None:
 
 
 def test_errors_are_made_alike_for_clustering() -> None:
-    from noduslocal.daemon.sweeps.failures import normalise
+    from noduslocal.daemon.sweeps.reports import normalise
 
     assert normalise("FileNotFoundError: [Errno 2] No such file: /data/shard-0042.jsonl") \
         == "FileNotFoundError: [Errno N] No such file: PATH"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from noduslocal.daemon.sweeps import failures, reports
+from noduslocal.daemon.sweeps import reports
 from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import SweepPhase
 from noduslocal.domain.sweeps import SweepRecord
@@ -216,7 +216,7 @@ def test_the_line_kept_at_the_end_is_the_one_its_file_gives(tmp_path: Path) -> N
         "blank-lines": b"first\nlast words\n\n   \n\n",
         "no-newline": b"one\ntwo",
         "long": b"x" * 3000 + b"\n" + b"y" * 5000,  # longer than the tail read
-        "long-line-cut": b"start\n" + b"z" * (failures.TAIL + 100) + b"\n",
+        "long-line-cut": b"start\n" + b"z" * (reports.TAIL + 100) + b"\n",
         "not-utf8": b"ok\n\xff\xfe broken \xc3\n",
         "crlf": b"a\r\nb\r\n",
         "empty": b"",
@@ -237,10 +237,10 @@ def test_the_line_kept_at_the_end_is_the_one_its_file_gives(tmp_path: Path) -> N
         kept = {row[0]: row[1] for row in await h.store.fetchall(
             "SELECT j.name, a.stderr_line FROM attempts a JOIN jobs j ON j.id = a.job_id")}
         for name, job in jobs.items():
-            assert kept[name] == failures.last_line(stderr_of(h, job)), name
+            assert kept[name] == reports.last_line(stderr_of(h, job)), name
         assert kept["blank-lines"] == "last words"
-        assert kept["long"] == "y" * failures.TAIL  # the tail read, as the file gives
-        assert kept["long-line-cut"] == "z" * (failures.TAIL - 1)
+        assert kept["long"] == "y" * reports.TAIL  # the tail read, as the file gives
+        assert kept["long-line-cut"] == "z" * (reports.TAIL - 1)
         assert kept["no-log"] == kept["refused"] == kept["empty"] == ""
         assert kept["fine"] is None  # a success is never clustered: nothing read
 

@@ -1,25 +1,25 @@
-"""A sweep's documents as the API, the CLI and webhooks see them: its status (phase,
-counts, cost, the best cell, failures clustered by error, the estimate) and its cells'
-rows, with live cost and metrics for cells that run. A page of sweeps' statuses is built
-from one query per part for the whole page, and reads no file (each failed attempt's last
-stderr line is kept with its end)."""
+"""A sweep's documents as the API, the CLI and webhooks see them: its status (phase, counts,
+cost, the best cell, failed cells clustered by error, the cost and finish estimate) and its
+cells' rows with live cost and metrics. A page of statuses costs one query per part for the
+whole page and reads no file (a failed attempt's last stderr line is kept with its end)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.store import Store
 from noduslocal.daemon.store.rows import CellGroup, FailedCell
-from noduslocal.daemon.sweeps import failures, report
-from noduslocal.daemon.sweeps.estimate import estimate
 from noduslocal.domain.jobs import JobRecord
-from noduslocal.domain.states import Phase
+from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.domain.sweeps import SweepRecord
+from noduslocal.domain.timefmt import iso
 
 REDACTED = "***"
 
@@ -37,7 +37,7 @@ class SweepReports:
         self._log_path = log_path
 
     def row(self, sweep: SweepRecord, job: JobRecord, redact: bool) -> dict[str, Any]:
-        return report.cell_row(sweep, job, self.region, self._running_cost(job.id),
+        return cell_row(sweep, job, self.region, self._running_cost(job.id),
                                self._running_metrics(job.id), redact)
 
     async def cells(self, sweep: SweepRecord, offset: int, limit: int,
@@ -48,7 +48,7 @@ class SweepReports:
     def stderr_line(self, job: JobRecord, number: int) -> str:
         """The last line of attempt `number`'s stderr, as its cell's failure is clustered
         by (blocking: the runner calls it on a thread as the attempt ends)."""
-        return failures.last_line(self._log_path(job, number, "stderr"))
+        return last_line(self._log_path(job, number, "stderr"))
 
     async def status(self, sweep: SweepRecord, redact: bool) -> dict[str, Any]:
         """`redact`: for a caller who is not the owner (parameters and stderr hidden)."""
@@ -76,7 +76,7 @@ class SweepReports:
             if hidden:  # stderr is the owner's to read
                 mine = [{**g, "error": REDACTED, "exemplar_error": REDACTED} for g in mine]
             top = best.get(sweep.id)
-            doc = report.status(sweep, counts, cost,
+            doc = status_doc(sweep, counts, cost,
                                 None if top is None else self.row(sweep, top, hidden), mine)
             running_cost = sum(self._running_cost(j) for j in running[sweep.id])
             docs.append({**doc, "canary_job": canaries.get(sweep.id),
@@ -97,7 +97,7 @@ class SweepReports:
         before the lines were kept."""
         if not sweep_ids:
             return {}
-        failed = await self.store.sweeps_failed(sweep_ids, failures.MAX_CELLS)
+        failed = await self.store.sweeps_failed(sweep_ids, MAX_CELLS)
         unkept = [c.job_id for cells in failed.values() for c in cells
                   if c.attempts and c.stderr_line is None]
         jobs = await self.store.failed_jobs(unkept) if unkept else {}
@@ -108,7 +108,7 @@ class SweepReports:
                     return cell.stderr_line
                 return self.stderr_line(jobs[cell.job_id], cell.attempts)
 
-            return {sweep_id: failures.clusters(cells, line_of)
+            return {sweep_id: clusters(cells, line_of)
                     for sweep_id, cells in failed.items()}
 
         return await asyncio.to_thread(cluster)
@@ -124,3 +124,152 @@ class SweepReports:
         firsts = await self.store.sweeps_first_cells(gated) if gated else {}
         return {**{sweep_id: names[job_id] for sweep_id, job_id in smoke.items()
                    if job_id in names}, **firsts}
+
+
+# A sweep's report: each cell's row (GPU, region, parameters, phase, cost, wall time) in
+# index order, and the sweep's status (phase, counts per phase, total cost).
+
+def cell_row(sweep: SweepRecord, job: JobRecord, region: str, running_cost: float,
+             live_metrics: dict[str, float] | None, redact: bool) -> dict[str, Any]:
+    assert job.cell is not None
+    metrics = live_metrics or job.metrics
+    params = sweep.spec.params(job.cell)
+    end = job.ended_at or (time.time() if job.started_at else None)
+    return {
+        "index": job.cell,
+        "name": job.name,
+        "gpu": job.spec.gpu.describe() if job.spec.gpu is not None else None,
+        "region": params.get("region", region),
+        "params": dict.fromkeys(params, "***") if redact else params,
+        "phase": job.phase,
+        "reason": job.reason,
+        "message": job.message,
+        "exit_code": job.exit_code,
+        "attempts": job.attempts,
+        "cost": round(job.cost + running_cost, 6),
+        "wall_s": None if not job.started_at or not end else round(end - job.started_at, 3),
+        "throughput": metrics.get("throughput"),
+        "metrics": metrics,
+    }
+
+
+def status_doc(sweep: SweepRecord, counts: dict[str, int], cost: float,
+               best: dict[str, Any] | None, failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """`best`: the row of the succeeded cell with the highest throughput (lower cost on a
+    tie), None until one reported it; `failures`: failed cells clustered by error."""
+    done = sum(counts.get(p, 0) for p in ("Succeeded", "Failed", "Cancelled"))
+    return {**sweep.to_wire(), "counts": counts, "done": done, "cost": round(cost, 6),
+            "best": best, "failures": failures}
+
+
+# Failed cells clustered by error: the exit code plus the last line of stderr with
+# numbers, paths and hex ids made alike, so 400 failures read as the two causes they are.
+# The line is kept with each attempt's end (last_line, read then); an older end's is read
+# from its file.
+
+TAIL = 4096  # bytes of stderr read for its last line
+MAX_CELLS = 1000  # failed cells looked at; the rest are counted, not read
+EXAMPLES = 5
+_PATH = re.compile(r"(?:[A-Za-z0-9_.~-]*/)+[A-Za-z0-9_.-]+")
+_HEX = re.compile(r"\b(?:0x[0-9a-fA-F]+|[0-9a-fA-F]{8,})\b")
+_NUMBER = re.compile(r"(?<![A-Za-z])\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def normalise(line: str) -> str:
+    line = _PATH.sub("PATH", line.strip())
+    line = _HEX.sub("HEX", line)
+    return _NUMBER.sub("N", line)[:300]
+
+
+def last_line(path: Path) -> str:
+    try:
+        with path.open("rb") as file:
+            file.seek(0, 2)
+            size = file.tell()
+            file.seek(max(0, size - TAIL))
+            data = file.read()
+    except OSError:
+        return ""
+    lines = [x for x in data.decode("utf-8", "replace").splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
+def clusters(failed: list[FailedCell],
+             line_of: Callable[[FailedCell], str]) -> list[dict[str, Any]]:
+    """Groups of failed cells, the largest first: exit code, normalised error, how many,
+    the first few cells and an exemplar (the first) with its error as it was.
+    `line_of(cell)`: the last line of its last attempt's stderr."""
+    groups: dict[tuple[int | None, str], dict[str, Any]] = {}
+    for cell in failed[:MAX_CELLS]:
+        line = line_of(cell) if cell.attempts else ""
+        key = (cell.exit_code, normalise(line) or (cell.message or cell.reason or ""))
+        group = groups.setdefault(key, {"exit_code": key[0], "error": key[1], "count": 0,
+                                        "cells": [], "exemplar": cell.cell,
+                                        "exemplar_job": cell.name,
+                                        "exemplar_error": line or cell.message})
+        group["count"] += 1
+        if len(group["cells"]) < EXAMPLES:
+            group["cells"].append(cell.cell)
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["exemplar"]))
+
+
+# A sweep's estimate: what all its cells should cost (what is spent, plus what the running
+# and the waiting cells should still cost at the GPU-hour rate) and when the last should
+# end, each with the basis it was worked out from.
+
+RUNNING = frozenset({Phase.STARTING, Phase.RUNNING})
+
+
+def _duration(groups: list[CellGroup]) -> tuple[float | None, str]:
+    """A cell's expected wall time, and where it comes from."""
+    declared = next((g.expected_duration for g in groups if g.expected_duration), None)
+    if declared is not None:
+        return float(declared), f"expected_duration ({declared:g} s)"
+    ended = [g for g in groups if g.phase == Phase.SUCCEEDED and g.ran]
+    ran = sum(g.ran for g in ended)
+    if ran:
+        mean = sum(g.wall for g in ended) / ran
+        return mean, f"the mean wall time of {ran} succeeded cells ({mean:.3g} s)"
+    return None, "no expected_duration, and no cell has succeeded yet"
+
+
+def estimate(groups: Iterable[CellGroup], spent: float, running_cost: float,
+             rate: Callable[[str | None], float], max_parallel: int, box_gpus: int,
+             now: float) -> dict[str, Any]:
+    """`spent`: what every ended attempt cost (retried ones too); `running_cost`: what the
+    running cells have cost so far; `rate(model)`: a GPU-hour of that model (None: this
+    box's); `box_gpus`: how many GPUs the box has, which bounds how many cells run at
+    once."""
+    groups = list(groups)
+    duration, basis = _duration(groups)
+    left = [g for g in groups if g.phase not in TERMINAL]
+    waiting = [g for g in left if g.phase not in RUNNING]
+    running = [g for g in left if g.phase in RUNNING]
+    doc: dict[str, Any] = {
+        "spent": round(spent + running_cost, 6), "cells_left": sum(g.count for g in left),
+        "duration_s": None if duration is None else round(duration, 3), "basis": basis,
+        "cost": None, "remaining": None, "finish_in_s": None, "finish_at": None}
+    if not left:
+        return {**doc, "cost": doc["spent"], "remaining": 0.0, "finish_in_s": 0.0,
+                "basis": "every cell has ended"}
+    if duration is None:
+        return doc
+    remaining = 0.0
+    for g in waiting:
+        remaining += g.count * g.gpus * duration / 3600 * rate(g.model)
+    longest_left = 0.0
+    for g in running:
+        elapsed = g.count * now - g.started  # summed over the group's cells
+        left_s = max(0.0, g.count * duration - elapsed)
+        remaining += g.gpus * left_s / 3600 * rate(g.model)
+        longest_left = max(longest_left, left_s / g.count)
+    width = max_parallel
+    widest = max((g.gpus for g in waiting), default=0)
+    if widest and box_gpus:
+        width = max(1, min(width, box_gpus // widest))
+    waves = math.ceil(sum(g.count for g in waiting) / width)
+    finish = longest_left + waves * duration
+    return {**doc, "cost": round(doc["spent"] + remaining, 6),
+            "remaining": round(remaining, 6), "finish_in_s": round(finish, 1),
+            "finish_at": iso(now + finish),
+            "basis": f"{basis} x the GPU-hour rate, {width} cells at once"}
