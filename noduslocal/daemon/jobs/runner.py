@@ -1,24 +1,28 @@
 """Running one attempt: prepare its directory, launch its ranks through the job's runtime,
-watch them (timeout, a stop asked for meanwhile, a GPU that broke), and record the end:
-outputs collected before it is committed, the job queued again or ended, the share
-handed on in the same commit as the next start.
+watch them (timeout, a stop asked for meanwhile, a GPU that broke) and follow what they
+report in the metrics file, and record the end: outputs collected before it is committed,
+the job queued again or ended, the share handed on in the same commit as the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+import watchfiles
 
 from noduslocal.daemon.files.layout import JobLayout, WorkspaceFailed
 from noduslocal.daemon.files.outputs import OutputLimits
 from noduslocal.daemon.files.outputs import collect as collect_output
-from noduslocal.daemon.jobs import gang_logs, gang_view, metrics_watch
+from noduslocal.daemon.jobs import gang_logs, gang_view
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.attempt import Attempt, Board, verdict
 from noduslocal.daemon.jobs.dispatch import Dispatch
@@ -39,12 +43,15 @@ from noduslocal.daemon.runtime.base import (
 )
 from noduslocal.daemon.runtime.gang_launch import master_port
 from noduslocal.daemon.store import Store, job_writes
+from noduslocal.domain import metrics
 from noduslocal.domain.indexes import output_path
 from noduslocal.domain.jobs import Collected, JobRecord
 from noduslocal.domain.states import TERMINAL, AttemptPhase, Phase, Reason
 
 log = logging.getLogger(__name__)
 COLLECT_THREADS = 2  # jobs whose outputs are collected at once
+DEBOUNCE_MS = 200  # a metrics file's changes read at most this often
+FOLLOW_AFTER = 1.0  # seconds an attempt runs before its metrics file is watched
 
 
 class AttemptRunner:
@@ -163,7 +170,7 @@ class AttemptRunner:
         stop = asyncio.Event()
         # Not awaited at the end: the watcher notices `stop` only at its next step, and
         # the end reads the file once more itself.
-        self.stopper.background.spawn(metrics_watch.follow(
+        self.stopper.background.spawn(follow_metrics(
             attempt, self.layout.workspace(attempt.job.id), stop))
         merging = None
         if attempt.job.spec.gang is not None:  # its merged log is whole before the end
@@ -198,7 +205,7 @@ class AttemptRunner:
             if job.spec.outputs and job.spec.indexed is None:
                 collected = await asyncio.get_running_loop().run_in_executor(
                     self._collect_pool, self._collect, job)
-            reported = metrics_watch.read_final(attempt, self.layout.workspace(job.id))
+            reported = read_final_metrics(attempt, self.layout.workspace(job.id))
         line = await self.last_error(attempt, outcome.job_phase)
         ended = self.store.write(lambda c: job_writes.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
@@ -305,3 +312,35 @@ class AttemptRunner:
                 else:
                     used += out.size
         return collected
+
+
+# Following what a running attempt reports: its metrics file watched with watchfiles
+# (inotify), read again on each change, so status and a sweep's report show live values.
+
+async def read_metrics(attempt: Attempt, workspace: Path) -> None:
+    attempt.metrics = await asyncio.to_thread(metrics.read, workspace, attempt.job.owner_uid)
+
+
+def read_final_metrics(attempt: Attempt, workspace: Path) -> dict[str, float]:
+    """The attempt's metrics once it has ended (a watcher still stopping may lag)."""
+    return metrics.read(workspace, attempt.job.owner_uid)
+
+
+async def follow_metrics(attempt: Attempt, workspace: Path, stop: asyncio.Event) -> None:
+    """Until `stop` is set: the attempt's metrics, read again whenever the file changes.
+    Only once the attempt has run FOLLOW_AFTER seconds: a watcher costs a thread and an
+    inotify instance, which short tasks (a sweep of `true`) would pay for nothing; their
+    metrics are read at their end."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), FOLLOW_AFTER)
+        return
+    try:
+        await read_metrics(attempt, workspace)
+        async for _ in watchfiles.awatch(
+                workspace, stop_event=stop, recursive=False, debounce=DEBOUNCE_MS,
+                watch_filter=lambda _, path: path.endswith(metrics.METRICS_FILE)):
+            await read_metrics(attempt, workspace)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # a workspace gone or unreadable: the end's own read still counts
+        log.exception("following the metrics of job %s failed", attempt.job.name)
