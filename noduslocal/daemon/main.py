@@ -24,7 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from noduslocal.daemon import log_limit, logfmt, systemd
+from noduslocal.daemon import logfmt, systemd
 from noduslocal.daemon.config.reload import ConfigReloader
 from noduslocal.daemon.config.settings import Settings, default_config_path, load_settings
 from noduslocal.domain import errors
@@ -274,7 +274,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    log_limit.install(logfmt.install(args.log_level))
+    logfmt.install(args.log_level)
     # watchfiles logs every batch of file changes at INFO: the config's directory, and each
     # job's metrics file, would fill the journal.
     logging.getLogger("watchfiles").setLevel(logging.WARNING)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from noduslocal import testing
-from noduslocal.daemon.log_limit import RepeatLimit
+from noduslocal.daemon.logfmt import RepeatLimit
 from noduslocal.domain import errors
 from noduslocal.sdk.transport import Transport
 from noduslocal.sdk.wire import _connect_through_a_full_queue
