@@ -15,7 +15,6 @@ from aiohttp import web
 from noduslocal.daemon.api import (
     admin,
     admin_users,
-    doctor,
     files,
     gpus,
     identity,
@@ -159,8 +158,8 @@ async def request_log_middleware(request: web.Request,
 def route_tables() -> list[web.RouteTableDef]:
     return [system.routes, jobs.routes, streams.routes, files.routes, outputs.routes,
             secrets.routes, volumes.routes, sources.routes, gpus.routes, queue.routes,
-            sweeps.routes, admin.routes, admin_users.routes, doctor.routes,
-            prometheus.routes, retention.routes]
+            sweeps.routes, admin.routes, admin_users.routes, prometheus.routes,
+            retention.routes]
 
 
 def build_app(services: Services, metrics: Metrics | None = None) -> web.Application:

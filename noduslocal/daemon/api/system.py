@@ -1,5 +1,5 @@
-"""Daemon-level resources: health, what this daemon is (version, capacity, who you are) and
-the profiles it offers."""
+"""Daemon-level resources: health, the doctor's checks, what this daemon is (version,
+capacity, who you are) and the profiles it offers."""
 
 from __future__ import annotations
 
@@ -25,6 +25,16 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": not problems,
                               "status": "degraded" if problems else "ok",
                               "problems": problems})
+
+
+@routes.get("/v1/doctor")
+async def doctor(request: web.Request) -> web.Response:
+    """What the daemon can see of what it needs, one check each, OK or what to do: its
+    runtimes (dockerd and the NVIDIA container runtime, the host jobs' shim), its GPUs (NVML
+    and the driver), the data dir's disk, its config, and its clock against the database.
+    Anyone may read it; `noduslocal doctor` adds what only the caller's side can see."""
+    checks = await request.app[SERVICES].admin.doctor()
+    return web.json_response({"checks": [c.to_wire() for c in checks]})
 
 
 @routes.get("/v1/info")
