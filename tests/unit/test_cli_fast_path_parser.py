@@ -92,11 +92,11 @@ def test_times_parse_without_strptime() -> None:
         parse_iso("2026-01-02 03:04:05")
 
 
-def test_wire_json_is_jsons() -> None:
+def test_transport_json_is_jsons() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from noduslocal.sdk import wire_json
+    from noduslocal.sdk import transport
 
     values = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -105,12 +105,12 @@ def test_wire_json_is_jsons() -> None:
     @settings(max_examples=300, deadline=None)
     @given(values)
     def same(value: object) -> None:
-        assert wire_json.dumps(value) == json.dumps(value)
-        assert wire_json.loads(json.dumps(value).encode()) == value
+        assert transport.json_dumps(value) == json.dumps(value)
+        assert transport.json_loads(json.dumps(value).encode()) == value
 
     same()
     for bad in ("", "[1,]", "1 2", "{"):
         with pytest.raises(ValueError):
-            wire_json.loads(bad)
+            transport.json_loads(bad)
     with pytest.raises(TypeError):
-        wire_json.dumps(object())
+        transport.json_dumps(object())
