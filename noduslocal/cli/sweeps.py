@@ -1,16 +1,19 @@
 """`noduslocal sweeps` and `noduslocal sweep ...`: how sweeps stand (counts, and every cell
-on request), waiting for one, cancelling it, and changing its width live."""
+on request), waiting for one, cancelling it, changing its width live, and harvesting the
+files its tasks left."""
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
 from noduslocal.cli import output
-from noduslocal.cli.harvest import harvest
 from noduslocal.cli.job import json_option, project_option
 from noduslocal.domain.states import SWEEP_TERMINAL, SweepPhase
 from noduslocal.sdk.api_client import ApiClient
@@ -43,9 +46,6 @@ def sweeps(show_all: bool, project: str | None, as_json: bool) -> None:
 @click.group("sweep")
 def sweep() -> None:
     """One sweep: status, logs, wait, suspend, resume, cancel, retry, set, harvest, gc."""
-
-
-sweep.add_command(harvest)
 
 
 def _status_table(doc: dict[str, Any]) -> Any:
@@ -247,6 +247,52 @@ def retry(name: str, project: str | None, include_cancelled: bool, as_json: bool
         output.print_json(doc)
     else:
         click.echo(f"{doc['name']}: {doc['phase']}: {doc['message']}")
+
+
+# `noduslocal sweep harvest NAME GLOB DEST`: the files every task left in its workspace
+# that match GLOB, downloaded to DEST/task-<index>/<path>, each checked by sha256.
+
+def matches(path: str, pattern: str) -> bool:
+    """A pattern without '/' matches a file's name at any depth (as .gitignore does);
+    one with '/' matches the path from the workspace's top."""
+    if "/" in pattern:
+        return fnmatch.fnmatchcase(path, pattern.lstrip("/"))
+    return fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], pattern)
+
+
+def walk(client: ApiClient, job: str, project: str | None, path: str = "") -> Iterator[str]:
+    """Every regular file of a job's workspace (links are not followed)."""
+    for entry in client.list_files(job, project, path):
+        if entry["type"] == "dir":
+            yield from walk(client, job, project, entry["path"])
+        elif entry["type"] == "file":
+            yield entry["path"]
+
+
+@sweep.command("harvest")
+@click.argument("name")
+@click.argument("pattern", metavar="GLOB")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@project_option
+def harvest(name: str, pattern: str, dest: Path, project: str | None) -> None:
+    """Download the tasks' files that match GLOB to DEST/task-<index>/<path>."""
+    from rich.progress import Progress
+
+    client = ApiClient()
+    cells: list[dict[str, Any]] = client.sweep_cells(name, project)
+    got = 0
+    with Progress(transient=True) as progress:
+        bar = progress.add_task(f"harvesting {name}", total=len(cells))
+        for cell in cells:
+            if cell["attempts"]:
+                for path in walk(client, cell["name"], project):
+                    if matches(path, pattern):
+                        target = dest / f"task-{cell['index']}" / path
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        client.download_file(cell["name"], project, path, target)
+                        got += 1
+            progress.advance(bar)
+    click.echo(f"{got} files from {len(cells)} tasks in {dest}")
 
 
 @sweep.command("gc")
