@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import pct, table
 
-from noduslocal.daemon.gpus import simulated
+from noduslocal.daemon.gpus.service import simulated_inventory
 from noduslocal.daemon.scheduler.fairshare import Ledger
 from noduslocal.daemon.scheduler.gpus import GpuPool
 from noduslocal.daemon.scheduler.queue import Capacity, Limits, Queue, Request
@@ -44,7 +44,7 @@ def fair_share(rnd: random.Random) -> Ledger:
 def backfill(n: int, rnd: random.Random) -> Queue:
     ledger = fair_share(rnd)
     now = time.time()
-    queue = Queue(Capacity(64_000, 512 * GiB, gpus=GpuPool(simulated.parse("8xH100"))),
+    queue = Queue(Capacity(64_000, 512 * GiB, gpus=GpuPool(simulated_inventory("8xH100"))),
                   limits=Limits(max_gpus=8, max_jobs=64),
                   usage=lambda uid: ledger.value(uid, time.time()))
     # Seven one-GPU jobs run with known ends; an 8-GPU head waits for them.
@@ -64,7 +64,7 @@ def backfill(n: int, rnd: random.Random) -> Queue:
 def walk(n: int, rnd: random.Random) -> Queue:
     ledger = fair_share(rnd)
     now = time.time()
-    pool = GpuPool(simulated.parse("8xH100,2xL4"))
+    pool = GpuPool(simulated_inventory("8xH100,2xL4"))
     queue = Queue(Capacity(64_000, 512 * GiB, gpus=pool),
                   limits=Limits(max_gpus=8, max_jobs=64),
                   usage=lambda uid: ledger.value(uid, time.time()))

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noduslocal.daemon.gpus import simulated
 from noduslocal.daemon.gpus.model import NVLINK, Gpu, GpuProcess, Inventory, job_env, model_of
+from noduslocal.daemon.gpus.service import simulated_inventory
 from noduslocal.daemon.scheduler.gpus import GpuPool
 from noduslocal.daemon.scheduler.queue import Capacity, Queue, Request
 from noduslocal.domain import errors
@@ -46,14 +46,14 @@ def test_model_names(name: str, model: str) -> None:
 
 
 def test_simulated_inventory_and_its_errors() -> None:
-    inv = simulated.parse("4xH100-80GB, 2xL4")
+    inv = simulated_inventory("4xH100-80GB, 2xL4")
     assert [g.model for g in inv.gpus] == ["H100"] * 4 + ["L4"] * 2
     assert inv.simulated and inv.summary() == "4 x H100 (80 GiB), 2 x L4 (24 GiB)"
     assert inv.link(0, 1) == NVLINK and inv.link(0, 2) == 30 and inv.link(0, 4) == 50
     assert len({g.uuid for g in inv.gpus}) == 6
     for bad in ("", "4xH100-80", "2x", "65xH100", "H100,,-"):
         with pytest.raises(errors.InvalidArgument):
-            simulated.parse(bad)
+            simulated_inventory(bad)
 
 
 def box() -> Inventory:

@@ -21,8 +21,7 @@ import pytest
 from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.config.settings import Settings
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.gpus import simulated
-from noduslocal.daemon.gpus.service import GpuService
+from noduslocal.daemon.gpus.service import GpuService, simulated_inventory
 from noduslocal.daemon.runtime.docker.runtime import DockerRuntime
 from noduslocal.daemon.store import job_writes
 from noduslocal.domain import errors
@@ -34,7 +33,7 @@ LOOPBACK_HOOK = "http://127.0.0.1:9/hook"
 
 def busy_gpu() -> Any:
     """One L4 with 1.5 GiB used by something else: busy under the default 1 GiB."""
-    inventory = simulated.parse("1xL4")
+    inventory = simulated_inventory("1xL4")
     inventory.gpus[0].memory_used = 3 * 2**29
     return inventory
 

@@ -3,7 +3,7 @@ and backfill that never delays a big job at the head."""
 
 from __future__ import annotations
 
-from noduslocal.daemon.gpus import simulated
+from noduslocal.daemon.gpus.service import simulated_inventory
 from noduslocal.daemon.scheduler.fairshare import Ledger
 from noduslocal.daemon.scheduler.gpus import GpuPool
 from noduslocal.daemon.scheduler.queue import Capacity, Limits, Queue, Request
@@ -23,7 +23,7 @@ class Clock:
 
 def gpu_queue(clock: Clock, ledger: Ledger | None = None, limits: Limits | None = None,
               n: int = 4) -> Queue:
-    pool = GpuPool(simulated.parse(f"{n}xH100"))
+    pool = GpuPool(simulated_inventory(f"{n}xH100"))
     ledger = ledger or Ledger(3600)
     queue = Queue(Capacity(64_000, 256 * GiB, gpus=pool), limits=limits or Limits(),
                   clock=clock)
@@ -175,7 +175,7 @@ def test_a_job_waiting_on_broken_or_drained_gpus_is_no_head() -> None:
 
 def test_jobs_that_take_nothing_the_head_waits_for_pass_it() -> None:
     clock = Clock()
-    pool = GpuPool(simulated.parse("2xH100,1xL4"))
+    pool = GpuPool(simulated_inventory("2xH100,1xL4"))
     q = Queue(Capacity(4000, 64 * GiB, gpus=pool), clock=clock)
     q.push(Request(1, 1000, GiB, gpu=GpuRequest(1, "L4")))
     q.schedule()
@@ -206,7 +206,7 @@ def test_fair_share_charges_in_any_order_decay_the_same() -> None:
 def test_a_released_gpu_is_not_busy_with_the_ended_jobs_own_processes() -> None:
     from noduslocal.daemon.gpus.model import GpuProcess
 
-    pool = GpuPool(simulated.parse("1xH100"))
+    pool = GpuPool(simulated_inventory("1xH100"))
     gpu = pool.inventory.gpus[0]
     pool.take(1, [gpu.uuid])
     pool.inventory.read_at = 100.0

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noduslocal.daemon.gpus import simulated
 from noduslocal.daemon.gpus.model import GpuProcess
+from noduslocal.daemon.gpus.service import simulated_inventory
 from noduslocal.daemon.scheduler.capacity import Capacity, Request, fmt_cpu
 from noduslocal.daemon.scheduler.gpus import GpuPool
 from noduslocal.daemon.scheduler.queue import Limits, Queue
@@ -291,7 +291,7 @@ def worlds(rnd: random.Random, clock: Clock, usage: dict[int, float],
         Limits(), Limits(max_gpus=2), Limits(max_jobs=3), Limits(max_gpus=4, max_jobs=8)))
     made = []
     for kind in (Queue, Reference):
-        pool = GpuPool(simulated.parse(box))
+        pool = GpuPool(simulated_inventory(box))
         cap = Capacity(cpu, memory, disk_free=disk, gpus=pool)
         made.append(World(kind(cap, limits=limits, usage=lambda uid: usage.get(uid, 0.0),
                                clock=clock,
@@ -461,7 +461,7 @@ def test_a_wait_reason_counts_the_gpus_free_where_the_job_stands() -> None:
     later = replace(broken, job_id=3)
     results = []
     for kind in (Queue, Reference):
-        pool = GpuPool(simulated.parse("4xH100"))
+        pool = GpuPool(simulated_inventory("4xH100"))
         pool.inventory.gpus[0].healthy, pool.inventory.gpus[0].problem = False, "Xid 79"
         queue = kind(Capacity(64_000, 64 * GiB, gpus=pool))
         for req in (broken, small, later):

@@ -1,6 +1,6 @@
 """The daemon's GPU picture over time: NVML (or a simulation, or nothing) read at start
 and then every `gpu_poll` seconds in a thread, handed to the supervisor so a foreign
-process or a lost GPU changes what may start.
+process or a lost GPU changes what may start; and the simulated inventory itself.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import logging
 from collections.abc import Callable
 
 from noduslocal.daemon.config.live import LiveSettings
-from noduslocal.daemon.gpus import simulated
-from noduslocal.daemon.gpus.model import Inventory
+from noduslocal.daemon.config.values import simulated_groups
+from noduslocal.daemon.gpus.model import NVLINK, Gpu, Inventory
 from noduslocal.daemon.gpus.nvml import Nvml
 from noduslocal.daemon.gpus.xid import XidWatch, describe
 
@@ -31,7 +31,7 @@ class GpuService:
 
     async def start(self) -> Inventory:
         if self.live.current.simulate_gpus:
-            self.inventory = simulated.parse(self.live.current.simulate_gpus)
+            self.inventory = simulated_inventory(self.live.current.simulate_gpus)
             log.warning("SIMULATED GPUs (no NVML): %s", self.inventory.summary())
             return self.inventory
         self.nvml = Nvml(self.live.current.nvml_library)
@@ -84,3 +84,25 @@ class GpuService:
             await asyncio.to_thread(self._xids.stop)
         if self.nvml is not None:
             await asyncio.to_thread(self.nvml.close)
+
+
+def simulated_inventory(spec: str) -> Inventory:
+    """A simulated inventory for machines without GPUs: `--simulate-gpus "4xH100-80GB,2xL4"`.
+    GPUs of one group are NVLinked in pairs, groups sit on separate NUMA nodes; everything
+    built from it is marked simulated."""
+    gpus: list[Gpu] = []
+    groups: list[int] = []
+    for group, (count, model, memory_gib) in enumerate(simulated_groups(spec)):
+        for _ in range(count):
+            index = len(gpus)
+            gpus.append(Gpu(
+                index=index, uuid=f"GPU-51a0{index:04x}-0000-4000-8000-{index:012x}",
+                name=f"NVIDIA {model} {memory_gib}GB (simulated)",
+                pci_bus_id=f"00000000:{0x10 + index:02X}:00.0",
+                memory_total=memory_gib * 2**30, utilization=0, power_mw=0, energy_mj=0,
+                numa_node=group))
+            groups.append(group)
+    n = len(gpus)
+    levels = [[0 if i == j else NVLINK if groups[i] == groups[j] and i // 2 == j // 2
+               else 30 if groups[i] == groups[j] else 50 for j in range(n)] for i in range(n)]
+    return Inventory(gpus, "simulated", f"simulated: {spec}", levels, driver="simulated")
