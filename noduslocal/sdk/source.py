@@ -14,8 +14,8 @@ from pathlib import Path
 import pathspec
 
 from noduslocal.domain import errors
+from noduslocal.domain.jobs import LARGE_SOURCE
 
-LARGE_SOURCE = 100 * 1024 * 1024  # bytes; more needs allow_large_source=True
 IGNORE_FILE = ".nodusignore"
 
 

@@ -10,9 +10,9 @@ from noduslocal.daemon.api.identity import Caller
 from noduslocal.daemon.api.jobs import lookup, require_control
 from noduslocal.daemon.api.services import SERVICES
 from noduslocal.domain import errors
+from noduslocal.domain.jobs import LARGE_SOURCE
 from noduslocal.domain.states import TERMINAL
 from noduslocal.domain.validation import SHA256_RE
-from noduslocal.sdk.source import LARGE_SOURCE
 
 routes = web.RouteTableDef()
 ALLOW_LARGE_HEADER = "X-Nodus-Allow-Large"
