@@ -22,11 +22,13 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 def run_cli(d: testing.Daemon, *args: str, input: str | None = None,
             timeout: float = 60, env: dict[str, str] | None = None,
-            ) -> subprocess.CompletedProcess[str]:
-    """`noduslocal ARGS...` as a separate process against daemon `d`."""
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`noduslocal ARGS...` as a separate process against daemon `d` (in CWD: `map`
+    uploads its working directory)."""
     full_env = {**os.environ, SOCKET_ENV: str(d.socket), **(env or {})}
     return subprocess.run([sys.executable, "-m", "noduslocal.cli", *args], input=input,
-                          capture_output=True, text=True, timeout=timeout, env=full_env)
+                          capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=cwd)
 
 
 @pytest.fixture

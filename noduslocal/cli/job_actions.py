@@ -99,8 +99,11 @@ def run(o: dict[str, Any]) -> int:
 
     client = ApiClient()
     if o["uploads"]:
+        from noduslocal.cli.output import upload_said
+
         body["source"] = client.upload_source(list(o["uploads"]), contents_of_single_dir=False,
-                                              allow_large=o["allow_large_source"])
+                                              allow_large=o["allow_large_source"],
+                                              say=upload_said(quiet=o["as_json"]))
         if o["allow_large_source"]:
             body["allow_large_source"] = True
     if o["replace"]:

@@ -110,7 +110,8 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
             template["image"] = copied["image"]  # --image names another
     elif not no_code:
         template["source"] = client.upload_source(
-            [code or Path.cwd()], contents_of_single_dir=True, allow_large=allow_large_source)
+            [code or Path.cwd()], contents_of_single_dir=True, allow_large=allow_large_source,
+            say=output.upload_said(quiet=as_json))
     body: dict[str, Any] = {"template": template, "max_parallel": max_parallel,
                             "map": {"args": args, "lines": lines} if lines is not None
                             else {"args": args},

@@ -11,7 +11,7 @@ from noduslocal.domain.timefmt import parse_iso
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 GAP = "  "  # between columns
@@ -77,3 +77,15 @@ def print_entries(entries: Sequence[dict[str, Any]]) -> None:
         [(e["mode"], e["size"] if e["type"] != "dir" else "-", e["mtime"],
           e["name"] + ("/" if e["type"] == "dir" else "")
           + (f" -> {e['target']}" if e.get("target") else "")) for e in entries])
+
+
+def upload_said(quiet: bool) -> Callable[[int, str], None]:
+    """How `map` and `job run` say what their code upload packed: on stderr, so stdout stays
+    the command's. --json makes the size line quiet (as it does the progress), but not the
+    warning over the threshold: that one names what to leave out, and stderr is not parsed."""
+
+    def say(level: int, text: str) -> None:
+        if not quiet or level >= 30:  # logging.WARNING, without importing logging here
+            sys.stderr.write(text + "\n")
+
+    return say

@@ -16,7 +16,6 @@ from noduslocal.domain.gpu_request import GpuRequest
 from noduslocal.domain.indexes import Indexed
 from noduslocal.domain.timefmt import iso
 
-
 # Bytes of a packed source the client sends and the daemon takes without allow_large_source:
 # the client refuses first (naming what is big), the daemon enforces it for any client.
 LARGE_SOURCE = 100 * 1024 * 1024

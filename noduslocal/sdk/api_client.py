@@ -11,7 +11,7 @@ from noduslocal.sdk.transport import Transport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only; pathlib, tarfile and the rest load where used
-    from collections.abc import Container, Iterator, Mapping
+    from collections.abc import Callable, Container, Iterator, Mapping
     from pathlib import Path
     from typing import Any
 
@@ -222,14 +222,21 @@ class ApiClient:
         self.transport.request("DELETE", f"/v1/secrets/{_quote(name)}")
 
     def upload_source(self, paths: list[Path], *, contents_of_single_dir: bool,
-                      allow_large: bool = False) -> dict[str, str]:
-        """Pack PATHS (client/source.py) and send them unless the daemon has them from us
-        already; returns the `source` value for a job create."""
-        from noduslocal.sdk.source import pack
+                      allow_large: bool = False,
+                      say: Callable[[int, str], None] | None = None) -> dict[str, str]:
+        """Pack PATHS (sdk/source.py) and send them unless the daemon has them from us
+        already; returns the `source` value for a job create. What was packed (size, file
+        count, and over a threshold the biggest entries) goes to SAY(level, text), by
+        default the "noduslocal" logger."""
+        from noduslocal.sdk import source
 
-        packed = pack(paths, contents_of_single_dir=contents_of_single_dir,
-                      allow_large=allow_large)
+        packed = source.pack(paths, contents_of_single_dir=contents_of_single_dir,
+                             allow_large=allow_large)
         try:
+            if say is None:
+                source.log(packed)
+            else:
+                say(*source.report(packed))
             try:
                 self.transport.request("GET", f"/v1/sources/{packed.sha256}")
             except errors.NotFound:

@@ -38,8 +38,8 @@ class Packed:
     sha256: str
     size: int  # bytes of the tar
     files: int = 0  # what is not a directory: files and links
-    # Top-level entries of the tar ("data/" for a directory) by the bytes of their files,
-    # the largest first, at most BIGGEST of them.
+    # Entries by the bytes of their files, the largest first, at most BIGGEST: the tar's
+    # top level ("data/" for a directory), one level into each directory of an upload.
     biggest: tuple[tuple[str, int], ...] = ()
     origin: str = ""  # what was packed, as messages name it
     ignore_file: str | None = None  # the ignore file that would leave a top entry out
@@ -157,19 +157,17 @@ def _fill(tar: tarfile.TarFile, paths: list[Path], single: bool) -> _Counts:
         prefix = "" if single else f"{path.resolve().name}/"
         if prefix:
             tar.add(path, prefix.rstrip("/"), recursive=False)
-            by_top.setdefault(prefix, 0)
         for full, rel, is_dir in walk(path):
-            top = prefix or (rel.split("/", 1)[0] + ("/" if is_dir or "/" in rel else ""))
+            # Ranked one level into each packed directory: an uploaded pkg/ is not itself
+            # what to leave out, its data/ is.
+            top = prefix + rel.split("/", 1)[0] + ("/" if is_dir or "/" in rel else "")
             size = _add(tar, full, prefix + rel)
             by_top[top] = by_top.get(top, 0) + size
             files += not is_dir
     ranked = sorted(by_top.items(), key=lambda item: (-item[1], item[0]))[:BIGGEST]
-    if single:
-        origin = str(paths[0].resolve())
-        ignore_file: str | None = str(paths[0].resolve() / IGNORE_FILE)
-    else:
-        origin = ", ".join(str(p) for p in paths)
-        ignore_file = None
+    origin = str(paths[0].resolve()) if single else ", ".join(str(p) for p in paths)
+    dirs = [p for p in paths if p.is_dir()]
+    ignore_file = str(dirs[0].resolve() / IGNORE_FILE) if len(dirs) == 1 else None
     return _Counts(files, tuple(ranked), origin, ignore_file)
 
 
@@ -209,7 +207,8 @@ def _pack(paths: list[Path], contents_of_single_dir: bool, allow_large: bool) ->
 def _advice(packed: Packed) -> list[str]:
     biggest = ", ".join(f"{name} {fmt_bytes(size)}" for name, size in packed.biggest)
     where = (f"add them to {packed.ignore_file} to leave them out" if packed.ignore_file
-             else f"leave them out of the upload, or add a {IGNORE_FILE} inside them")
+             else f"add them to a {IGNORE_FILE} in the directory that holds them to leave "
+            "them out")
     return [f"the biggest: {biggest}", where]
 
 

@@ -1,10 +1,13 @@
-"""Sources: packed by the client with .nodusignore honoured, sent once by sha256, unpacked
-into the workspace (as the owner's files) before the first attempt, and nothing outside it."""
+"""Sources: packed by the client without .git and with .gitignore and .nodusignore honoured,
+sent once by sha256, unpacked into the workspace (as the owner's files) before the first
+attempt, and nothing outside it."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+import re
 import subprocess
 import tarfile
 from collections.abc import Callable
@@ -15,6 +18,7 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.domain import errors
+from tests.conftest import run_cli
 from tests.daemon.conftest import job_names
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -39,6 +43,39 @@ def test_sdk_source_dir_lands_in_the_workspace(daemon: testing.Daemon, project: 
     job.wait(timeout=30)
     assert list(job.iter_logs()) == ["./.nodusignore", "./pkg/util.py", "./train.py",
                                      "training"]
+
+
+def test_map_from_a_checkout_sends_neither_git_nor_what_it_ignores(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    """`noduslocal map` run in a checkout (its default code is the working directory): the
+    task sees neither .git (a directory, and a submodule's .git file) nor the data/ and
+    *.ckpt of .gitignore, nor what a nested .gitignore leaves out; stderr says what was sent,
+    and --json keeps that line out (stdout stays one JSON document either way)."""
+    repo = tmp_path / "repo"
+    for rel, content in {".git/HEAD": "ref: refs/heads/main\n", ".git/objects/ab/c": "x",
+                         ".gitignore": "data/\n*.ckpt\n", "data/big.bin": "x" * 5000,
+                         "model.ckpt": "x", "src/train.py": "print(1)\n",
+                         "src/.gitignore": "/scratch.txt\n", "src/scratch.txt": "x",
+                         "vendor/lib/.git": "gitdir: ../../.git/modules/lib\n",
+                         "vendor/lib/lib.py": "y\n"}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(content)
+    created = run_cli(daemon, "map", "--name", "checkout", "--no-canary", "--", "sh", "-c",
+                      "find . -mindepth 1 | sort", ":::", "a", cwd=repo)
+    assert created.returncode == 0, created.stderr
+    assert re.search(rf"^code: [0-9.]+ KiB in 4 files from {re.escape(str(repo.resolve()))} "
+                     r"\(\.git and ignored files left out\)$", created.stderr, re.M), \
+        created.stderr
+    assert "the biggest" not in created.stderr  # far under the threshold
+    assert run_cli(daemon, "sweep", "wait", "checkout").returncode == 0
+    seen = b"".join(daemon.client().logs("checkout-0")).decode().split()
+    assert seen == ["./.gitignore", "./src", "./src/.gitignore", "./src/train.py", "./vendor",
+                    "./vendor/lib", "./vendor/lib/lib.py"]
+    quiet = run_cli(daemon, "map", "--name", "checkout-json", "--no-canary", "--no-wait",
+                    "--json", "--", "true", ":::", "a", cwd=repo)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "code:" not in quiet.stderr
+    assert json.loads(quiet.stdout)["name"] == "checkout-json"
 
 
 def test_cli_upload_puts_each_path_at_its_name(cli: Cli, project: Path) -> None:

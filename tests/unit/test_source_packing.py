@@ -112,6 +112,10 @@ def test_each_uploaded_directory_reads_its_own_ignore_files(tmp_path: Path) -> N
     notes.write_text("n")
     packed = pack([pkg, notes], contents_of_single_dir=False)
     assert packed.files == 4
+    # Ranked one level into pkg/: pkg itself is not what one would leave out.
+    assert [name for name, _ in packed.biggest] == [
+        "pkg/.gitignore", "notes.txt", "pkg/m.py", "pkg/sub/"]  # ties by name
+    assert packed.ignore_file == f"{pkg.resolve()}/.nodusignore"  # the one directory sent
     assert members(packed) == ["notes.txt", "pkg/.gitignore", "pkg/m.py", "pkg/sub/cache/kept"]
 
 
