@@ -67,7 +67,8 @@ def job() -> None:
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
 @click.option("--upload", "--include", "uploads", multiple=True, metavar="PATH",
               type=click.Path(exists=True, path_type=Path),
-              help="Copy PATH into the workspace (at its name) before the job starts.")
+              help="Copy PATH into the workspace (at its name) before the job starts (.git and "
+                   "what .gitignore or .nodusignore name are left out).")
 @click.option("--allow-large-source", is_flag=True, help="Allow uploads over 100 MiB.")
 @click.option("--volume", "volumes", multiple=True, metavar="NAME[:MOUNT]",
               help="Mount volume NAME at MOUNT (default /workspace/NAME).")

@@ -40,7 +40,8 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 @click.option("--no-wait", is_flag=True, help="Return once the sweep is created.")
 @click.option("--code", metavar="DIR", type=click.Path(exists=True, file_okay=False,
                                                         path_type=Path),
-              help="The code snapshot every task starts from (default: this directory).")
+              help="The code snapshot every task starts from (default: this directory; .git and "
+              "what .gitignore or .nodusignore name are left out).")
 @click.option("--no-code", is_flag=True, help="Upload no code; tasks start empty.")
 @click.option("--from", "from_job", metavar="JOB", help="Start each task from a copy of this "
               "finished job's workspace, in its image (unless --image).")

@@ -141,9 +141,10 @@ class Job:
                outputs: Mapping[str, str] | None = None, labels: dict[str, str] | None = None,
                allow_large_source: bool = False, project: str | None = None) -> Job:
         """Submit a job and return its handle at once (it may wait in the queue). `source`:
-        a directory packed and uploaded (`.nodusignore` honoured); `gpu`: "H100:2", 2, or
-        {"count", "type", "min_memory"}; `cpu`, `memory`, `disk`, `timeout` as "4", "16GiB",
-        "2h"; `env` is the job's whole environment beside what the daemon sets (pass
+        a directory packed and uploaded (no `.git`; `.gitignore` and `.nodusignore` honoured;
+        its size is logged to the "noduslocal" logger); `gpu`: "H100:2", 2, or {"count",
+        "type", "min_memory"}; `cpu`, `memory`, `disk`, `timeout` as "4", "16GiB", "2h";
+        `env` is the job's whole environment beside what the daemon sets (pass
         `dict(os.environ)` to hand it yours). The arguments are the Nodus SDK's."""
         given = dict(locals())
         del given["cls"]
