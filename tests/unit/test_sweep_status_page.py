@@ -18,7 +18,7 @@ import pytest
 
 from noduslocal.daemon.sweeps import reports
 from noduslocal.domain.jobs import JobRecord
-from noduslocal.domain.states import SweepPhase
+from noduslocal.domain.states import Phase, SweepPhase
 from noduslocal.domain.sweeps import SweepRecord
 from noduslocal.testing import LifecycleHarness, eventually, lifecycle
 
@@ -123,6 +123,11 @@ def test_a_page_is_each_sweeps_own_status(tmp_path: Path,
             await h.launched(cell.id)
         await service.control(paused, "suspend")
         await in_phase(h, paused, SweepPhase.SUSPENDED)
+        # The sweep is Suspended at once, its running cells once their stops land: a page
+        # read between the two would see a cell change phase between two documents.
+        for cell in await h.cells(paused):
+            await eventually(lambda c=cell: h.phase_of(c.id, Phase.SUSPENDED),
+                             f"cell {cell.name} to be Suspended")
 
         sweeps = await page(h)
         assert [s.name for s in sweeps] == ["failing", "gated", "smoked", "busy", "open",
