@@ -288,8 +288,9 @@ def test_two_users_sweeps_share_the_gpus_by_fair_share(gpu_box: Box) -> None:
     do not wait for the end of alice's sweep: fair share puts them ahead of her remaining
     released tasks, and all of bob's start before alice's last four do."""
     root = gpu_box.daemon.client()
+    # Each task sleeps one second: map appends its value, and `sleep 1 N` would sleep 1+N.
     task = ("--gpus", "1", "--max-parallel", "8", "--no-code", "--no-canary", "--",
-            "sleep", "1", ":::")
+            "sh", "-c", "sleep 1", ":::")
     created = gpu_box.cli_json(ALICE, "map", "--name", "a-sweep", "--json", *task,
                                *map(str, range(16)))
     assert created["cells"] == 16 and created["owner"] == ALICE
