@@ -111,9 +111,19 @@ fi
 log "ruff"
 .venv/bin/ruff check noduslocal tests scripts
 
+# Workers (pytest-xdist): the system tier runs on one of them, test after test, while the
+# others take the daemon tier a module at a time (tests/conftest.py groups them); the unit
+# tier is quicker in one process. NODUS_TEST_WORKERS=0 runs everything in one process.
+case "$TIER" in
+    all) WORKERS=${NODUS_TEST_WORKERS:-3} ;;
+    daemon) WORKERS=${NODUS_TEST_WORKERS:-2} ;;
+    *) WORKERS=0 ;;
+esac
+SPREAD=()
+[ "$WORKERS" != 0 ] && SPREAD=(-n "$WORKERS" --dist loadgroup)
 if [ "$TIER" = all ]; then  # pytest's testpaths (tests), unless the arguments name some
-    log "pytest"
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+    log "pytest (${WORKERS} workers)"
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider "${SPREAD[@]}" "$@"
 fi
 log "pytest tests/$TIER"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "tests/$TIER" "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "${SPREAD[@]}" "tests/$TIER" "$@"
