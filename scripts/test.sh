@@ -111,19 +111,41 @@ fi
 log "ruff"
 .venv/bin/ruff check noduslocal tests scripts
 
-# Workers (pytest-xdist): the system tier runs on one of them, test after test, while the
-# others take the daemon tier a module at a time (tests/conftest.py groups them); the unit
-# tier is quicker in one process. NODUS_TEST_WORKERS=0 runs everything in one process.
-case "$TIER" in
-    all) WORKERS=${NODUS_TEST_WORKERS:-3} ;;
-    daemon) WORKERS=${NODUS_TEST_WORKERS:-2} ;;
-    *) WORKERS=0 ;;
-esac
-SPREAD=()
-[ "$WORKERS" != 0 ] && SPREAD=(-n "$WORKERS" --dist loadgroup)
-if [ "$TIER" = all ]; then  # pytest's testpaths (tests), unless the arguments name some
-    log "pytest (${WORKERS} workers)"
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider "${SPREAD[@]}" "$@"
+if [ "$TIER" = all ] && [ $# = 0 ]; then
+    # Two processes at once, as the tiers allow: tests/system one test after another (its
+    # tests restart dockerd, add Unix users, mount and fill disks: nothing two of them may
+    # do at once), and beside it tests/unit and tests/daemon over pytest-xdist workers a
+    # module at a time (a daemon-tier module shares one daemon and touches nothing outside
+    # its temporary directories). NODUS_TEST_WORKERS=0 runs everything in one process.
+    WORKERS=${NODUS_TEST_WORKERS:-2}
+    if [ "$WORKERS" = 0 ]; then
+        log "pytest"
+        exec .venv/bin/python -m pytest -q -p no:cacheprovider
+    fi
+    system_log=$(mktemp /tmp/noduslocal-system-tests.XXXXXX)
+    log "pytest tests/system in the background (its report follows; log: $system_log)"
+    .venv/bin/python -m pytest -q -p no:cacheprovider tests/system >"$system_log" 2>&1 &
+    system_pid=$!
+    trap 'kill "$system_pid" 2>/dev/null || true' INT TERM
+    log "pytest tests/unit tests/daemon ($WORKERS workers)"
+    rest=0
+    .venv/bin/python -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadfile \
+        tests/unit tests/daemon || rest=$?
+    system=0
+    wait "$system_pid" || system=$?
+    log "pytest tests/system"
+    cat "$system_log"
+    [ "$rest" = 0 ] && [ "$system" = 0 ] && rm -f "$system_log"
+    [ "$rest" = 0 ] || exit "$rest"
+    exit "$system"
 fi
+if [ "$TIER" = all ]; then  # the arguments name what to run
+    log "pytest"
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+fi
+WORKERS=0
+[ "$TIER" = daemon ] && WORKERS=${NODUS_TEST_WORKERS:-2}
+SPREAD=()
+[ "$WORKERS" != 0 ] && SPREAD=(-n "$WORKERS" --dist loadfile)
 log "pytest tests/$TIER"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "${SPREAD[@]}" "tests/$TIER" "$@"

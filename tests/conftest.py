@@ -81,17 +81,3 @@ def lab_groups() -> Iterator[None]:
         for group in made:
             subprocess.run(["groupdel", group], check=False)
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """How `scripts/test.sh` spreads the suite over pytest-xdist workers (`--dist
-    loadgroup`): the system tier is one group, so its tests run one after another on one
-    worker (they restart dockerd, add Unix users, mount and fill disks: nothing two of them
-    may do at once), while the other workers take the daemon tier a module at a time (its
-    modules share a daemon, and touch nothing outside their own temporary directories)
-    and the unit tier test by test."""
-    for item in items:
-        tier = Path(str(item.path)).relative_to(REPO / "tests").parts[0]
-        if tier == "system":
-            item.add_marker(pytest.mark.xdist_group("system"))
-        elif tier == "daemon":
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))

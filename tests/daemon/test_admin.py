@@ -96,20 +96,23 @@ def test_admin_backup_restores(tmp_path: Path) -> None:
     try:
         d.start()
         d.client().create_job({"name": "before", "command": ["true"]})
+        d.client().set_secret("BEFORE", "1")
         dest = tmp_path / "nodus.backup"
         made = run_cli(d, "admin", "backup", str(dest))
         assert made.returncode == 0, made.stderr
         assert dest.stat().st_mode & 0o777 == 0o600
         again = run_cli(d, "admin", "backup", str(dest))
         assert again.returncode == 2 and "exists" in again.stderr
-        d.client().create_job({"name": "after", "command": ["true"]})
+        # Made after the backup, and kept nowhere but the database (a job would not do:
+        # recovery puts back a job its directory proves, once it has one).
+        d.client().set_secret("AFTER", "2")
         d.stop()
         db = d.data_dir / "noduslocal.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
         db.write_bytes(dest.read_bytes())
         d.start()
-        names = {j["name"] for j in d.client().list_jobs(all=True)}
-        assert names == {"before"}
+        assert {j["name"] for j in d.client().list_jobs(all=True)} == {"before"}
+        assert {s["name"] for s in d.client().list_secrets()} == {"BEFORE"}
     finally:
         d.close()
