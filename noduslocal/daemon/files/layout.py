@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -84,13 +85,20 @@ class JobLayout:
                   "owner_gid": job.owner_gid, "created_at": job.created_at,
                   "labels": job.labels, "sweep_id": job.sweep_id, "cell": job.cell,
                   "spec": job.spec.to_wire()}
-        tmp = path.with_name(f".{RECORD}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # A temporary file of this writer's own: prepare() and prepare_ahead() may write
+        # the same record at once, and a shared name let one rename the other's away.
+        # Both write the same record, so whichever rename lands last changes nothing.
+        fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", suffix=".tmp", dir=path.parent)
         try:
-            os.write(fd, json.dumps(record).encode())
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+            try:
+                os.write(fd, json.dumps(record).encode())
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def read_record(self, job_id: int) -> dict[str, Any] | None:
         """The record write_record() left, or None (none written, or torn)."""
