@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,10 +85,12 @@ class JobLayout:
                   "owner_gid": job.owner_gid, "created_at": job.created_at,
                   "labels": job.labels, "sweep_id": job.sweep_id, "cell": job.cell,
                   "spec": job.spec.to_wire()}
-        # A temporary file of this writer's own: prepare() and prepare_ahead() may write
-        # the same record at once, and a shared name let one rename the other's away.
-        # Both write the same record, so whichever rename lands last changes nothing.
-        fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", suffix=".tmp", dir=path.parent)
+        # A temporary file of this thread's own: prepare() and prepare_ahead() (on
+        # another thread) may write the same record at once, and a shared name let one
+        # rename the other's away. Both write the same record: whichever rename lands last
+        # changes nothing. (A thread's id: mkstemp's random name showed in the map's profile.)
+        tmp = path.with_name(f".{RECORD}.{threading.get_ident()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             try:
                 os.write(fd, json.dumps(record).encode())
