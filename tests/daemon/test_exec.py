@@ -139,12 +139,16 @@ def test_execs_are_capped_per_user_with_a_clear_refusal(tmp_path: Path) -> None:
         client.create_job({"name": "box", "command": ["sleep", "120"]})
         testing.wait_until(lambda: client.get_job("box")["phase"] == "Running", "box runs")
         gate = tmp_path / "gate"
+        # Each exec says it runs by a file of its own: counting the processes that wait
+        # for the gate also counted a shell's fork before it became `sleep`.
         holding = [threading.Thread(target=client.exec_job, args=(
-            "box", None, ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]))
+            "box", None, ["sh", "-c", f"touch {tmp_path}/held-$$; "
+                                      f"while [ ! -e {gate} ]; do sleep 0.05; done"]))
             for _ in range(2)]
         for thread in holding:
             thread.start()
-        testing.wait_until(lambda: _running_execs(gate) >= 2, "two execs running")
+        testing.wait_until(lambda: len(list(tmp_path.glob("held-*"))) == 2,
+                           "two execs running")
         with pytest.raises(errors.ResourceExhausted, match="user_max_execs = 2"):
             client.exec_job("box", None, ["true"])
         gate.touch()
@@ -154,14 +158,3 @@ def test_execs_are_capped_per_user_with_a_clear_refusal(tmp_path: Path) -> None:
     finally:
         d.close()
 
-
-def _running_execs(gate: Path) -> int:
-    """Processes whose command line waits for GATE."""
-    count = 0
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(gate).encode() in cmdline.read_bytes():
-                count += 1
-        except OSError:
-            pass
-    return count
