@@ -1,0 +1,93 @@
+"""What a sweep's code costs each task (issue 25): `noduslocal map --max-parallel 2` from a
+code directory of 400 files (20 MB), a 10 MB `.git` and a 10 MB `data/` that `.gitignore`
+lists, against the same tasks with `--no-code`, in one run on one daemon each. Each task
+checks it sees neither `.git` nor `data/`; the table gives the wall time, its ratio to
+`--no-code`, and how much the jobs directory grew per task.
+
+    python scripts/bench/code_snapshot.py [TASKS]     targets: with code <= 1.3x --no-code,
+                                                      <= 256 KB of jobs directory per task
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import table
+
+from noduslocal import testing
+
+FILES = 400
+FILE_BYTES = 50 * 1000  # 400 x 50 kB = 20 MB
+SIDE_BYTES = 10 * 1000 * 1000  # .git and data/, 10 MB each
+# Fails the task (and so the sweep) if what should have been left out reached it, or (with
+# code) if the code did not.
+LEFT_OUT = "test ! -e .git && test ! -e data"
+
+
+def make_code(root: Path) -> Path:
+    code = root / "code"
+    pkg = code / "pkg"
+    pkg.mkdir(parents=True)
+    for i in range(FILES):
+        (pkg / f"file-{i:04d}.py").write_bytes(os.urandom(FILE_BYTES))
+    for side in (".git/objects/pack", "data"):
+        (code / side).mkdir(parents=True)
+        (code / side / "blob").write_bytes(os.urandom(SIDE_BYTES))
+    (code / ".gitignore").write_text("data/\n")
+    return code
+
+
+def du(path: Path) -> int:
+    """Bytes allocated under `path` (what the disk lost to it), not apparent sizes."""
+    out = subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[0])
+
+
+def run(tasks: int, code: Path, with_code: bool) -> tuple[float, int]:
+    d = testing.Daemon(cpus=2, log_level="WARNING")
+    try:
+        d.start()
+        env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
+        exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
+        jobs = d.data_dir / "jobs"
+        before = du(jobs)
+        start = time.perf_counter()
+        subprocess.run([exe, "map", "--name", "cs", "--max-parallel", "2",
+                        *([] if with_code else ["--no-code"]), "--", "sh", "-c",
+                        f"{LEFT_OUT} && test -e pkg/file-0399.py" if with_code else LEFT_OUT,
+                        ":::", *map(str, range(tasks))], env=env, cwd=code, check=True,
+                       capture_output=True)
+        subprocess.run([exe, "sweep", "wait", "cs"], env=env, check=True, capture_output=True)
+        took = time.perf_counter() - start
+        counts = d.client().get_sweep("cs")["counts"]
+        assert counts == {"Succeeded": tasks}, counts
+        return took, du(jobs) - before
+    finally:
+        d.close()
+
+
+def main() -> None:
+    tasks = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    with tempfile.TemporaryDirectory(prefix="nl-bench-code-") as tmp:
+        code = make_code(Path(tmp))
+        bare, bare_bytes = run(tasks, code, with_code=False)
+        full, full_bytes = run(tasks, code, with_code=True)
+    rows = [{"runner": name, "tasks": str(tasks), "total s": f"{took:.2f}",
+             "x --no-code": f"{took / bare:.2f}",
+             "jobs dir KB/task": f"{grown / tasks / 1024:.0f}"}
+            for name, took, grown in (("map --no-code", bare, bare_bytes),
+                                      ("map (code: cwd)", full, full_bytes))]
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
