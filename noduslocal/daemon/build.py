@@ -16,7 +16,7 @@ from pathlib import Path
 from noduslocal.daemon import logfmt
 from noduslocal.daemon.api.services import Services
 from noduslocal.daemon.config.live import LiveSettings
-from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.config.settings import SYSTEM_DATA_DIR, Settings
 from noduslocal.daemon.coordinator import Lifecycle
 from noduslocal.daemon.events import EventHub
 from noduslocal.daemon.files.layout import JobLayout
@@ -25,6 +25,7 @@ from noduslocal.daemon.gpus.service import GpuService
 from noduslocal.daemon.runtime import compiled_shim
 from noduslocal.daemon.runtime.base import Runtime
 from noduslocal.daemon.runtime.docker.runtime import DockerRuntime
+from noduslocal.daemon.runtime.host.cgroups import Cgroups, parent_name
 from noduslocal.daemon.runtime.host.runtime import HostRuntime
 from noduslocal.daemon.runtime.host.spawner import Spawner
 from noduslocal.daemon.store import Store
@@ -135,4 +136,5 @@ def _host_runtime(live: LiveSettings, layout: JobLayout, compiled: Path | None) 
         spawner.max_log_bytes = new.max_log_bytes
 
     live.subscribe(log_cap_changed)
-    return HostRuntime(layout, spawner)
+    cgroups = Cgroups.detect(parent_name(live.current.data_dir, SYSTEM_DATA_DIR))
+    return HostRuntime(layout, spawner, cgroups, lambda: live.current.host_pids_max)

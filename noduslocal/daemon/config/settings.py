@@ -61,6 +61,7 @@ class Settings:
     docker_host: str | None = None  # None: $DOCKER_HOST, else unix:///var/run/docker.sock
     shm_size: int | None = None  # a container's /dev/shm; None: half its memory, else 8 GiB
     pids_limit: int = 8192  # processes and threads one container may hold
+    host_pids_max: int = 4096  # processes and threads one host job's rank may hold (cgroup)
     image_pull: bool = True  # try `docker pull` for an image dockerd does not have
     simulate_gpus: str | None = None  # e.g. "4xH100-80GB,2xL4": no NVML, a simulated box
     nvml_library: str | None = None  # a libnvidia-ml.so.1 to load instead of the system's
@@ -130,6 +131,7 @@ _TOML_KEYS = {
     "docker_host": ("docker_host", lambda v: check.text(v, "docker_host")),
     "shm_size": ("shm_size", lambda v: parse_size(v, "shm_size")),
     "pids_limit": ("pids_limit", lambda v: check.positive(v, "pids_limit")),
+    "host_pids_max": ("host_pids_max", lambda v: check.positive(v, "host_pids_max")),
     "image_pull": ("image_pull", lambda v: check.flag(v, "image_pull")),
     "simulate_gpus": ("simulate_gpus", lambda v: check.simulated_spec(v)),
     "nvml_library": ("nvml_library", lambda v: check.text(v, "nvml_library")),
@@ -181,7 +183,7 @@ _TOML_KEYS = {
 # The settings a reload applies to the running daemon (through config/live.py's holder,
 # which every part reads); any other change waits for a restart, and the daemon says so.
 LIVE = frozenset({
-    "kill_grace", "admin_group", "max_wait_poll", "pids_limit", "shm_size",
+    "kill_grace", "admin_group", "max_wait_poll", "pids_limit", "host_pids_max", "shm_size",
     "gpu_busy_memory", "gpu_poll", "max_user_priority", "user_max_gpus", "user_max_jobs",
     "user_max_execs", "disk_reserve", "max_log_bytes", "energy_price_per_kwh",
     "gpu_hour_rates", "profiles", "keep_ended", "keep_ended_users", "gc_every",

@@ -32,7 +32,11 @@ def read_exit(directory: Path) -> Exited | None:
     data = _read_json(directory / shim.EXIT)
     if data is None:
         return None
-    return Exited(data["exit_code"], data.get("signal"), data["started_at"], data["ended_at"])
+    # As docker's OOMKilled is read (docker/end.py): the OOM killer took a process of the
+    # rank's cgroup, and the job did not exit 0 (one that outlived the kill of a child did).
+    oom = bool(data.get("oom_killed")) and data["exit_code"] != 0
+    return Exited(data["exit_code"], data.get("signal"), data["started_at"], data["ended_at"],
+                  oom_killed=oom)
 
 
 def read_pid(directory: Path) -> dict[str, Any] | None:

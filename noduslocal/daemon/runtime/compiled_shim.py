@@ -92,7 +92,8 @@ def encode_request(req: dict[str, Any], req_id: int) -> bytes:
     mask = [m for m in req.get("mask", ()) if m]
     for items in (groups, list(req["argv"]), env, mask):
         fields += [str(len(items)), *items]
-    fields += [req["boot_id"], str(req.get("max_log", MAX_LOG))]
+    cgroups = list(req.get("cgroups") or ())
+    fields += [req["boot_id"], str(req.get("max_log", MAX_LOG)), str(len(cgroups)), *cgroups]
     body = b"".join(f.encode() + b"\0" for f in fields)
     return len(body).to_bytes(4, "little") + body
 

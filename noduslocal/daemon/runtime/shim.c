@@ -35,6 +35,7 @@
 #define TAIL_MAX (1 << 20) /* most bytes of a capped log's end kept for its close */
 #define NOTE_ROOM 512      /* bytes of a capped log left for its two notes */
 #define RECORD_ROOM 4096   /* bytes reserved on disk for pid.json and exit.json */
+#define CGROUP_KILL_ROUNDS 500 /* reads of a cgroup's processes, 10 ms apart (shim.py's) */
 
 struct request {
     const char *dir, *cwd, *boot_id;
@@ -43,8 +44,8 @@ struct request {
     gid_t gid;
     size_t ngroups;
     gid_t *groups;
-    char **argv, **env, **mask;
-    size_t nmask;
+    char **argv, **env, **mask, **cgroups; /* cgroups: the rank's, made by the daemon */
+    size_t nmask, ncgroups;
     unsigned long long max_log; /* each log's cap; 0: none */
 };
 
@@ -296,6 +297,7 @@ static struct request *parse_request(char *data, size_t len) {
     r->mask = strings(&r->nmask);
     r->boot_id = field();
     r->max_log = strtoull(field(), NULL, 10);
+    r->cgroups = strings(&r->ncgroups);
     if (!r->argv[0]) die();
     return r;
 }
@@ -328,6 +330,17 @@ static void exec_job(int null, int out_w, int err_w) {
     for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
     setpgid(0, 0);
     if (dup2(null, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(126);
+    /* Into the rank's cgroups before exec, as root: nothing the job runs starts outside. */
+    for (size_t i = 0; i < req->ncgroups; i++) {
+        char p[PATH_MAX], pid[32];
+        snprintf(p, sizeof p, "%s/cgroup.procs", req->cgroups[i]);
+        int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
+        int fd = open(p, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, pid, (size_t)n) != n)
+            child_fail(126, "noduslocal: cannot enter cgroup %s: %s\n", req->cgroups[i],
+                       strerror(errno));
+        close(fd);
+    }
     if (req->has_uid && req->uid != getuid()) {
         if (setgroups(req->ngroups, req->groups) || setgid(req->gid) || setuid(req->uid))
             child_fail(126, "noduslocal: cannot become uid %u: %s\n", (unsigned)req->uid,
@@ -437,6 +450,76 @@ static void write_record(int fd, const char *name, const char *json, int durable
     free(final);
 }
 
+/* --- the rank's cgroups: every process killed at the end, the OOM killer's count ------- */
+
+static int write_file(const char *dir, const char *name, const char *value) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int fd = open(p, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int ok = write(fd, value, strlen(value)) == (ssize_t)strlen(value);
+    close(fd);
+    return ok;
+}
+
+/* The whole of a small cgroupfs file, NUL-terminated (empty when it cannot be read). */
+static char *read_file(const char *dir, const char *name) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct buffer b = {0};
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char chunk[4096];
+        ssize_t n;
+        while ((n = read(fd, chunk, sizeof chunk)) > 0) buf_add(&b, chunk, (size_t)n);
+        close(fd);
+    }
+    buf_add(&b, "", 1);
+    return b.data;
+}
+
+/* SIGKILL every process in the rank's cgroups, what they fork meanwhile too, until they
+ * are empty: a job's setsid child dies with it (shim.py's kill_cgroups). */
+static void kill_cgroups(void) {
+    for (int round = 0; round < CGROUP_KILL_ROUNDS && req->ncgroups; round++) {
+        int left = 0, frozen[64] = {0};
+        for (size_t i = 0; i < req->ncgroups && i < 64; i++)
+            frozen[i] = write_file(req->cgroups[i], "freezer.state", "FROZEN");
+        for (size_t i = 0; i < req->ncgroups; i++) {
+            write_file(req->cgroups[i], "cgroup.kill", "1");
+            char *procs = read_file(req->cgroups[i], "cgroup.procs"), *s = procs, *end;
+            for (long pid; (pid = strtol(s, &end, 10)), end != s; s = end) {
+                left = 1;
+                kill((pid_t)pid, SIGKILL);
+            }
+            free(procs);
+        }
+        for (size_t i = 0; i < req->ncgroups && i < 64; i++) /* SIGKILL lands once thawed */
+            if (frozen[i]) write_file(req->cgroups[i], "freezer.state", "THAWED");
+        if (!left) return;
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* The OOM killer's kills in the rank's cgroups: `oom_kill N` of v2's memory.events or
+ * v1's memory.oom_control. */
+static long long oom_kills(void) {
+    static const char *files[] = {"memory.events", "memory.oom_control"};
+    long long kills = 0;
+    for (size_t i = 0; i < req->ncgroups; i++)
+        for (int f = 0; f < 2; f++) {
+            char *text = read_file(req->cgroups[i], files[f]);
+            for (char *line = text; line && *line;) {
+                if (strncmp(line, "oom_kill ", 9) == 0) kills += atoll(line + 9);
+                line = strchr(line, '\n');
+                if (line) line++;
+            }
+            free(text);
+        }
+    return kills;
+}
+
 /* --- output: secrets masked, a value split across two reads too ------------------------ */
 
 struct span {
@@ -527,7 +610,8 @@ static int pump(int out_r, int err_r, pid_t pid) {
          * before we got here, leaving a child that holds its pipes, is not missed. */
         if (!have_status && waitpid(pid, &status, WNOHANG) == pid) {
             have_status = 1;
-            kill(-pid, SIGKILL); /* like a container: the rest of its group goes with it */
+            kill(-pid, SIGKILL); /* like a container: the rest of its group goes with it, */
+            kill_cgroups();      /* and all else in its cgroup (a setsid child) */
             deadline = monotonic_ms() + DRAIN_AFTER_EXIT_MS;
         }
         struct pollfd fds[3];
@@ -570,6 +654,7 @@ static int pump(int out_r, int err_r, pid_t pid) {
     if (!have_status) {
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
         kill(-pid, SIGKILL);
+        kill_cgroups();
     }
     log_close(0);
     log_close(1);
@@ -653,8 +738,10 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
         snprintf(sig, sizeof sig, "null");
     }
     snprintf(json, sizeof json,
-             "{\"started_at\": %.6f, \"ended_at\": %.6f, \"exit_code\": %s, \"signal\": %s}",
-             started, now(), code, sig);
+             "{\"started_at\": %.6f, \"ended_at\": %.6f, \"exit_code\": %s, \"signal\": %s%s}",
+             started, now(), code, sig,
+             !req->ncgroups ? "" : oom_kills() > 0 ? ", \"oom_killed\": true"
+                                                   : ", \"oom_killed\": false");
     /* While the spawner is our parent the daemon is alive and commits this exit within
      * milliseconds, so syncing it here too would only add device flushes to every end.
      * Once the daemon is gone this file is the only record until it returns. */

@@ -38,6 +38,7 @@ MAX_LOG = 1 << 30  # a log's cap when the request names none (the daemon's max_l
 TAIL_MAX = 1 << 20  # most bytes of a capped log's end kept (in memory) for its close
 NOTE_ROOM = 512  # bytes of a capped log left for its two notes
 RECORD_ROOM = 4096  # bytes reserved on disk for pid.json and exit.json before the job runs
+CGROUP_KILL_ROUNDS = 500  # reads of a cgroup's processes, 10 ms apart, until it is empty
 
 
 def write_json_atomic(directory: str, name: str, data: dict, durable: bool = False) -> None:
@@ -165,10 +166,67 @@ def _spawn_as_owner(req: dict, out_w: int, err_w: int) -> int:
     return proc.pid
 
 
+def _spawn_in_cgroups(req: dict, out_w: int, err_w: int) -> int:
+    """Start the job inside the rank's cgroups (the daemon made them): the child enters
+    them before exec, so nothing it runs starts outside. Our code runs in the child, so
+    this forks; the owner's identity is dropped after the cgroups are entered (as root)."""
+    uid = req.get("uid")
+    as_owner = uid is not None and uid != os.getuid()
+    argv = req["argv"]
+    path = ENV
+    if not as_owner:
+        try:
+            os.chdir(req["cwd"])
+        except OSError as exc:
+            raise SetupError(126, f"cannot enter workdir {req['cwd']}: {exc.strerror}") from None
+        path = _resolve(argv[0], req["env"])
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 126
+        try:
+            os.setpgid(0, 0)
+            for sig in DEFAULT_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for cgroup in req["cgroups"]:
+                try:
+                    fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
+                    os.write(fd, str(os.getpid()).encode())
+                    os.close(fd)
+                except OSError as exc:
+                    os.write(2, f"noduslocal: cannot enter cgroup {cgroup}: "
+                                f"{exc.strerror}\n".encode())
+                    os._exit(126)
+            if as_owner:
+                os.setgroups(req.get("groups") or [req["gid"]])
+                os.setgid(req["gid"])
+                os.setuid(uid)
+                os.execve(ENV, [ENV, "--chdir", req["cwd"], "--", *argv], req["env"])
+            code = 127
+            os.execve(path, argv, req["env"])
+        except BaseException as exc:  # nothing of the shim's may run on in the child
+            with contextlib.suppress(BaseException):
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                if isinstance(exc, OSError) and exc.errno != errno.ENOENT:
+                    code = 126
+                os.write(2, f"noduslocal: cannot execute {argv[0]!r}: {why}\n".encode())
+        os._exit(code)
+    os.close(null)
+    with contextlib.suppress(OSError):  # the child does it too: whichever runs first
+        os.setpgid(pid, pid)
+    return pid
+
+
 def _spawn_job(req: dict, out_w: int, err_w: int) -> int:
     """Start the job in a process group of its own, with stdin from /dev/null. Without a
     change of user, posix_spawn (vfork) costs a fraction of forking this Python process
     and runs none of our code in the child."""
+    if req.get("cgroups"):
+        return _spawn_in_cgroups(req, out_w, err_w)
     uid = req.get("uid")
     if uid is not None and uid != os.getuid():
         return _spawn_as_owner(req, out_w, err_w)
@@ -346,7 +404,69 @@ class Logs:
             log.close()
 
 
-def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes]) -> int:
+def _write_file(path: str, value: str) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.write(fd, value.encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _cgroup_procs(cgroup: str) -> list[int]:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as file:
+            return [int(line) for line in file.read().split()]
+    except OSError:
+        return []
+
+
+def kill_cgroups(cgroups: list[str]) -> None:
+    """SIGKILL every process in the rank's cgroups, what they fork meanwhile too, until
+    they are empty: a job's `setsid` child dies with it. v2 kills a cgroup in one write
+    (cgroup.kill); v1's freezer stops forks between the read of the pids and the kill."""
+    for _ in range(CGROUP_KILL_ROUNDS):
+        left = False
+        frozen = [c for c in cgroups
+                  if _write_file(os.path.join(c, "freezer.state"), "FROZEN")]
+        for cgroup in cgroups:
+            _write_file(os.path.join(cgroup, "cgroup.kill"), "1")
+            for pid in _cgroup_procs(cgroup):
+                left = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for cgroup in frozen:  # a frozen process dies of its SIGKILL once thawed
+            _write_file(os.path.join(cgroup, "freezer.state"), "THAWED")
+        if not left:
+            return
+        time.sleep(0.01)
+
+
+def oom_kills(cgroups: list[str]) -> int:
+    """How many processes the kernel's OOM killer killed in the rank's cgroups: the
+    `oom_kill N` line of v2's memory.events or v1's memory.oom_control."""
+    kills = 0
+    for cgroup in cgroups:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(os.path.join(cgroup, name)) as file:
+                    text = file.read()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    kills += int(value)
+    return kills
+
+
+def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes],
+          cgroups: list[str]) -> int:
     """Copy output into the logs until the job exits and its pipes close; return the
     wait status."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -366,9 +486,11 @@ def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes]) -> in
             done, wstatus = os.waitpid(pid, os.WNOHANG)
             if done:
                 status = wstatus
-                # Like a container: when the main process ends, the rest of its group goes.
+                # Like a container: when the main process ends, the rest of its group
+                # goes, and all else in its cgroup (a `setsid` child).
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
+                kill_cgroups(cgroups)
                 deadline = time.monotonic() + DRAIN_AFTER_EXIT
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready = sel.select(timeout)
@@ -394,6 +516,7 @@ def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes]) -> in
         _, status = os.waitpid(pid, 0)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+        kill_cgroups(cgroups)
     logs.close()
     return status
 
@@ -454,10 +577,13 @@ def run_shim(req: dict) -> None:
         write_reserved(pid_record, directory, PID, {
             "shim_pid": os.getpid(), "pid": pid, "pgid": pid, "started_at": started,
             "boot_id": req["boot_id"], "start_ticks": start_ticks(pid)})
+        cgroups = req.get("cgroups") or []
         status = _pump(out_r, err_r, logs, pid,
-                       [value.encode() for value in req.get("mask", ())])
+                       [value.encode() for value in req.get("mask", ())], cgroups)
         result: dict = {"started_at": started, "ended_at": time.time(), "exit_code": None,
                         "signal": None}
+        if cgroups:
+            result["oom_killed"] = oom_kills(cgroups) > 0
         if os.WIFSIGNALED(status):
             result["signal"] = os.WTERMSIG(status)
             result["exit_code"] = 128 + result["signal"]

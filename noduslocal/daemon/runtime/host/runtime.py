@@ -1,6 +1,7 @@
-"""The host runtime: each rank a process group under a shim that outlives the daemon, its
-exit recorded in the attempt directory; adopted again after a restart by the shim's lock.
-Holds the shim's launch request too (argv, environment, workdir, identity, secrets to mask).
+"""The host runtime: each rank a process group under a shim that outlives the daemon, in a
+cgroup of its own (its limits; every process found and killed through it), its exit recorded
+in the attempt directory; adopted again after a restart by the shim's lock. Holds the shim's
+launch request too (argv, environment, workdir, identity, secrets to mask, cgroups).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,13 @@ from noduslocal.daemon.runtime.base import (
     ExecResult,
     Handle,
     Launch,
+    LaunchFailed,
     NotLaunched,
     Rank,
     rank_dir,
 )
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
+from noduslocal.daemon.runtime.host.cgroups import Cgroups, Limits, cgroup_name
 from noduslocal.daemon.runtime.host.execute import kill_orphaned_execs, run_in_job
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.daemon.runtime.launchers import RankPlan
@@ -48,9 +52,16 @@ LOOPBACK = "127.0.0.1"
 class HostRuntime:
     kind = "process"
 
-    def __init__(self, layout: JobLayout, spawner: Spawner | None = None) -> None:
+    def __init__(self, layout: JobLayout, spawner: Spawner | None = None,
+                 cgroups: Cgroups | None = None,
+                 pids_max: Callable[[], int] = lambda: 4096) -> None:
+        """`cgroups`: where each rank's cgroup is made (None or disabled: ranks run
+        without, their limits reservations only); `pids_max`: the processes a rank may
+        hold, read at each launch (the live host_pids_max)."""
         self.layout = layout
         self.spawner = spawner or Spawner()
+        self.cgroups = cgroups or Cgroups(0, [], [], "none configured")
+        self.pids_max = pids_max
         self.exec_records = layout.jobs_dir.parent / EXEC_RECORDS
 
     async def start(self) -> None:
@@ -59,6 +70,12 @@ class HostRuntime:
         self.exec_records.mkdir(mode=0o700, exist_ok=True)
         if killed := kill_orphaned_execs(self.exec_records):
             log.warning("killed %d processes of execs the last daemon left running", killed)
+        if self.cgroups.enabled:
+            # Of the attempts the last daemon ran, those that ended hold no process.
+            if removed := await asyncio.to_thread(self.cgroups.remove_unheld):
+                log.info("removed %d cgroups of ended host attempts", removed)
+        else:
+            log.warning("%s", self.cgroups.describe())
         await self.spawner.start()
 
     async def close(self) -> None:
@@ -69,10 +86,14 @@ class HostRuntime:
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         del gpus
+        limits = Diagnosis("host job limits", True if self.cgroups.enabled else None,
+                           self.cgroups.describe())
         if self.spawner.compiled is not None:
-            return [Diagnosis("host jobs", True, f"the compiled shim {self.spawner.compiled}")]
+            return [Diagnosis("host jobs", True, f"the compiled shim {self.spawner.compiled}"),
+                    limits]
         return [Diagnosis("host jobs", True, "the Python shim (host_shim = \"python\", or no C "
-                                             "compiler: apt-get install gcc for the faster one)")]
+                                             "compiler: apt-get install gcc for the faster one)"),
+                limits]
 
     def _request(self, launch: Launch, rank: int = 0) -> dict[str, Any]:
         ref = launch.ref
@@ -94,8 +115,17 @@ class HostRuntime:
         ref = launch.ref
         directory = ref.rank_dir(rank)
         directory.mkdir(mode=0o700, exist_ok=True)
+        request = self._request(launch, rank)
+        if self.cgroups.enabled:
+            spec = ref.job.spec
+            try:
+                request["cgroups"] = self.cgroups.make(
+                    cgroup_name(ref.job.id, ref.number, rank),
+                    Limits(spec.memory, spec.cpu_m, self.pids_max()))
+            except OSError as exc:
+                raise LaunchFailed(f"making the job's cgroup failed: {exc}") from None
         try:
-            shim_pid = await self.spawner.launch(self._request(launch, rank))
+            shim_pid = await self.spawner.launch(request)
         except SpawnError:
             # The spawner died mid-request: the rank's directory says whether a shim
             # started (its lock) before it went.
@@ -132,9 +162,14 @@ class HostRuntime:
     async def clear_lost(self, ref: AttemptRef, handles: list[Handle]) -> None:
         for handle in handles:
             kill_leftovers(ref.rank_dir(handle.rank), int(handle.ref), handle.boot)
+        # The cgroup finds what escaped the group and the session (a double fork).
+        await self.release(ref, handles)
 
     async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
-        """Nothing is kept: a shim removes nothing and leaves its files for the logs."""
+        """Each rank's cgroup, emptied and removed; the shim leaves its files for the logs."""
+        if self.cgroups.enabled:
+            names = [cgroup_name(ref.job.id, ref.number, h.rank) for h in handles]
+            await asyncio.to_thread(lambda: [self.cgroups.remove(name) for name in names])
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:

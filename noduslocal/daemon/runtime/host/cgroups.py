@@ -1,0 +1,243 @@
+"""The host jobs' cgroups: which hierarchy the box has (v2, or v1's memory, cpu, pids and
+freezer), this daemon's parent cgroup, one cgroup per attempt's rank with its limits
+written, its OOM kills read, every process in it killed, and its removal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from noduslocal.daemon.runtime.shim import CGROUP_KILL_ROUNDS, oom_kills
+
+log = logging.getLogger(__name__)
+ROOT = Path("/sys/fs/cgroup")
+SYSTEM_PARENT = "noduslocal"
+V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer")  # freezer: to kill a cgroup at once
+V2_CONTROLLERS = ("memory", "cpu", "pids")
+CFS_PERIOD_US = 100_000
+JOB_PREFIX = "job-"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a rank may use: bytes of memory (None: no limit), millicores, processes."""
+
+    memory: int | None
+    cpu_m: int
+    pids_max: int
+
+
+def parent_name(data_dir: Path, system_data_dir: Path) -> str:
+    """`noduslocal` for the box's daemon; a daemon of another data dir (a user's own, a
+    test's) gets a parent of its own, so its recovery never removes another's cgroups."""
+    if data_dir == system_data_dir:
+        return SYSTEM_PARENT
+    return f"{SYSTEM_PARENT}-{hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]}"
+
+
+def cgroup_name(job_id: int, attempt: int, rank: int) -> str:
+    return f"{JOB_PREFIX}{job_id}-{attempt}-r{rank}"
+
+
+def _write(path: Path, value: str) -> None:
+    # cgroupfs takes one write per value, unbuffered (O_TRUNC as runc opens them).
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _procs(directory: Path) -> list[int]:
+    try:
+        return [int(line) for line in (directory / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+class Cgroups:
+    """The cgroups of one daemon's host jobs. `parents`: the parent cgroup in each
+    hierarchy used (v2: one); empty when the box offers none we may write, and `why` says
+    so (host jobs then run as before: their memory, cpu and pids are reservations only)."""
+
+    def __init__(self, version: int, parents: list[Path], controllers: list[str],
+                 why: str = "") -> None:
+        self.version = version
+        self.parents = parents
+        self.controllers = controllers
+        self.why = why
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.parents)
+
+    @classmethod
+    def detect(cls, name: str, root: Path = ROOT) -> Cgroups:
+        """Make (or find) the parent cgroup `name` in the hierarchy the box has."""
+        if os.geteuid() != 0 and root == ROOT:
+            return cls(0, [], [], "the daemon is not root")
+        try:
+            if (root / "cgroup.controllers").exists():
+                return cls._detect_v2(root, name)
+            return cls._detect_v1(root, name)
+        except OSError as exc:
+            return cls(0, [], [], f"the cgroup file system at {root} is not writable: "
+                                  f"{exc.strerror}")
+
+    @classmethod
+    def _detect_v2(cls, root: Path, name: str) -> Cgroups:
+        offered = (root / "cgroup.controllers").read_text().split()
+        wanted = [c for c in V2_CONTROLLERS if c in offered]
+        if not wanted:
+            return cls(2, [], [], f"cgroup v2 at {root} offers none of memory, cpu, pids")
+        enable = " ".join(f"+{c}" for c in wanted)
+        # The root may hold processes and still hand controllers down; our parent holds
+        # none (v2's rule for a cgroup that does), so its children get them too.
+        _write(root / "cgroup.subtree_control", enable)
+        parent = root / name
+        parent.mkdir(mode=0o755, exist_ok=True)
+        _write(parent / "cgroup.subtree_control", enable)
+        return cls(2, [parent], wanted)
+
+    @classmethod
+    def _detect_v1(cls, root: Path, name: str) -> Cgroups:
+        parents, found = [], []
+        for controller in V1_CONTROLLERS:
+            mount = root / controller
+            if not (mount / "cgroup.procs").exists():
+                continue
+            parent = mount / name
+            parent.mkdir(mode=0o755, exist_ok=True)
+            parents.append(parent)
+            found.append(controller)
+        if not [c for c in found if c != "freezer"]:
+            return cls(1, [], [], f"no cgroup v1 memory, cpu or pids hierarchy under {root}")
+        return cls(1, parents, found)
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return (f"host jobs run without cgroups ({self.why}): their memory, cpu and "
+                    "pids limits are not enforced")
+        where = ", ".join(str(p) for p in self.parents)
+        return f"cgroup v{self.version} ({', '.join(self.controllers)}) under {where}"
+
+    def paths(self, name: str) -> list[Path]:
+        return [parent / name for parent in self.parents]
+
+    def make(self, name: str, limits: Limits) -> list[str]:
+        """The rank's cgroup in every hierarchy, limits written; the paths for the shim."""
+        made = []
+        for path in self.paths(name):
+            path.mkdir(mode=0o755, exist_ok=True)
+            made.append(path)
+            if self.version == 2:
+                self._limit_v2(path, limits)
+            else:
+                self._limit_v1(path, limits)
+        return [str(p) for p in made]
+
+    @staticmethod
+    def _limit_v2(path: Path, limits: Limits) -> None:
+        if (path / "memory.max").exists():
+            _write(path / "memory.max", str(limits.memory) if limits.memory else "max")
+            if (path / "memory.swap.max").exists() and limits.memory:
+                _write(path / "memory.swap.max", "0")  # the limit is the limit, as docker's
+        if (path / "cpu.max").exists() and limits.cpu_m > 0:
+            _write(path / "cpu.max", f"{limits.cpu_m * CFS_PERIOD_US // 1000} {CFS_PERIOD_US}")
+        if (path / "pids.max").exists():
+            _write(path / "pids.max", str(limits.pids_max))
+
+    @staticmethod
+    def _limit_v1(path: Path, limits: Limits) -> None:
+        if (path / "memory.limit_in_bytes").exists():
+            _write(path / "memory.limit_in_bytes", str(limits.memory or -1))
+            # 0: the kernel's OOM killer acts at the limit (1 would pause the job instead).
+            _write(path / "memory.oom_control", "0")
+        if (path / "cpu.cfs_quota_us").exists():
+            _write(path / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            quota = limits.cpu_m * CFS_PERIOD_US // 1000 if limits.cpu_m > 0 else -1
+            _write(path / "cpu.cfs_quota_us", str(quota))
+        if (path / "pids.max").exists():
+            _write(path / "pids.max", str(limits.pids_max))
+
+    def oom_kills(self, name: str) -> int:
+        return oom_kills([str(p) for p in self.paths(name)])
+
+    def procs(self, name: str) -> list[int]:
+        return sorted({pid for path in self.paths(name) for pid in _procs(path)})
+
+    def kill(self, name: str) -> bool:
+        """SIGKILL every process in the rank's cgroup, those it forks meanwhile too; True
+        once it is empty. v2 has cgroup.kill; v1 freezes it first where the freezer is
+        there, so nothing forks between the read of its processes and their kill."""
+        paths = [p for p in self.paths(name) if p.exists()]
+        for _ in range(CGROUP_KILL_ROUNDS):
+            left = False
+            frozen = [p for p in paths if (p / "freezer.state").exists()]
+            for path in frozen:
+                with contextlib.suppress(OSError):
+                    _write(path / "freezer.state", "FROZEN")
+            for path in paths:
+                if (path / "cgroup.kill").exists():
+                    with contextlib.suppress(OSError):
+                        _write(path / "cgroup.kill", "1")
+                for pid in _procs(path):
+                    left = True
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            for path in frozen:  # a frozen process dies of its SIGKILL once thawed
+                with contextlib.suppress(OSError):
+                    _write(path / "freezer.state", "THAWED")
+            if not left:
+                return True
+            time.sleep(0.01)
+        return not self.procs(name)
+
+    def remove(self, name: str) -> None:
+        """Kill what is left in the rank's cgroup and remove it (a process that is still
+        dying keeps it busy a moment)."""
+        if not self.enabled:
+            return
+        self.kill(name)
+        for path in self.paths(name):
+            for _ in range(100):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        log.warning("removing cgroup %s failed: %s", path, exc.strerror)
+                        break
+                    time.sleep(0.01)
+            else:
+                log.warning("cgroup %s still has processes; left in place", path)
+
+    def remove_unheld(self) -> int:
+        """After a restart: remove this daemon's rank cgroups that hold no process (their
+        attempts ended, or never started); a non-empty one is an attempt that still runs
+        (adopted, released at its end) or one left by a vanished attempt (clear_lost)."""
+        removed = 0
+        names = {entry.name for parent in self.parents if parent.exists()
+                 for entry in os.scandir(parent)
+                 if entry.is_dir() and entry.name.startswith(JOB_PREFIX)}
+        for name in sorted(names):
+            if self.procs(name):
+                continue
+            for path in self.paths(name):
+                with contextlib.suppress(FileNotFoundError):
+                    try:
+                        path.rmdir()
+                    except OSError as exc:
+                        log.warning("removing cgroup %s failed: %s", path, exc.strerror)
+            removed += 1
+        return removed

@@ -1,0 +1,186 @@
+"""Host jobs' cgroups against a scratch directory tree shaped as cgroupfs (issue 25): the
+hierarchy found (v2, v1, none), the limits written in each one's files, the OOM killer's
+count read from either, v2's one-write kill, and what exit.json's oom_killed becomes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from noduslocal.daemon.config.settings import LIVE, load_settings
+from noduslocal.daemon.runtime import compiled_shim, shim
+from noduslocal.daemon.runtime.attempt_dir import read_exit
+from noduslocal.daemon.runtime.host.cgroups import (
+    SYSTEM_PARENT,
+    Cgroups,
+    Limits,
+    cgroup_name,
+    parent_name,
+)
+
+V2_JOB_FILES = ("cgroup.procs", "cgroup.kill", "memory.max", "memory.swap.max", "cpu.max",
+                "pids.max", "memory.events")
+V1_JOB_FILES = {"memory": ("cgroup.procs", "memory.limit_in_bytes", "memory.oom_control"),
+                "cpu": ("cgroup.procs", "cpu.cfs_period_us", "cpu.cfs_quota_us"),
+                "pids": ("cgroup.procs", "pids.max"),
+                "freezer": ("cgroup.procs", "freezer.state")}
+
+
+def touch(directory: Path, *names: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (directory / name).touch()
+
+
+def v2_tree(root: Path, parent: str, job: str) -> None:
+    """What the kernel makes: the files of each cgroup appear with its mkdir."""
+    touch(root, "cgroup.controllers", "cgroup.subtree_control", "cgroup.procs")
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma\n")
+    touch(root / parent, "cgroup.subtree_control", "cgroup.procs")
+    touch(root / parent / job, *V2_JOB_FILES)
+
+
+def v1_tree(root: Path, parent: str, job: str) -> None:
+    for controller, files in V1_JOB_FILES.items():
+        touch(root / controller, "cgroup.procs")
+        touch(root / controller / parent / job, *files)
+
+
+def test_v2_is_found_and_its_controllers_handed_down(tmp_path: Path) -> None:
+    v2_tree(tmp_path, "nl", "job-1-1-r0")
+    cgroups = Cgroups.detect("nl", tmp_path)
+    assert cgroups.enabled and cgroups.version == 2
+    assert cgroups.controllers == ["memory", "cpu", "pids"]
+    assert cgroups.parents == [tmp_path / "nl"]
+    for where in (tmp_path, tmp_path / "nl"):
+        assert (where / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+
+
+def test_v2_limits_are_written(tmp_path: Path) -> None:
+    name = cgroup_name(7, 2, 1)
+    assert name == "job-7-2-r1"
+    v2_tree(tmp_path, "nl", name)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    paths = cgroups.make(name, Limits(memory=64 * 2**20, cpu_m=1500, pids_max=100))
+    job = tmp_path / "nl" / name
+    assert paths == [str(job)]
+    assert (job / "memory.max").read_text() == str(64 * 2**20)
+    assert (job / "memory.swap.max").read_text() == "0"
+    assert (job / "cpu.max").read_text() == "150000 100000"
+    assert (job / "pids.max").read_text() == "100"
+    cgroups.make(name, Limits(memory=None, cpu_m=250, pids_max=5))
+    assert (job / "memory.max").read_text() == "max"
+    assert (job / "cpu.max").read_text() == "25000 100000"
+
+
+def test_v1_limits_are_written_in_each_hierarchy(tmp_path: Path) -> None:
+    name = cgroup_name(3, 1, 0)
+    v1_tree(tmp_path, "nl", name)
+    (tmp_path / "unified").mkdir()  # a v2 tree without controllers beside v1 (this box)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    assert cgroups.enabled and cgroups.version == 1
+    assert cgroups.controllers == ["memory", "cpu", "pids", "freezer"]
+    paths = cgroups.make(name, Limits(memory=2**30, cpu_m=500, pids_max=4096))
+    assert paths == [str(tmp_path / c / "nl" / name) for c in V1_JOB_FILES]
+    memory, cpu, pids = (tmp_path / c / "nl" / name for c in ("memory", "cpu", "pids"))
+    assert (memory / "memory.limit_in_bytes").read_text() == str(2**30)
+    assert (memory / "memory.oom_control").read_text() == "0"  # the OOM killer acts
+    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (pids / "pids.max").read_text() == "4096"
+
+
+def test_v1_with_some_hierarchies_uses_those(tmp_path: Path) -> None:
+    touch(tmp_path / "pids", "cgroup.procs")
+    cgroups = Cgroups.detect("nl", tmp_path)
+    assert cgroups.enabled and cgroups.controllers == ["pids"]
+
+
+def test_no_usable_hierarchy_says_why(tmp_path: Path) -> None:
+    touch(tmp_path / "freezer", "cgroup.procs")  # a freezer alone limits nothing
+    cgroups = Cgroups.detect("nl", tmp_path)
+    assert not cgroups.enabled
+    assert "not enforced" in cgroups.describe() and "memory" in cgroups.why
+    v2 = tmp_path / "v2"
+    touch(v2, "cgroup.controllers", "cgroup.subtree_control")
+    (v2 / "cgroup.controllers").write_text("hugetlb\n")  # the unified tree here
+    assert not Cgroups.detect("nl", v2).enabled
+
+
+def test_unwritable_tree_is_no_cgroups(tmp_path: Path) -> None:
+    touch(tmp_path, "cgroup.controllers")  # subtree_control missing: the write fails
+    (tmp_path / "cgroup.controllers").write_text("memory pids\n")
+    cgroups = Cgroups.detect("nl", tmp_path)
+    assert not cgroups.enabled and "not writable" in cgroups.why
+
+
+def test_oom_kills_are_read_from_either_version(tmp_path: Path) -> None:
+    v1, v2, none = tmp_path / "v1", tmp_path / "v2", tmp_path / "none"
+    touch(v1, "memory.oom_control")
+    touch(v2, "memory.events")
+    touch(none)
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (v2 / "memory.events").write_text(
+        "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n")
+    assert shim.oom_kills([str(v1)]) == 2
+    assert shim.oom_kills([str(v2)]) == 1
+    assert shim.oom_kills([str(none), str(v1), str(v2)]) == 3
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    assert shim.oom_kills([str(v2)]) == 0
+
+
+def test_v2_kill_writes_cgroup_kill(tmp_path: Path) -> None:
+    name = "job-1-1-r0"
+    v2_tree(tmp_path, "nl", name)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    assert cgroups.kill(name)  # no process listed: empty at once
+    assert (tmp_path / "nl" / name / "cgroup.kill").read_text() == "1"
+    (tmp_path / "nl" / name / "cgroup.kill").write_text("")
+    shim.kill_cgroups([str(tmp_path / "nl" / name)])
+    assert (tmp_path / "nl" / name / "cgroup.kill").read_text() == "1"
+
+
+def test_v1_kill_freezes_and_thaws(tmp_path: Path) -> None:
+    name = "job-1-1-r0"
+    v1_tree(tmp_path, "nl", name)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    assert cgroups.kill(name)
+    assert (tmp_path / "freezer" / "nl" / name / "freezer.state").read_text() == "THAWED"
+
+
+def test_parent_is_per_data_dir(tmp_path: Path) -> None:
+    system = Path("/var/lib/noduslocal")
+    assert parent_name(system, system) == SYSTEM_PARENT
+    mine, other = parent_name(tmp_path / "a", system), parent_name(tmp_path / "b", system)
+    assert mine != other and mine.startswith(SYSTEM_PARENT + "-")
+
+
+def test_exit_json_oom_killed_becomes_exited_oom(tmp_path: Path) -> None:
+    def exited(**fields: object) -> object:
+        (tmp_path / shim.EXIT).write_text(json.dumps(
+            {"started_at": 1.0, "ended_at": 2.0, "signal": 9, **fields}))
+        return read_exit(tmp_path)
+
+    assert exited(exit_code=137, oom_killed=True).oom_killed is True  # type: ignore[attr-defined]
+    assert exited(exit_code=137, oom_killed=False).oom_killed is False  # type: ignore[attr-defined]
+    assert exited(exit_code=137).oom_killed is False  # type: ignore[attr-defined]
+    # A child killed for memory while the job went on to exit 0: it succeeded.
+    assert exited(exit_code=0, oom_killed=True).oom_killed is False  # type: ignore[attr-defined]
+
+
+def test_compiled_request_carries_the_cgroups() -> None:
+    req = {"dir": "/d", "cwd": "/w", "argv": ["true"], "env": {}, "boot_id": "b",
+           "cgroups": ["/sys/fs/cgroup/memory/nl/job-1-1-r0", "/sys/fs/cgroup/pids/nl/x"]}
+    body = compiled_shim.encode_request(req, 1)[4:].split(b"\0")
+    assert body[-4:] == [b"2", b"/sys/fs/cgroup/memory/nl/job-1-1-r0",
+                         b"/sys/fs/cgroup/pids/nl/x", b""]
+    assert compiled_shim.encode_request({**req, "cgroups": []}, 1)[4:].split(b"\0")[-2] == b"0"
+
+
+def test_host_pids_max_is_a_live_setting(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("host_pids_max = 64\n")
+    config.chmod(0o600)
+    assert load_settings(config, data_dir=tmp_path).host_pids_max == 64
+    assert load_settings(data_dir=tmp_path).host_pids_max == 4096
+    assert "host_pids_max" in LIVE
