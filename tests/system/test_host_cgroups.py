@@ -1,0 +1,170 @@
+"""Host jobs' limits are limits (issue 25, part 4), with the box's real cgroups and each
+shim: memory is enforced (Failed/OOMKilled with a container's message), a fork bomb stops at
+host_pids_max, cpu is a CFS quota, and every process of a job, even a `setsid` one, is gone
+after its end, its timeout and `job kill`, its cgroup removed with it. Needs root."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from noduslocal import testing
+from noduslocal.daemon.config.settings import SYSTEM_DATA_DIR
+from noduslocal.daemon.runtime.host.cgroups import Cgroups, parent_name
+from noduslocal.domain.states import Reason
+from noduslocal.testing import wait_until
+from tests.conftest import run_cli
+
+DEADLINE = 60
+PIDS_MAX = 48
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                                reason="cgroups need root")
+
+
+@pytest.fixture(params=["python", "compiled"])
+def daemon(request: pytest.FixtureRequest) -> Iterator[testing.Daemon]:
+    """A daemon of the test's own with each shim, and a small host_pids_max."""
+    shim = "python" if request.param == "python" else "auto"
+    config = f'host_shim = "{shim}"\nhost_pids_max = {PIDS_MAX}\n'
+    with testing.daemon(cpus=2, memory="8GiB", config=config) as d:
+        yield d
+
+
+def cgroups_of(d: testing.Daemon) -> Cgroups:
+    found = Cgroups.detect(parent_name(d.data_dir, SYSTEM_DATA_DIR))
+    if not found.enabled:
+        pytest.fail(f"this box's cgroups are not usable: {found.why}")
+    return found
+
+
+def job_cgroups(d: testing.Daemon) -> list[Path]:
+    """The rank cgroups under the daemon's parent (each test runs one job at a time)."""
+    return [p for parent in cgroups_of(d).parents for p in parent.glob("job-*")]
+
+
+def marked(marker: str) -> list[int]:
+    """The pids of processes whose argv has `marker`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+def log_of(d: testing.Daemon, name: str) -> str:
+    return b"".join(d.client().logs(name)).decode(errors="replace")
+
+
+def test_memory_over_its_limit_is_oomkilled_as_in_a_container(
+        daemon: testing.Daemon) -> None:
+    done = run_cli(daemon, "job", "run", "--name", "hog", "--memory", "64MiB", "--",
+                   sys.executable, "-c", "bytearray(400 << 20)", timeout=DEADLINE)
+    assert done.returncode != 0, done
+    job = daemon.client().wait_job("hog", timeout=DEADLINE)
+    assert (job["phase"], job["reason"]) == ("Failed", Reason.OOM_KILLED), job
+    # The message a container's OOM kill gets (tests/system/test_containers.py).
+    assert job["message"] == "killed by the kernel: out of memory (limit 64 MiB)", job
+    # Under the limit the same job runs to its end: only the one over it was touched.
+    fine = run_cli(daemon, "job", "run", "--name", "fits", "--memory", "256MiB", "--",
+                   sys.executable, "-c", "bytearray(100 << 20)", timeout=DEADLINE)
+    assert fine.returncode == 0, fine
+    assert daemon.client().get_job("fits")["phase"] == "Succeeded"
+
+
+FORK_BOMB = f"""
+import os, sys, time
+# Never a fork bomb without its limit: its cgroup's pids.max must be {PIDS_MAX} first.
+limits = []
+for line in open("/proc/self/cgroup"):
+    _, controllers, path = line.strip().split(":", 2)
+    for root in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        if ("pids" in controllers.split(",") or controllers == "") and os.path.exists(
+                root + path + "/pids.max"):
+            limits.append(open(root + path + "/pids.max").read().strip())
+if "{PIDS_MAX}" not in limits:
+    print("no pids limit:", limits)
+    sys.exit(3)
+made = 0
+for _ in range(300):  # bounded: past the limit fork fails
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        continue
+    if pid == 0:
+        os.execvp("sleep", ["sleep", "3004"])
+    made += 1
+print("forked", made, flush=True)
+"""
+
+
+def test_a_fork_bomb_stops_at_host_pids_max(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "bomb", "command": [sys.executable, "-c", FORK_BOMB]})
+    job = c.wait_job("bomb", timeout=DEADLINE)
+    out = log_of(daemon, "bomb")
+    assert job["phase"] == "Succeeded", (job, out)
+    made = int(out.split("forked")[1].split()[0])
+    assert 0 < made < PIDS_MAX, out
+    wait_until(lambda: not marked("3004"), "the bomb's sleeps to be killed", timeout=10)
+
+
+SETSID = "setsid sh -c 'sleep {marker}' & sleep 0.3; echo started; {rest}"
+
+
+@pytest.mark.parametrize("end", ["exit", "timeout", "kill"])
+def test_a_setsid_child_dies_with_its_job(daemon: testing.Daemon, end: str) -> None:
+    c = daemon.client()
+    marker = {"exit": "3001", "timeout": "3002", "kill": "3003"}[end]
+    rest = "exit 0" if end == "exit" else "sleep 100"
+    spec: dict[str, object] = {"name": end, "command": [
+        "/bin/sh", "-c", SETSID.format(marker=marker, rest=rest)]}
+    if end == "timeout":
+        spec["timeout"] = 2
+    c.create_job(spec)
+    if end == "kill":
+        wait_until(lambda: marked(marker), "the setsid child to start", timeout=DEADLINE)
+        c.cancel_job(end)
+    job = c.wait_job(end, timeout=DEADLINE)
+    want = {"exit": "Succeeded", "timeout": "Failed", "kill": "Cancelled"}[end]
+    assert job["phase"] == want, job
+    assert "started" in log_of(daemon, end)
+    wait_until(lambda: not marked(marker), "the setsid child to be killed", timeout=10)
+    # Its cgroup went with it (removed once the end was committed).
+    wait_until(lambda: not job_cgroups(daemon), "the job's cgroup to be removed", timeout=10)
+
+
+def test_cpu_becomes_a_cfs_quota(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "quota", "cpu": 0.5, "command": ["sleep", "60"]})
+    wait_until(lambda: c.get_job("quota")["phase"] == "Running", "the job to run",
+               timeout=DEADLINE)
+    cgroups = cgroups_of(daemon)
+    paths = wait_until(lambda: job_cgroups(daemon), "the job's cgroup", timeout=10)
+    assert cgroups.procs(paths[0].name), "the job is not in its cgroup"
+    if cgroups.version == 2:
+        assert (paths[0] / "cpu.max").read_text().split() == ["50000", "100000"]
+    else:
+        cpu = next(p for p in paths if p.parent.parent.name.startswith("cpu"))
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        assert (cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
+        pids = next(p for p in paths if p.parent.parent.name == "pids")
+        assert (pids / "pids.max").read_text().strip() == str(PIDS_MAX)
+    c.cancel_job("quota")
+    assert c.wait_job("quota", timeout=DEADLINE)["phase"] == "Cancelled"
+
+
+def test_doctor_names_the_cgroups(daemon: testing.Daemon) -> None:
+    result = run_cli(daemon, "doctor", "--json")
+    line = {c["name"]: c for c in json.loads(result.stdout)}["host job limits"]
+    assert line["ok"] is True and "cgroup v" in line["detail"], line
