@@ -222,6 +222,12 @@ class Cgroups:
             else:
                 log.warning("cgroup %s still has processes; left in place", path)
 
+    def remove_parents(self) -> None:
+        """The parent cgroups, when empty (a job that runs on keeps them)."""
+        for parent in self.parents:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
     def remove_unheld(self) -> int:
         """After a restart: remove this daemon's rank cgroups that hold no process (their
         attempts ended, or never started); a non-empty one is an attempt that still runs

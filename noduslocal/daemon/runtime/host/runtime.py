@@ -80,6 +80,8 @@ class HostRuntime:
 
     async def close(self) -> None:
         await self.spawner.close()
+        # Its parent goes too when no job runs on in it (a test's daemon leaves none).
+        await asyncio.to_thread(self.cgroups.remove_parents)
 
     def wait_reason(self) -> str | None:
         return None
@@ -116,13 +118,14 @@ class HostRuntime:
         directory = ref.rank_dir(rank)
         directory.mkdir(mode=0o700, exist_ok=True)
         request = self._request(launch, rank)
+        cgroup = cgroup_name(ref.job.id, ref.number, rank)
         if self.cgroups.enabled:
             spec = ref.job.spec
             try:
                 request["cgroups"] = self.cgroups.make(
-                    cgroup_name(ref.job.id, ref.number, rank),
-                    Limits(spec.memory, spec.cpu_m, self.pids_max()))
+                    cgroup, Limits(spec.memory, spec.cpu_m, self.pids_max()))
             except OSError as exc:
+                await asyncio.to_thread(self.cgroups.remove, cgroup)
                 raise LaunchFailed(f"making the job's cgroup failed: {exc}") from None
         try:
             shim_pid = await self.spawner.launch(request)
@@ -132,6 +135,7 @@ class HostRuntime:
             log.exception("spawning job %s rank %d failed", ref.job.name, rank)
             state = await settled_inspect(directory)
             if not isinstance(state, Alive):
+                await asyncio.to_thread(self.cgroups.remove, cgroup)  # no rank holds it
                 raise NotLaunched(state) from None
             shim_pid = state.shim_pid
         return self._rank(ref, rank, shim_pid, time.time())
