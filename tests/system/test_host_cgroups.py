@@ -102,7 +102,10 @@ for _ in range(300):  # bounded: past the limit fork fails
     except BlockingIOError:
         continue
     if pid == 0:
-        os.execvp("sleep", ["sleep", "3004"])
+        try:
+            os.execvp("sleep", ["sleep", "3004"])
+        finally:
+            os._exit(127)  # a child never forks on
     made += 1
 print("forked", made, flush=True)
 """
