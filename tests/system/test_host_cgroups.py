@@ -136,7 +136,9 @@ def test_a_setsid_child_dies_with_its_job(daemon: testing.Daemon, end: str) -> N
         spec["timeout"] = 2
     c.create_job(spec)
     if end == "kill":
-        wait_until(lambda: marked(marker), "the setsid child to start", timeout=DEADLINE)
+        wait_until(lambda: "started" in log_of(daemon, end), "the setsid child to start",
+                   timeout=DEADLINE)
+        assert marked(marker)
         c.cancel_job(end)
     job = c.wait_job(end, timeout=DEADLINE)
     want = {"exit": "Succeeded", "timeout": "Failed", "kill": "Cancelled"}[end]
