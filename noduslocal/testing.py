@@ -192,6 +192,16 @@ class Daemon:
             except (OSError, ValueError, KeyError):
                 pass
 
+    def remove_cgroups(self) -> None:
+        """Kill what is left in this daemon's host-job cgroups (a job's setsid children)
+        and remove them and their parent: a daemon killed -9 leaves them on the box."""
+        from noduslocal.daemon.config.settings import SYSTEM_DATA_DIR
+        from noduslocal.daemon.runtime.host.cgroups import ROOT, Cgroups, parent_name
+
+        name = parent_name(self.data_dir, SYSTEM_DATA_DIR)
+        if os.geteuid() == 0 and (any(ROOT.glob(f"*/{name}")) or (ROOT / name).exists()):
+            Cgroups.detect(name).remove_all()
+
     def remove_containers(self) -> None:
         """Force-remove every docker container this daemon created (none without docker)."""
         from noduslocal.daemon.runtime.docker.spec import instance_id, job_filter
@@ -212,6 +222,7 @@ class Daemon:
         if self.proc is not None:
             self.kill()
         self.kill_jobs()
+        self.remove_cgroups()
         self.remove_containers()
         try:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -228,15 +228,25 @@ class Cgroups:
             with contextlib.suppress(OSError):
                 parent.rmdir()
 
+    def names(self) -> list[str]:
+        """The rank cgroups under this daemon's parent."""
+        return sorted({entry.name for parent in self.parents if parent.exists()
+                       for entry in os.scandir(parent)
+                       if entry.is_dir() and entry.name.startswith(JOB_PREFIX)})
+
+    def remove_all(self) -> None:
+        """Every rank cgroup killed and removed, then the parents: the end of a test's
+        daemon, which a kill -9 stopped."""
+        for name in self.names():
+            self.remove(name)
+        self.remove_parents()
+
     def remove_unheld(self) -> int:
         """After a restart: remove this daemon's rank cgroups that hold no process (their
         attempts ended, or never started); a non-empty one is an attempt that still runs
         (adopted, released at its end) or one left by a vanished attempt (clear_lost)."""
         removed = 0
-        names = {entry.name for parent in self.parents if parent.exists()
-                 for entry in os.scandir(parent)
-                 if entry.is_dir() and entry.name.startswith(JOB_PREFIX)}
-        for name in sorted(names):
+        for name in self.names():
             if self.procs(name):
                 continue
             for path in self.paths(name):
