@@ -173,3 +173,21 @@ def test_doctor_names_the_cgroups(daemon: testing.Daemon) -> None:
     result = run_cli(daemon, "doctor", "--json")
     line = {c["name"]: c for c in json.loads(result.stdout)}["host job limits"]
     assert line["ok"] is True and "cgroup v" in line["detail"], line
+
+
+def test_a_lost_attempts_setsid_child_dies_before_its_retry(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "lost", "retries": 1, "command": [
+        "/bin/sh", "-c", SETSID.format(marker="3005", rest="sleep 100")]})
+    wait_until(lambda: "started" in log_of(daemon, "lost"), "the setsid child to start",
+               timeout=DEADLINE)
+    first = wait_until(lambda: marked("3005"), "the setsid child", timeout=10)
+    pid = json.loads(next(daemon.data_dir.glob("jobs/*/attempt-1/pid.json")).read_text())
+    os.kill(pid["shim_pid"], 9)  # the shim gone: the attempt is lost, and retried
+    wait_until(lambda: [a["phase"] for a in c.attempts("lost")] == ["Lost", "Running"],
+               "the retry to run", timeout=DEADLINE)
+    # Neither its process group nor its session held the setsid child: its cgroup did.
+    wait_until(lambda: not set(first) & set(marked("3005")), "attempt 1's setsid child to die",
+               timeout=10)
+    c.cancel_job("lost")
+    assert c.wait_job("lost", timeout=DEADLINE)["phase"] == "Cancelled"
