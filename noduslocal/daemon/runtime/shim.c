@@ -4,7 +4,8 @@
  * its stdin (a 4-byte length, then NUL-terminated fields: see compiled_shim.py), and for
  * each it forks a shim and answers {"id": N, "pid": P} on stdout. A shim leads its own
  * session, outlives the spawner and the daemon, and never runs as anyone but root or the
- * daemon's user: the job's child drops to the owner before exec. Each log is capped as
+ * daemon's user: the job's child enters the rank's cgroups (the request's) and drops to the
+ * owner before exec; all left in the cgroups is killed at the end, OOM kills recorded. Each log is capped as
  * shim.py's CappedLog does it (its head, a marker, its last bytes at the end), and pid.json
  * and exit.json are written into room reserved before the job runs.
  */
