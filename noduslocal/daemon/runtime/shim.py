@@ -7,11 +7,11 @@ session, holds an flock on its attempt directory for its whole life (the daemon'
 test after a restart), runs the job in a new process group (and in the rank's cgroups when
 the request names them: all in them is killed at the end, OOM kills recorded), pumps its
 output into the log files (each at most `max_log` bytes: its head, a marker, and its last
-bytes at the end),
-and writes exit.json atomically before it exits, into room it reserved before the job
-started, so that a disk the job filled still gets its exit. Shims outlive the spawner and
-the daemon. Shared by the runtimes that run a shim (host; a cluster's nodes), its log
-writer also by docker's; attempt_dir.py reads what it writes, shim.c is its compiled twin.
+bytes at the end), and writes exit.json atomically before it exits, into room it reserved
+before the job started, so that a disk the job filled still gets its exit. Shims outlive
+the spawner and the daemon. Shared by the runtimes that run a shim (host; a cluster's
+nodes), its log writer also by docker's; attempt_dir.py reads what it writes, shim.c is
+its compiled twin.
 """
 
 from __future__ import annotations
