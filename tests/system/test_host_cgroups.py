@@ -156,7 +156,8 @@ def test_cpu_becomes_a_cfs_quota(daemon: testing.Daemon) -> None:
                timeout=DEADLINE)
     cgroups = cgroups_of(daemon)
     paths = wait_until(lambda: job_cgroups(daemon), "the job's cgroup", timeout=10)
-    assert cgroups.procs(paths[0].name), "the job is not in its cgroup"
+    # The job's child enters its cgroups before it execs, a moment after the launch.
+    wait_until(lambda: cgroups.procs(paths[0].name), "the job in its cgroup", timeout=10)
     if cgroups.version == 2:
         assert (paths[0] / "cpu.max").read_text().split() == ["50000", "100000"]
     else:

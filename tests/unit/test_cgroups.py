@@ -85,7 +85,7 @@ def test_v1_limits_are_written_in_each_hierarchy(tmp_path: Path) -> None:
     memory, cpu, pids = (tmp_path / c / "nl" / name for c in ("memory", "cpu", "pids"))
     assert (memory / "memory.limit_in_bytes").read_text() == str(2**30)
     assert (memory / "memory.oom_control").read_text() == "0"  # the OOM killer acts
-    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (cpu / "cpu.cfs_period_us").read_text() == ""  # the kernel's 100000, untouched
     assert (cpu / "cpu.cfs_quota_us").read_text() == "50000"
     assert (pids / "pids.max").read_text() == "4096"
 
@@ -184,3 +184,20 @@ def test_host_pids_max_is_a_live_setting(tmp_path: Path) -> None:
     assert load_settings(config, data_dir=tmp_path).host_pids_max == 64
     assert load_settings(data_dir=tmp_path).host_pids_max == 4096
     assert "host_pids_max" in LIVE
+
+
+def test_an_empty_cgroup_is_removed_without_a_freeze(tmp_path: Path) -> None:
+    """Its shim killed what was left at the end: freezing an empty v1 cgroup cost more than
+    the rest of its removal, a thousand times in a thousand-task map."""
+    name = "job-1-1-r0"
+    v1_tree(tmp_path, "nl", name)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    for controller in V1_JOB_FILES:  # a scratch tree's files would keep rmdir() out
+        for child in (tmp_path / controller / "nl" / name).iterdir():
+            if controller != "freezer" or child.name != "freezer.state":
+                child.unlink()
+    state = tmp_path / "freezer" / "nl" / name / "freezer.state"
+    cgroups.remove(name)
+    assert state.read_text() == ""  # never frozen
+    for controller in ("memory", "cpu", "pids"):
+        assert not (tmp_path / controller / "nl" / name).exists()

@@ -133,39 +133,54 @@ class Cgroups:
         return [parent / name for parent in self.parents]
 
     def make(self, name: str, limits: Limits) -> list[str]:
-        """The rank's cgroup in every hierarchy, limits written; the paths for the shim."""
+        """The rank's cgroup in every hierarchy, limits written; the paths for the shim.
+        Each hierarchy gets only its own controller's files, and only those whose value
+        differs from a new cgroup's: a launch pays a mkdir per hierarchy and a write per
+        limit, not a stat of every file it might have (issue 25, part 5)."""
         made = []
-        for path in self.paths(name):
+        for controller, path in zip(self._layout(), self.paths(name), strict=True):
+            if controller == "memory" and not limits.memory:
+                # No limit to enforce, and a v1 memory cgroup is the dearest to make and
+                # remove (its charges move to the parent): the rank is killed through the
+                # others all the same.
+                continue
             path.mkdir(mode=0o755, exist_ok=True)
-            made.append(path)
+            made.append(str(path))
             if self.version == 2:
                 self._limit_v2(path, limits)
             else:
-                self._limit_v1(path, limits)
-        return [str(p) for p in made]
+                self._limit_v1(controller, path, limits)
+        return made
 
-    @staticmethod
-    def _limit_v2(path: Path, limits: Limits) -> None:
-        if (path / "memory.max").exists():
+    def _layout(self) -> list[str]:
+        """The controller each parent is for: v1 one hierarchy each, v2 all in one."""
+        return ["all"] if self.version == 2 else self.controllers
+
+    def _limit_v2(self, path: Path, limits: Limits) -> None:
+        wanted = self.controllers
+        if "memory" in wanted:
             _write(path / "memory.max", str(limits.memory) if limits.memory else "max")
-            if (path / "memory.swap.max").exists() and limits.memory:
-                _write(path / "memory.swap.max", "0")  # the limit is the limit, as docker's
-        if (path / "cpu.max").exists() and limits.cpu_m > 0:
+            if limits.memory:
+                # The limit is the limit, as docker's; a kernel without swap accounting
+                # has no such file.
+                with contextlib.suppress(FileNotFoundError):
+                    _write(path / "memory.swap.max", "0")
+        if "cpu" in wanted and limits.cpu_m > 0:
             _write(path / "cpu.max", f"{limits.cpu_m * CFS_PERIOD_US // 1000} {CFS_PERIOD_US}")
-        if (path / "pids.max").exists():
+        if "pids" in wanted:
             _write(path / "pids.max", str(limits.pids_max))
 
     @staticmethod
-    def _limit_v1(path: Path, limits: Limits) -> None:
-        if (path / "memory.limit_in_bytes").exists():
-            _write(path / "memory.limit_in_bytes", str(limits.memory or -1))
+    def _limit_v1(controller: str, path: Path, limits: Limits) -> None:
+        if controller == "memory":
+            if limits.memory:
+                _write(path / "memory.limit_in_bytes", str(limits.memory))
             # 0: the kernel's OOM killer acts at the limit (1 would pause the job instead).
             _write(path / "memory.oom_control", "0")
-        if (path / "cpu.cfs_quota_us").exists():
-            _write(path / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-            quota = limits.cpu_m * CFS_PERIOD_US // 1000 if limits.cpu_m > 0 else -1
-            _write(path / "cpu.cfs_quota_us", str(quota))
-        if (path / "pids.max").exists():
+        elif controller == "cpu" and limits.cpu_m > 0:
+            # The period of a new cgroup is CFS_PERIOD_US already (the kernel's default).
+            _write(path / "cpu.cfs_quota_us", str(limits.cpu_m * CFS_PERIOD_US // 1000))
+        elif controller == "pids":
             _write(path / "pids.max", str(limits.pids_max))
 
     def oom_kills(self, name: str) -> int:
@@ -206,9 +221,12 @@ class Cgroups:
         dying keeps it busy a moment)."""
         if not self.enabled:
             return
-        self.kill(name)
+        # The shim killed what its job left at the main process's end, so at release a
+        # cgroup is almost always empty and its rmdir succeeds at once; reading its
+        # processes, or freezing it, first cost more than the removal (the 1,000-task
+        # map's profile). A busy one (EBUSY) is killed, then removed.
         for path in self.paths(name):
-            for _ in range(100):
+            for round_ in range(100):
                 try:
                     path.rmdir()
                     break
@@ -218,7 +236,10 @@ class Cgroups:
                     if exc.errno != errno.EBUSY:
                         log.warning("removing cgroup %s failed: %s", path, exc.strerror)
                         break
-                    time.sleep(0.01)
+                    if round_ == 0:
+                        self.kill(name)
+                    else:
+                        time.sleep(0.01)
             else:
                 log.warning("cgroup %s still has processes; left in place", path)
 

@@ -122,6 +122,8 @@ class HostRuntime:
         if self.cgroups.enabled:
             spec = ref.job.spec
             try:
+                # On the loop: a few mkdirs and writes; a thread's hop cost more (the
+                # 1,000-task map: 0.6 s more in each of two paired runs).
                 request["cgroups"] = self.cgroups.make(
                     cgroup, Limits(spec.memory, spec.cpu_m, self.pids_max()))
             except OSError as exc:
