@@ -456,9 +456,12 @@ def test_cancel_mid_job_stops_the_running_indexes_and_starts_no_more(
         c.create_job({"name": "x", "command": ["sh", "-c", GATED], "cpu": "100m",
                       "env": env, "completions": 6, "parallelism": 2})
         wait_until(lambda: running_indexes(c, "x") == [0, 1], "indexes 0 and 1 running")
-        # An index runs from its launch; its shim names its pids a moment after.
+        # An index runs from its launch; its shim names its pids a moment after, and its
+        # command starts once it entered its cgroups (a cancel before that leaves no mark:
+        # failed in CI).
         named = [attempt_dir(d, 1) / f"index-{i}" / "pid.json" for i in (0, 1)]
-        wait_until(lambda: all(p.exists() for p in named), "the indexes' pids named")
+        wait_until(lambda: all(p.exists() for p in named) and len(runs(marks)) == 2,
+                   "the indexes' pids named and their commands started")
         pids = [json.loads(p.read_text()) for p in named]
         c.cancel_job("x")
         done = c.wait_job("x", timeout=60)

@@ -7,6 +7,8 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
 from noduslocal.daemon.files.layout import RECORD, JobLayout
 from noduslocal.domain.jobs import JobRecord, JobSpec
 
@@ -44,3 +46,48 @@ def test_two_writers_of_one_record_at_once_both_succeed(tmp_path: Path) -> None:
         assert json.loads((layout.job_dir(job_id) / RECORD).read_text())["id"] == job_id
     assert failures == []
     assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+def killed_while_made_ahead(layout: JobLayout, record: JobRecord, left: str) -> None:
+    """What a daemon killed in the middle of prepare_ahead() leaves behind."""
+    layout.job_dir(record.id).mkdir(mode=0o711)
+    if left == "a record never renamed into place":
+        (layout.job_dir(record.id) / f".{RECORD}.1234.tmp").write_text('{"id": ')
+    elif left == "the record, no workspace":
+        layout.write_record(record)
+
+
+@pytest.mark.parametrize("left", [
+    "the directory alone", "a record never renamed into place", "the record, no workspace"])
+def test_a_next_daemon_starts_a_job_whose_directories_were_made_in_part(
+        tmp_path: Path, left: str) -> None:
+    """A sweep's cell failed with StartFailed "File exists: .../jobs/13" after a kill -9
+    caught the thread making its directories ahead (CI, five kill -9s, 2 cells in 50)."""
+    record = job(13)
+    first = JobLayout(tmp_path)
+    first.create_root()
+    killed_while_made_ahead(first, record, left)
+    attempt = JobLayout(tmp_path).prepare(record, 1)
+    assert attempt.is_dir() and layout_record(first, 13)["created_at"] == 1.0
+    assert not list(first.job_dir(13).glob(".*.tmp"))
+
+
+def layout_record(layout: JobLayout, job_id: int) -> dict:
+    return json.loads((layout.job_dir(job_id) / RECORD).read_text())
+
+
+@pytest.mark.parametrize("other", ["another database's record", "a workspace with files"])
+def test_a_job_directory_with_anything_else_in_it_is_still_refused(
+        tmp_path: Path, other: str) -> None:
+    layout = JobLayout(tmp_path)
+    layout.create_root()
+    layout.job_dir(13).mkdir(mode=0o711)
+    if other == "another database's record":
+        stranger = job(13)
+        stranger.created_at = 2.0
+        layout.write_record(stranger)
+    else:
+        layout.workspace(13).mkdir()
+        (layout.workspace(13) / "model.pt").write_text("someone's")
+    with pytest.raises(FileExistsError):
+        layout.prepare(job(13), 1)

@@ -197,12 +197,22 @@ class JobLayout:
             if RECORD in top and (self.read_record(job_id) or {}).get(
                     "created_at") != job.created_at:
                 return False  # another database's job of that id
-            return (top <= {"workspace", "attempt-1", RECORD}
-                    and not any(os.scandir(self.workspace(job_id)))
+            # A daemon killed while making them leaves them in part: the directory alone,
+            # or with a record it never renamed into place. Nothing in them to reuse.
+            unfinished = {name for name in top
+                          if name.startswith(f".{RECORD}.") and name.endswith(".tmp")}
+            if not (top - unfinished <= {"workspace", "attempt-1", RECORD}
+                    and ("workspace" not in top
+                         or not any(os.scandir(self.workspace(job_id))))
                     and ("attempt-1" not in top
-                         or not any(os.scandir(self.attempt_dir(job_id, 1)))))
+                         or not any(os.scandir(self.attempt_dir(job_id, 1))))):
+                return False
         except (FileNotFoundError, NotADirectoryError):
             return False
+        for name in unfinished:
+            with contextlib.suppress(FileNotFoundError):
+                (self.job_dir(job_id) / name).unlink()
+        return True
 
     def prepare_ahead(self, job: JobRecord) -> None:
         """The first attempt's directories of a job about to start (a sweep's next cells),
