@@ -1,6 +1,6 @@
-"""Paths a job names for its outputs, checkpoint and volumes, validated for its runtime:
-a host job's are relative to its workspace; a container job's checkpoint and volumes are
-absolute paths inside the container (anything under /workspace is in the workspace).
+"""Paths a job names for its outputs, checkpoint and volumes, validated the same for both
+runtimes: a checkpoint and volumes are absolute paths of the job's world (a container's, or
+a host job's mount namespace), relative ones under /workspace, which is the workspace.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ CONTAINER_ROOT = "/workspace"  # the same paths work for jobs that see it mounte
 PATH_MAX = 4095  # bytes of a path, and of one name in it (Linux)
 NAME_MAX = 255
 OUTPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)*$")
-# Container paths a mount may not cover: the kernel's and docker's own.
+# Paths a mount may not cover: the kernel's, and those docker manages in a container.
 RESERVED = ("/proc", "/sys", "/dev", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
 
 
@@ -36,18 +36,6 @@ def components(path: str) -> list[str]:
     return parts
 
 
-def workspace_path(value: Any, field_name: str, what: str) -> str:
-    """A path in the workspace: under /workspace or relative to it; returned relative."""
-    if not isinstance(value, str):
-        raise InvalidArgument(f"{field_name}: expected a path", field=field_name)
-    if value.startswith("/") and not (value == CONTAINER_ROOT
-                                      or value.startswith(CONTAINER_ROOT + "/")):
-        raise InvalidArgument(
-            f"{field_name}: {value!r}: a host job sees its {what} in its workspace; use a "
-            "path under /workspace", field=field_name)
-    return _relative(value, field_name)
-
-
 def _relative(value: str, field_name: str) -> str:
     try:
         parts = components(value)
@@ -60,7 +48,7 @@ def _relative(value: str, field_name: str) -> str:
 
 
 def container_path(value: Any, field_name: str) -> str:
-    """An absolute, normalised path inside a container; relative means under /workspace."""
+    """An absolute, normalised path in the job's world; relative means under /workspace."""
     if not isinstance(value, str):
         raise InvalidArgument(f"{field_name}: expected a path", field=field_name)
     if not value.startswith("/"):
@@ -72,12 +60,18 @@ def container_path(value: Any, field_name: str) -> str:
     path = "/" + "/".join(parts)
     if path in ("/", CONTAINER_ROOT):
         raise InvalidArgument(f"{field_name}: {value!r} would cover the "
-                              f"{'whole container' if path == '/' else 'workspace'}; name a "
+                              f"{'whole file system' if path == '/' else 'workspace'}; name a "
                               "directory of its own", field=field_name)
     if any(path == r or path.startswith(r + "/") for r in RESERVED):
-        raise InvalidArgument(f"{field_name}: {value!r} is managed by docker; pick another "
-                              "path", field=field_name)
+        raise InvalidArgument(f"{field_name}: {value!r} may not be covered (not under "
+                              f"{', '.join(RESERVED)}); pick another path", field=field_name)
     return path
+
+
+def stored(path: str) -> str:
+    """A checkpoint or volume path as a spec keeps it: a host job's of an older daemon was
+    workspace-relative, and means the same under /workspace."""
+    return path if path.startswith("/") else f"{CONTAINER_ROOT}/{path}"
 
 
 def in_workspace(path: str) -> str | None:
@@ -119,7 +113,7 @@ def outputs(value: Any) -> dict[str, str]:
     return result
 
 
-def checkpoint(value: Any, container: bool) -> tuple[str | None, Any]:
+def checkpoint(value: Any) -> tuple[str | None, Any]:
     """(path, volume as given): "/ckpt", or {"path": "/ckpt"} or {"path": ..., "volume":
     NAME} to keep it in a volume. Kept across every attempt of the job."""
     if value is None:
@@ -131,12 +125,10 @@ def checkpoint(value: Any, container: bool) -> tuple[str | None, Any]:
                                   field="checkpoint")
         volume = value.get("volume")
         value = value["path"]
-    if container:
-        return container_path(value, "checkpoint"), volume
-    return workspace_path(value, "checkpoint", "checkpoint"), volume
+    return container_path(value, "checkpoint"), volume
 
 
-def volumes(value: Any, container: bool) -> dict[str, Any]:
+def volumes(value: Any) -> dict[str, Any]:
     """{mount path: volume name or {"name": ...}} -> {path: name as given}; the paths as
     for `checkpoint`."""
     if not isinstance(value, Mapping):
@@ -149,8 +141,7 @@ def volumes(value: Any, container: bool) -> dict[str, Any]:
                 raise InvalidArgument('volumes: each entry is a name or {"name": ...}',
                                       field="volumes")
             ref = ref["name"]
-        key = (container_path(path, "volumes") if container
-               else workspace_path(path, "volumes", "volumes"))
+        key = container_path(path, "volumes")
         if any(overlaps(key, other) for other in result):
             raise InvalidArgument(f"volumes: {path!r} overlaps another mount", field="volumes")
         result[key] = ref

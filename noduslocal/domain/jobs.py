@@ -14,6 +14,7 @@ from typing import Any
 from noduslocal.domain.gang import Gang
 from noduslocal.domain.gpu_request import GpuRequest
 from noduslocal.domain.indexes import Indexed
+from noduslocal.domain.job_paths import stored
 from noduslocal.domain.timefmt import iso
 
 # Bytes of a packed source the client sends and the daemon takes without allow_large_source:
@@ -36,8 +37,8 @@ class JobSpec:
     retries: int = 0
     secrets: list[str] = field(default_factory=list)  # env names; values never travel
     outputs: dict[str, str] = field(default_factory=dict)  # name -> workspace-relative path
-    checkpoint: str | None = None  # workspace-relative directory
-    volumes: dict[str, str] = field(default_factory=dict)  # workspace-relative path -> name
+    checkpoint: str | None = None  # an absolute path of the job's world (job_paths.py)
+    volumes: dict[str, str] = field(default_factory=dict)  # absolute mount path -> name
     source: str | None = None  # sha256 of an uploaded tar, unpacked into the workspace
     image: str | None = None  # runs as a docker container when set, else as a host process
     gpu: GpuRequest | None = None
@@ -107,8 +108,8 @@ class JobSpec:
             retries=int(data.get("retries", 0)),
             secrets=list(data.get("secrets") or []),
             outputs=dict(data.get("outputs") or {}),
-            checkpoint=data.get("checkpoint"),
-            volumes=dict(data.get("volumes") or {}),
+            checkpoint=None if data.get("checkpoint") is None else stored(data["checkpoint"]),
+            volumes={stored(path): name for path, name in (data.get("volumes") or {}).items()},
             source=data.get("source"),
             image=data.get("image"),
             network=data.get("network"),

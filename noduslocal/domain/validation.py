@@ -196,9 +196,9 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         )
     args = _string_list(_given(body, "args", []), "args")
     container = image is not None
-    checkpoint, checkpoint_volume = job_paths.checkpoint(body.get("checkpoint"), container)
+    checkpoint, checkpoint_volume = job_paths.checkpoint(body.get("checkpoint"))
     volumes = {path: validate_name(ref, "volumes") for path, ref in
-               job_paths.volumes(_given(body, "volumes", {}), container).items()}
+               job_paths.volumes(_given(body, "volumes", {})).items()}
     if checkpoint is not None and checkpoint_volume is not None:
         if any(job_paths.overlaps(checkpoint, path) for path in volumes):
             raise InvalidArgument("checkpoint: its path overlaps a volume's", field="checkpoint")

@@ -148,9 +148,13 @@ def test_huge_durations_are_refused_not_a_500(huge: object) -> None:
         parse_duration(huge, "timeout")
 
 
+# A host job's checkpoint and volumes follow a container's rules (issue 25 part 3: a host
+# job has a mount namespace of its own): "/ckpt" was refused ("under /workspace"), and
+# paths were kept workspace-relative; now they are absolute, "/ckpt" taken.
 @pytest.mark.parametrize(("value", "message"), [
-    ("/ckpt", "under /workspace"), ("../x", "'..'"), ("/workspace", "inside the workspace"),
-    (3, "expected a path"), ({"path": "x", "extra": 1}, "expected a path or"),
+    ("../x", "'..'"), ("/workspace", "would cover the workspace"), ("/", "whole file system"),
+    ("/proc/x", "may not be covered"), (3, "expected a path"),
+    ({"path": "x", "extra": 1}, "expected a path or"),
 ])
 def test_bad_checkpoints(value: object, message: str) -> None:
     with pytest.raises(errors.InvalidArgument, match=message) as info:
@@ -161,7 +165,25 @@ def test_bad_checkpoints(value: object, message: str) -> None:
 def test_checkpoint_forms() -> None:
     for value in ("/workspace/ckpt/a", "ckpt/a", {"path": "./ckpt/a"}):
         assert parse_create({"command": ["true"], "checkpoint": value},
-                            regions=REGIONS).spec.checkpoint == "ckpt/a"
+                            regions=REGIONS).spec.checkpoint == "/workspace/ckpt/a"
+    for image in (None, "busybox"):  # one rule for both runtimes
+        assert parse_create({"command": ["true"], "checkpoint": "/ckpt", "image": image},
+                            regions=REGIONS).spec.checkpoint == "/ckpt"
+
+
+def test_a_host_jobs_volumes_may_be_anywhere_a_containers_may() -> None:
+    spec = parse_create({"command": ["true"], "volumes": {"/results": "results",
+                                                          "data": "d"}},
+                        regions=REGIONS).spec
+    assert spec.volumes == {"/results": "results", "/workspace/data": "d"}
+
+
+def test_an_older_daemons_workspace_relative_paths_read_as_under_workspace() -> None:
+    from noduslocal.domain.jobs import JobSpec
+
+    spec = JobSpec.from_stored({"command": ["true"], "checkpoint": "ckpt",
+                                "volumes": {"out/r": "r"}})
+    assert (spec.checkpoint, spec.volumes) == ("/workspace/ckpt", {"/workspace/out/r": "r"})
 
 
 GOOD_IMAGES = ["python:3.11", "ghcr.io/org/train:v2", "registry.example.com:5000/a/b:1",

@@ -148,8 +148,6 @@ class JobLayout:
         path = job.spec.checkpoint
         if path is None or path in job.spec.volumes:
             return None
-        if job.spec.image is None:
-            return self.workspace(job.id) / path
         rel = in_workspace(path)
         return self.workspace(job.id) / rel if rel else self.job_dir(job.id) / "checkpoint"
 
@@ -240,15 +238,17 @@ class JobLayout:
         steps: list[str] = []
         container = job.spec.image is not None
         checkpoint = job.spec.checkpoint
-        if checkpoint is not None and checkpoint not in job.spec.volumes:
-            rel = in_workspace(checkpoint) if container else checkpoint
-            if rel:
-                steps += ["d", rel]
+        if (checkpoint is not None and checkpoint not in job.spec.volumes
+                and (rel := in_workspace(checkpoint))):
+            steps += ["d", rel]
         if container and job.spec.workdir and (rel := in_workspace(job.spec.workdir)):
             steps += ["d", rel]  # else docker makes it, as root
         for path, volume in job.spec.volumes.items():
             if not container:
-                steps += ["l", path, str(self.volume_dir(volume))]
+                # A host job's under /workspace: a link, which its mount namespace shows
+                # too (and a daemon without one); its namespace binds the others.
+                if rel := in_workspace(path):
+                    steps += ["l", rel, str(self.volume_dir(volume))]
             elif rel := in_workspace(path):
                 # The mount point, made by the owner: docker would make it as root.
                 steps += ["d", rel]

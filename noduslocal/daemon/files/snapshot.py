@@ -22,11 +22,9 @@ TIMEOUT = 600.0  # seconds to pack a workspace
 
 
 def _excluded(job: JobRecord) -> list[str]:
-    container = job.spec.image is not None
     paths = [METRICS_FILE]
     for path in job.spec.volumes:
-        rel = in_workspace(path) if container else path
-        if rel:
+        if rel := in_workspace(path):
             paths.append(rel)
     return [f"--exclude=./{rel.strip('/')}" for rel in paths]
 

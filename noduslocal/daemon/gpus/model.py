@@ -54,6 +54,13 @@ class Gpu:
     healthy: bool = True
     problem: str | None = None  # why it is unhealthy
     fatal: bool = False  # broken for good (an Xid, gone from the bus): its work is lost
+    minor: int | None = None  # its /dev/nvidiaN (NVML's minor number); None: its index
+
+    @property
+    def device_minor(self) -> int:
+        """N of its node /dev/nvidiaN (major 195): NVML's minor number, else (a simulated
+        GPU, or NVML without it) its index."""
+        return self.index if self.minor is None else self.minor
 
     @property
     def model(self) -> str:

@@ -102,6 +102,7 @@ def _gpu(pynvml: Any, handle: Any, index: int) -> Gpu:
     mig = _maybe(lambda: pynvml.nvmlDeviceGetMigMode(handle))
     gpu.mig = bool(mig and mig[0])
     gpu.numa_node = _maybe(lambda: int(pynvml.nvmlDeviceGetNumaNodeId(handle)))
+    gpu.minor = _maybe(lambda: int(pynvml.nvmlDeviceGetMinorNumber(handle)))
     procs = _maybe(lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []
     gpu.processes = [GpuProcess(int(p.pid), _memory(p.usedGpuMemory), _user(int(p.pid)))
                      for p in procs]

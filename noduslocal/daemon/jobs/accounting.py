@@ -26,7 +26,8 @@ class GpuAccounting:
     def grant(self, uuids: list[str]) -> GpuGrant:
         by_uuid = self.inventory.by_uuid()
         return GpuGrant(list(uuids), [by_uuid[u] for u in uuids if u in by_uuid],
-                        bool(self.inventory.gpus), self.inventory.simulated)
+                        bool(self.inventory.gpus), self.inventory.simulated,
+                        tuple(g.device_minor for g in self.inventory.gpus))
 
     async def replay(self, store: Store) -> None:
         """At start: the fair-share ledger from the attempts of the last ten half-lives."""

@@ -93,6 +93,12 @@ class GpuGrant:
     gpus: list[Gpu] = field(default_factory=list)
     box_has_gpus: bool = False
     simulated: bool = False
+    box_minors: tuple[int, ...] = ()  # every GPU's /dev/nvidiaN on the box
+
+    @property
+    def other_minors(self) -> list[int]:
+        """The box's GPU nodes this grant may not open (a host job's fence)."""
+        return sorted(set(self.box_minors) - {g.device_minor for g in self.gpus})
 
     def env(self, in_container: bool) -> dict[str, str]:
         return job_env(self.gpus, self.box_has_gpus, in_container, self.simulated)

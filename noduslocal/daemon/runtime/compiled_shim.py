@@ -94,6 +94,11 @@ def encode_request(req: dict[str, Any], req_id: int) -> bytes:
         fields += [str(len(items)), *items]
     cgroups = list(req.get("cgroups") or ())
     fields += [req["boot_id"], str(req.get("max_log", MAX_LOG)), str(len(cgroups)), *cgroups]
+    # The mount namespace (none without mounts): source and target of each, in order.
+    mounts = [part for pair in req.get("mounts") or () for part in pair]
+    hide = list(req.get("hide") or ())
+    fields += [str(len(mounts)), *mounts, str(len(hide)), *hide, req.get("hide_with") or "",
+               "1" if req.get("no_new_privs") else "0"]
     body = b"".join(f.encode() + b"\0" for f in fields)
     return len(body).to_bytes(4, "little") + body
 

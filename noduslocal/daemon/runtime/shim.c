@@ -4,8 +4,10 @@
  * its stdin (a 4-byte length, then NUL-terminated fields: see compiled_shim.py), and for
  * each it forks a shim and answers {"id": N, "pid": P} on stdout. A shim leads its own
  * session, outlives the spawner and the daemon, and never runs as anyone but root or the
- * daemon's user: the job's child enters the rank's cgroups (the request's) and drops to the
- * owner before exec; all left in the cgroups is killed at the end, OOM kills recorded. Each log is capped as
+ * daemon's user: the job's child enters the rank's cgroups (the request's), makes its mount
+ * namespace (the request's mounts: its workspace at /workspace; shim.py's _Mounts) and drops
+ * to the owner before exec; all left in the cgroups is killed at the end, OOM kills
+ * recorded. Each log is capped as
  * shim.py's CappedLog does it (its head, a marker, its last bytes at the end), and pid.json
  * and exit.json are written into room reserved before the job runs.
  */
@@ -21,6 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <dirent.h>
+#include <sched.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -48,6 +54,10 @@ struct request {
     char **argv, **env, **mask, **cgroups; /* cgroups: the rank's, made by the daemon */
     size_t nmask, ncgroups;
     unsigned long long max_log; /* each log's cap; 0: none */
+    char **mounts, **hide;      /* mounts: source, target pairs; none: no namespace */
+    size_t nmounts, nhide;
+    const char *hide_with;
+    int no_new_privs;
 };
 
 struct buffer {
@@ -299,7 +309,11 @@ static struct request *parse_request(char *data, size_t len) {
     r->boot_id = field();
     r->max_log = strtoull(field(), NULL, 10);
     r->cgroups = strings(&r->ncgroups);
-    if (!r->argv[0]) die();
+    r->mounts = strings(&r->nmounts);
+    r->hide = strings(&r->nhide);
+    r->hide_with = field();
+    r->no_new_privs = strcmp(field(), "1") == 0;
+    if (!r->argv[0] || r->nmounts % 2) die();
     return r;
 }
 
@@ -322,6 +336,126 @@ static void child_fail(int code, const char *fmt, ...) {
     _exit(code);
 }
 
+/* --- the job's mount namespace (shim.py's _Mounts, step for step) -------------------- */
+
+#define MAX_SHADOWS 16
+static char *shadows[MAX_SHADOWS]; /* directories shadowed by a tmpfs of ours */
+static int nshadows;
+
+static int mnt(const char *source, const char *target, const char *type, unsigned long flags,
+               const char *data) {
+    if (mount(source, target, type, flags, data) == 0) return 0;
+    child_fail(126, "noduslocal: cannot make the job's mount namespace: mount on %s: %s\n",
+               target, strerror(errno));
+    return -1;
+}
+
+/* A tmpfs at the staging point holding a bind of each entry of `base`, moved over it (over
+ * /: by a chroot into it): what is then made in `base` is made in the tmpfs, not the host. */
+static void shadow(const char *base) {
+    const char *staging = req->dir;
+    struct stat st;
+    if (stat(base, &st) != 0) child_fail(126, "noduslocal: cannot read %s: %s\n", base,
+                                         strerror(errno));
+    char data[128];
+    snprintf(data, sizeof data, "mode=%o,uid=%u,gid=%u", (unsigned)(st.st_mode & 07777),
+             (unsigned)st.st_uid, (unsigned)st.st_gid);
+    mnt("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, data);
+    DIR *dir = opendir(base);
+    if (!dir) child_fail(126, "noduslocal: cannot list %s: %s\n", base, strerror(errno));
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char from[PATH_MAX], inside[PATH_MAX];
+        snprintf(from, sizeof from, "%s/%s", strcmp(base, "/") ? base : "", e->d_name);
+        snprintf(inside, sizeof inside, "%s/%s", staging, e->d_name);
+        struct stat es;
+        if (lstat(from, &es) != 0) continue; /* gone meanwhile */
+        if (S_ISLNK(es.st_mode)) {
+            char link[PATH_MAX];
+            ssize_t n = readlink(from, link, sizeof link - 1);
+            if (n >= 0) {
+                link[n] = 0;
+                if (symlink(link, inside) != 0)
+                    child_fail(126, "noduslocal: cannot make %s: %s\n", inside, strerror(errno));
+            }
+            continue;
+        }
+        int made = S_ISDIR(es.st_mode) ? mkdir(inside, 0755)
+                                       : close(open(inside, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+        if (made != 0)
+            child_fail(126, "noduslocal: cannot make %s: %s\n", inside, strerror(errno));
+        mnt(from, inside, NULL, MS_BIND | MS_REC, NULL);
+    }
+    closedir(dir);
+    size_t blen = strcmp(base, "/") ? strlen(base) : 0;
+    if (strncmp(staging, base, blen) == 0 && (staging[blen] == '/' || !strcmp(base, "/"))) {
+        /* The bind of the entry above the staging point copied the tmpfs itself. */
+        char copy[PATH_MAX];
+        snprintf(copy, sizeof copy, "%s%s", staging, staging + blen);
+        umount2(copy, MNT_DETACH);
+    }
+    if (!strcmp(base, "/")) {
+        if (chdir(staging) != 0) child_fail(126, "noduslocal: chdir: %s\n", strerror(errno));
+        mnt(".", "/", NULL, MS_MOVE, NULL);
+        if (chroot(".") != 0 || chdir("/") != 0)
+            child_fail(126, "noduslocal: chroot: %s\n", strerror(errno));
+    } else {
+        mnt(staging, base, NULL, MS_MOVE, NULL);
+    }
+}
+
+/* Room for a target missing on the host: its deepest existing directory shadowed (once),
+ * then the rest of its path made in the shadow. */
+static void make_room(const char *target) {
+    char base[PATH_MAX] = "/", probe[PATH_MAX], resolved[PATH_MAX];
+    const char *p = target;
+    while (*p) {
+        while (*p == '/') p++;
+        if (!*p) break;
+        const char *end = strchrnul(p, '/');
+        snprintf(probe, sizeof probe, "%s/%.*s", strcmp(base, "/") ? base : "", (int)(end - p), p);
+        if (access(probe, F_OK) != 0 || !realpath(probe, resolved)) break;
+        snprintf(base, sizeof base, "%s", resolved);
+        p = end;
+    }
+    int found = 0;
+    for (int i = 0; i < nshadows; i++) found |= !strcmp(shadows[i], base);
+    if (!found) {
+        if (nshadows == MAX_SHADOWS)
+            child_fail(126, "noduslocal: more than %d mount paths missing on the host\n",
+                       MAX_SHADOWS);
+        shadow(base);
+        shadows[nshadows++] = strdup(base);
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", target);
+    for (char *slash = path + 1;; slash++) { /* mkdir -p */
+        slash = strchr(slash, '/');
+        if (slash) *slash = 0;
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            child_fail(126, "noduslocal: cannot make %s: %s\n", path, strerror(errno));
+        if (!slash) break;
+        *slash = '/';
+    }
+}
+
+static void make_namespace(void) {
+    if (unshare(CLONE_NEWNS) != 0)
+        child_fail(126, "noduslocal: cannot make the job's mount namespace: unshare: %s\n",
+                   strerror(errno));
+    mnt(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    for (size_t i = 0; i + 1 < req->nmounts; i += 2) {
+        if (access(req->mounts[i + 1], F_OK) != 0) make_room(req->mounts[i + 1]);
+        mnt(req->mounts[i], req->mounts[i + 1], NULL, MS_BIND | MS_REC, NULL);
+    }
+    for (size_t i = 0; i < req->nhide; i++) mnt(req->hide_with, req->hide[i], NULL, MS_BIND, NULL);
+    for (int i = 0; i < nshadows; i++)
+        mnt(NULL, shadows[i], NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL);
+    if (req->no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        child_fail(126, "noduslocal: cannot make the job's mount namespace: prctl: %s\n",
+                   strerror(errno));
+}
+
 /* In the forked child: the owner's identity, the workdir, then exec with PATH searched in
  * the job's own environment, with the owner's rights. */
 static void exec_job(int null, int out_w, int err_w) {
@@ -342,6 +476,7 @@ static void exec_job(int null, int out_w, int err_w) {
                        strerror(errno));
         close(fd);
     }
+    if (req->nmounts) make_namespace(); /* as root, before the drop: the workdir is in it */
     if (req->has_uid && req->uid != getuid()) {
         if (setgroups(req->ngroups, req->groups) || setgid(req->gid) || setuid(req->uid))
             child_fail(126, "noduslocal: cannot become uid %u: %s\n", (unsigned)req->uid,

@@ -5,7 +5,8 @@ The daemon keeps one spawner as its child and writes one JSON request per line t
 spawner forks a shim per request and answers with the shim's pid. Each shim leads its own
 session, holds an flock on its attempt directory for its whole life (the daemon's liveness
 test after a restart), runs the job in a new process group (and in the rank's cgroups when
-the request names them: all in them is killed at the end, OOM kills recorded), pumps its
+the request names them: all in them is killed at the end, OOM kills recorded; and in a mount
+namespace of its own when it names mounts: its workspace at /workspace), pumps its
 output into the log files (each at most `max_log` bytes: its head, a marker, and its last
 bytes at the end), and writes exit.json atomically before it exits, into room it reserved
 before the job started, so that a disk the job filled still gets its exit. Shims outlive
@@ -168,20 +169,106 @@ def _spawn_as_owner(req: dict, out_w: int, err_w: int) -> int:
     return proc.pid
 
 
-def _spawn_in_cgroups(req: dict, out_w: int, err_w: int) -> int:
-    """Start the job inside the rank's cgroups (the daemon made them): the child enters
-    them before exec, so nothing it runs starts outside. Our code runs in the child, so
-    this forks; the owner's identity is dropped after the cgroups are entered (as root)."""
+# The mount namespace's calls (linux/sched.h, linux/mount.h, linux/prctl.h).
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT = 1, 2, 4, 32
+MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_NO_NEW_PRIVS = 38
+
+
+class _Mounts:
+    """The job's mount namespace, made in its child as root (shim.c's make_namespace does
+    the same, step for step): unshared, every mount private, the request's `mounts` bound
+    at their targets (parents first), the `hide` nodes covered by `hide_with`. A target
+    missing on the host is made in a tmpfs "shadow" of its deepest existing directory: the
+    tmpfs holds a bind of each entry of that directory and the missing path, and is moved
+    over it (over / by a chroot into it), read-only once every mount is made, so nothing
+    is made on the host."""
+
+    def __init__(self, staging: str) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.staging = staging  # an empty directory of the daemon's (the rank's) to mount on
+        self.shadows: list[str] = []
+
+    def _check(self, what: str, result: int) -> None:
+        if result != 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int,
+              data: str | None = None) -> None:
+        self._check(f"mount on {target}", self.libc.mount(
+            None if source is None else source.encode(), target.encode(),
+            None if fstype is None else fstype.encode(), self.ctypes.c_ulong(flags),
+            None if data is None else data.encode()))
+
+    def make(self, req: dict) -> None:
+        self._check("unshare", self.libc.unshare(CLONE_NEWNS))
+        self.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        for source, target in req["mounts"]:
+            if not os.path.exists(target):
+                self._make_room(target)
+            self.mount(source, target, None, MS_BIND | MS_REC)
+        for node in req.get("hide") or ():
+            self.mount(req["hide_with"], node, None, MS_BIND)
+        for top in self.shadows:
+            self.mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
+                       | MS_NODEV)
+        if req.get("no_new_privs"):
+            self._check("prctl", self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+
+    def _make_room(self, target: str) -> None:
+        base = "/"
+        for part in target.strip("/").split("/"):
+            if not os.path.exists(os.path.join(base, part)):
+                break
+            base = os.path.realpath(os.path.join(base, part))
+        if base not in self.shadows:
+            self._shadow(base)
+            self.shadows.append(base)
+        os.makedirs(target, mode=0o755, exist_ok=True)
+
+    def _shadow(self, base: str) -> None:
+        info = os.stat(base)
+        staging = self.staging
+        self.mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"mode={info.st_mode & 0o7777:o},uid={info.st_uid},gid={info.st_gid}")
+        for entry in os.scandir(base):
+            inside = os.path.join(staging, entry.name)
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), inside)
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                os.mkdir(inside)
+            else:
+                os.close(os.open(inside, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            self.mount(entry.path, inside, None, MS_BIND | MS_REC)
+        below = os.path.relpath(staging, base)
+        if not below.startswith(".."):
+            # The bind of the entry above the staging point copied the tmpfs itself.
+            self.libc.umount2(os.path.join(staging, below).encode(), MNT_DETACH)
+        if base == "/":
+            os.chdir(staging)
+            self.mount(".", "/", None, MS_MOVE)
+            os.chroot(".")
+            os.chdir("/")
+        else:
+            self.mount(staging, base, None, MS_MOVE)
+
+
+def _spawn_contained(req: dict, out_w: int, err_w: int) -> int:
+    """Start the job inside the rank's cgroups (the daemon made them) and its own mount
+    namespace: the child enters them before exec, so nothing it runs starts outside. Our
+    code runs in the child, so this forks; the owner's identity is dropped after the
+    cgroups are entered and the namespace is made (as root), then the workdir is entered
+    (inside the namespace) and PATH searched, with the owner's rights."""
     uid = req.get("uid")
     as_owner = uid is not None and uid != os.getuid()
     argv = req["argv"]
-    path = ENV
-    if not as_owner:
-        try:
-            os.chdir(req["cwd"])
-        except OSError as exc:
-            raise SetupError(126, f"cannot enter workdir {req['cwd']}: {exc.strerror}") from None
-        path = _resolve(argv[0], req["env"])
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -194,7 +281,7 @@ def _spawn_in_cgroups(req: dict, out_w: int, err_w: int) -> int:
             os.dup2(null, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            for cgroup in req["cgroups"]:
+            for cgroup in req.get("cgroups") or ():
                 try:
                     fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
                     os.write(fd, str(os.getpid()).encode())
@@ -203,13 +290,30 @@ def _spawn_in_cgroups(req: dict, out_w: int, err_w: int) -> int:
                     os.write(2, f"noduslocal: cannot enter cgroup {cgroup}: "
                                 f"{exc.strerror}\n".encode())
                     os._exit(126)
+            if req.get("mounts"):
+                try:
+                    _Mounts(req["dir"]).make(req)
+                except OSError as exc:
+                    os.write(2, f"noduslocal: cannot make the job's mount namespace: "
+                                f"{exc.strerror}\n".encode())
+                    os._exit(126)
             if as_owner:
                 os.setgroups(req.get("groups") or [req["gid"]])
                 os.setgid(req["gid"])
                 os.setuid(uid)
                 os.execve(ENV, [ENV, "--chdir", req["cwd"], "--", *argv], req["env"])
+            try:
+                os.chdir(req["cwd"])
+            except OSError as exc:
+                raise SetupError(126, f"cannot enter workdir {req['cwd']}: "
+                                      f"{exc.strerror}") from None
+            path = _resolve(argv[0], req["env"])
             code = 127
             os.execve(path, argv, req["env"])
+        except SetupError as exc:
+            with contextlib.suppress(BaseException):
+                os.write(2, f"noduslocal: {exc}\n".encode())
+            code = exc.code
         except BaseException as exc:  # nothing of the shim's may run on in the child
             with contextlib.suppress(BaseException):
                 why = exc.strerror if isinstance(exc, OSError) else str(exc)
@@ -227,8 +331,8 @@ def _spawn_job(req: dict, out_w: int, err_w: int) -> int:
     """Start the job in a process group of its own, with stdin from /dev/null. Without a
     change of user, posix_spawn (vfork) costs a fraction of forking this Python process
     and runs none of our code in the child."""
-    if req.get("cgroups"):
-        return _spawn_in_cgroups(req, out_w, err_w)
+    if req.get("cgroups") or req.get("mounts"):
+        return _spawn_contained(req, out_w, err_w)
     uid = req.get("uid")
     if uid is not None and uid != os.getuid():
         return _spawn_as_owner(req, out_w, err_w)

@@ -1,6 +1,7 @@
-"""The host jobs' cgroups: which hierarchy the box has (v2, or v1's memory, cpu, pids and
-freezer), this daemon's parent cgroup, one cgroup per attempt's rank with its limits
-written, its OOM kills read, every process in it killed, and its removal.
+"""The host jobs' cgroups: which hierarchy the box has (v2, or v1's memory, cpu, pids,
+freezer and devices), this daemon's parent cgroup, one cgroup per attempt's rank with its
+limits written (v1: the GPU nodes of other grants denied), its OOM kills read, every
+process in it killed, and its removal.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from noduslocal.daemon.runtime.shim import CGROUP_KILL_ROUNDS, oom_kills
 log = logging.getLogger(__name__)
 ROOT = Path("/sys/fs/cgroup")
 SYSTEM_PARENT = "noduslocal"
-V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer")  # freezer: to kill a cgroup at once
+# freezer: to kill a cgroup at once; devices: the GPU nodes a rank may not open (v2 has no
+# such files, only a BPF program: there the job's mount namespace hides them instead).
+V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer", "devices")
+GPU_MAJOR = 195  # /dev/nvidiaN is c 195:N; nvidiactl (255) and nvidia-modeset (254) stay
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 CFS_PERIOD_US = 100_000
 JOB_PREFIX = "job-"
@@ -28,11 +32,13 @@ JOB_PREFIX = "job-"
 
 @dataclass(frozen=True)
 class Limits:
-    """What a rank may use: bytes of memory (None: no limit), millicores, processes."""
+    """What a rank may use: bytes of memory (None: no limit), millicores, processes, and
+    the GPU minors (/dev/nvidiaN) it may not open."""
 
     memory: int | None
     cpu_m: int
     pids_max: int
+    denied_gpus: tuple[int, ...] | list[int] = ()
 
 
 def parent_name(data_dir: Path, system_data_dir: Path) -> str:
@@ -118,7 +124,7 @@ class Cgroups:
             parent.mkdir(mode=0o755, exist_ok=True)
             parents.append(parent)
             found.append(controller)
-        if not [c for c in found if c != "freezer"]:
+        if not [c for c in found if c not in ("freezer", "devices")]:
             return cls(1, [], [], f"no cgroup v1 memory, cpu or pids hierarchy under {root}")
         return cls(1, parents, found)
 
@@ -144,6 +150,8 @@ class Cgroups:
                 # remove (its charges move to the parent): the rank is killed through the
                 # others all the same.
                 continue
+            if controller == "devices" and not limits.denied_gpus:
+                continue  # nothing to deny (no GPUs on the box, or all of them granted)
             path.mkdir(mode=0o755, exist_ok=True)
             made.append(str(path))
             if self.version == 2:
@@ -182,6 +190,11 @@ class Cgroups:
             _write(path / "cpu.cfs_quota_us", str(limits.cpu_m * CFS_PERIOD_US // 1000))
         elif controller == "pids":
             _write(path / "pids.max", str(limits.pids_max))
+        elif controller == "devices":
+            # A new devices cgroup allows what its parent does (all): each other grant's
+            # node is taken out of it, for root jobs too (EPERM at open).
+            for minor in limits.denied_gpus:
+                _write(path / "devices.deny", f"c {GPU_MAJOR}:{minor} rwm")
 
     def oom_kills(self, name: str) -> int:
         return oom_kills([str(p) for p in self.paths(name)])

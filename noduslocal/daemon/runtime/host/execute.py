@@ -1,6 +1,7 @@
 """`job exec` for host-process jobs: a command run to completion beside a running job, with
-the job's environment (secrets masked in what comes back), in its workdir, as its owner;
-each one recorded while it runs, so that the next daemon kills it if this one dies.
+the job's environment (secrets masked in what comes back), in its mount namespace and
+workdir, as its owner; each one recorded while it runs, so that the next daemon kills it if
+this one dies.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import uuid
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from noduslocal.daemon.files.layout import DEFAULT_PATH
 from noduslocal.daemon.runtime import shim
+from noduslocal.daemon.runtime.attempt_dir import read_pid
 from noduslocal.daemon.runtime.base import OUTPUT_LIMIT, ExecResult
 from noduslocal.daemon.runtime.shim import ENV, Masker
 from noduslocal.domain import errors
@@ -32,7 +36,14 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
     `records`: where the exec is named while it runs (kill_orphaned_execs)."""
     argv, kwargs = list(command), {}
     cwd: str | None = launch["cwd"]
-    if launch.get("uid") is not None and launch["uid"] != os.getuid():
+    as_owner = launch.get("uid") is not None and launch["uid"] != os.getuid()
+    if launch.get("mounts"):
+        # Into the job's mount namespace (and its root: a chroot the shim made), as root,
+        # then down to the owner with util-linux's setpriv, then its workdir in there.
+        argv = [*_enter(launch), *(_drop(launch) if as_owner else []), ENV, "--chdir",
+                launch["cwd"], "--", *command]
+        cwd = None
+    elif as_owner:
         # As in the shim: drop to the owner in the child, then enter the workdir and search
         # PATH with the owner's rights.
         argv = [ENV, "--chdir", launch["cwd"], "--", *command]
@@ -60,6 +71,28 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
         # the next one kills it.
         if proc.returncode is not None:
             _forget(record)
+
+
+def _enter(launch: dict[str, Any]) -> list[str]:
+    """nsenter's arguments into the namespace of the rank's job (its main process, named
+    by pid.json while it is the process that started then)."""
+    pid = read_pid(Path(launch["dir"]))
+    if pid is None or shim.start_ticks(pid["pid"]) != pid.get("start_ticks"):
+        raise errors.Conflict("the job's process has ended; nothing to exec beside")
+    # By absolute path: the environment is the job's, and its PATH the owner's to set.
+    return [_tool("nsenter"), f"--target={pid['pid']}", "--mount", "--root", "--"]
+
+
+@cache
+def _tool(name: str) -> str:
+    return shutil.which(name, path=DEFAULT_PATH) or f"/usr/bin/{name}"
+
+
+def _drop(launch: dict[str, Any]) -> list[str]:
+    groups = ",".join(str(g) for g in launch.get("groups") or [launch["gid"]])
+    return [_tool("setpriv"), f"--reuid={launch['uid']}", f"--regid={launch['gid']}",
+            f"--groups={groups}", *(["--no-new-privs"] if launch.get("no_new_privs") else []),
+            "--"]
 
 
 async def _supervise(proc: asyncio.subprocess.Process, launch: dict[str, Any],

@@ -1,7 +1,8 @@
 """The host runtime: each rank a process group under a shim that outlives the daemon, in a
-cgroup of its own (its limits; every process found and killed through it), its exit recorded
-in the attempt directory; adopted again after a restart by the shim's lock. Holds the shim's
-launch request too (argv, environment, workdir, identity, secrets to mask, cgroups).
+cgroup of its own (its limits; every process found and killed through it) and a mount
+namespace of its own (namespace.py), its exit recorded in the attempt directory; adopted
+again after a restart by the shim's lock. Holds the shim's launch request too (argv,
+environment, workdir, identity, secrets to mask, cgroups, mounts).
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ from noduslocal.daemon.runtime.base import (
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
 from noduslocal.daemon.runtime.host.cgroups import Cgroups, Limits, cgroup_name
 from noduslocal.daemon.runtime.host.execute import kill_orphaned_execs, run_in_job
+from noduslocal.daemon.runtime.host.namespace import Namespaces
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.daemon.runtime.launchers import RankPlan
 from noduslocal.domain import metrics
+from noduslocal.domain.job_paths import CONTAINER_ROOT, in_workspace
 from noduslocal.domain.jobs import Diagnosis, JobRecord
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,7 @@ class HostRuntime:
         self.cgroups = cgroups or Cgroups(0, [], [], "none configured")
         self.pids_max = pids_max
         self.exec_records = layout.jobs_dir.parent / EXEC_RECORDS
+        self.namespaces = Namespaces(False, "the runtime has not started")
 
     async def start(self) -> None:
         # Execs a daemon killed meanwhile left running: their callers and their timeouts
@@ -76,6 +80,10 @@ class HostRuntime:
                 log.info("removed %d cgroups of ended host attempts", removed)
         else:
             log.warning("%s", self.cgroups.describe())
+        self.namespaces = await asyncio.to_thread(Namespaces.prepare,
+                                                  self.layout.jobs_dir.parent)
+        if not self.namespaces.enabled:
+            log.warning("%s", self.namespaces.describe())
         await self.spawner.start()
 
     async def close(self) -> None:
@@ -88,22 +96,53 @@ class HostRuntime:
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         del gpus
-        limits = Diagnosis("host job limits", True if self.cgroups.enabled else None,
-                           self.cgroups.describe())
+        limits = [Diagnosis("host job limits", True if self.cgroups.enabled else None,
+                            self.cgroups.describe()),
+                  Diagnosis("host job namespaces", True if self.namespaces.enabled else None,
+                            self.namespaces.describe()),
+                  Diagnosis("host job GPU devices", True if self._gpu_fence() else None,
+                            self._describe_gpu_fence())]
         if self.spawner.compiled is not None:
             return [Diagnosis("host jobs", True, f"the compiled shim {self.spawner.compiled}"),
-                    limits]
+                    *limits]
         return [Diagnosis("host jobs", True, "the Python shim (host_shim = \"python\", or no C "
                                              "compiler: apt-get install gcc for the faster one)"),
-                limits]
+                *limits]
+
+    def _gpu_fence(self) -> str | None:
+        """How a host job is kept from other grants' GPU nodes: "devices" (v1's devices
+        cgroup: EPERM, for a root job too), "mounts" (its namespace binds an empty mode-0000
+        file over each: EACCES for all but root), or None."""
+        if "devices" in self.cgroups.controllers and self.cgroups.enabled:
+            return "devices"
+        return "mounts" if self.namespaces.enabled else None
+
+    def _describe_gpu_fence(self) -> str:
+        fence = self._gpu_fence()
+        if fence == "devices":
+            return ("the devices cgroup (v1) denies each host job the /dev/nvidia* nodes of "
+                    "GPUs not granted to it: opening one fails EPERM, for a root job too")
+        if fence == "mounts":
+            return ("no devices cgroup here (cgroup v2 would need a BPF program): each host "
+                    "job's namespace hides the /dev/nvidia* nodes of GPUs not granted to it "
+                    "under an empty mode-0000 file, so opening one fails EACCES (a root job "
+                    "could still open it)")
+        return ("host jobs can open every /dev/nvidia* node: no devices cgroup and no mount "
+                "namespace (CUDA_VISIBLE_DEVICES alone pins their GPUs)")
 
     def _request(self, launch: Launch, rank: int = 0) -> dict[str, Any]:
         ref = launch.ref
+        gpus = launch.rank_gpus(rank)
+        world = None
+        if self.namespaces.enabled:
+            world = self.namespaces.request(
+                self.layout, ref.job,
+                gpus.other_minors if self._gpu_fence() == "mounts" else [])
         # Host ranks meet on the loopback: every one listens there, rank 0 at MASTER_PORT.
         return launch_request(self.layout, ref.job, ref.number, launch.secrets,
-                              launch.rank_gpus(rank).env(in_container=False),
+                              gpus.env(in_container=False),
                               launch.plan(rank, LOOPBACK, LOOPBACK), ref.rank_dir(rank),
-                              launch.index_env())
+                              launch.index_env(), world)
 
     def _rank(self, ref: AttemptRef, rank: int, shim_pid: int, started_at: float) -> Rank:
         return Rank(Handle(self.kind, str(shim_pid), rank, self.spawner.boot_id), started_at,
@@ -117,15 +156,22 @@ class HostRuntime:
         ref = launch.ref
         directory = ref.rank_dir(rank)
         directory.mkdir(mode=0o700, exist_ok=True)
+        if not self.namespaces.enabled and (outside := outside_workspace(ref.job)):
+            raise LaunchFailed(
+                f"{outside} is outside /workspace, and a host job sees such a path only in "
+                f"a mount namespace, which this daemon cannot make ({self.namespaces.why}); "
+                "use a path under /workspace, or an image")
         request = self._request(launch, rank)
         cgroup = cgroup_name(ref.job.id, ref.number, rank)
         if self.cgroups.enabled:
             spec = ref.job.spec
+            denied = (launch.rank_gpus(rank).other_minors if self._gpu_fence() == "devices"
+                      else [])
             try:
                 # On the loop: a few mkdirs and writes; a thread's hop cost more (the
                 # 1,000-task map: 0.6 s more in each of two paired runs).
                 request["cgroups"] = self.cgroups.make(
-                    cgroup, Limits(spec.memory, spec.cpu_m, self.pids_max()))
+                    cgroup, Limits(spec.memory, spec.cpu_m, self.pids_max(), denied))
             except OSError as exc:
                 await asyncio.to_thread(self.cgroups.remove, cgroup)
                 raise LaunchFailed(f"making the job's cgroup failed: {exc}") from None
@@ -179,7 +225,8 @@ class HostRuntime:
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
-        # Beside the rank, not inside its process group: with its environment and GPUs.
+        # Beside the rank, not inside its process group: with its environment and GPUs,
+        # in its mount namespace.
         return await run_in_job(self._request(launch, handle.rank), command, timeout,
                                 self.exec_records)
 
@@ -212,17 +259,32 @@ async def signal_group(directory: Path, sig: int) -> bool:
 # What a host-process attempt is started with (the shim's launch request): argv,
 # environment, workdir, the owner's identity and the secret values to mask.
 
+def outside_workspace(job: JobRecord) -> str | None:
+    """The first of a host job's checkpoint and volume paths outside /workspace."""
+    paths = [*([job.spec.checkpoint] if job.spec.checkpoint else []), *job.spec.volumes]
+    return next((f"{path!r}" for path in paths if in_workspace(path) is None), None)
+
+
 def launch_request(layout: JobLayout, job: JobRecord, number: int,
                    secrets: dict[str, str] | None = None,
                    gpu_env: dict[str, str] | None = None,
                    plan: RankPlan | None = None, directory: Path | None = None,
-                   rank_env: dict[str, str] | None = None) -> dict[str, Any]:
+                   rank_env: dict[str, str] | None = None,
+                   world: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the shim needs; `secrets` are added to the environment, and their values
     masked in the stored log; `gpu_env` pins the job's GPUs (over the job's env); `plan`
     makes it a gang's rank (its rendezvous and launcher); `directory` is the rank's (the
-    attempt's by default); `rank_env` what it alone is told (an index)."""
+    attempt's by default); `rank_env` what it alone is told (an index); `world` the mount
+    namespace's fields (Namespaces.request): its paths are then a container's, else the
+    host's (the workspace where it lies)."""
     directory = directory or layout.attempt_dir(job.id, number)
     workspace = layout.workspace(job.id)
+    root = Path(CONTAINER_ROOT) if world is not None else workspace
+
+    def seen(path: str) -> str:  # where the job finds a checkpoint or volume path
+        rel = in_workspace(path)
+        return str(root / rel) if rel is not None else path
+
     home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
     env = {
         "PATH": DEFAULT_PATH,
@@ -234,12 +296,11 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
         "NODUS_JOB": job.name,
         "NODUS_PROJECT": job.project,
         "NODUS_ATTEMPT": str(number),
-        "NODUS_WORKSPACE": str(workspace),
-        **metrics.env(workspace),
-        **({"NODUS_CHECKPOINT_DIR": str(workspace / job.spec.checkpoint)}
-           if job.spec.checkpoint else {}),
-        **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": str(workspace / rel)
-           for rel, name in job.spec.volumes.items()},
+        "NODUS_WORKSPACE": str(root),
+        **metrics.env(None if world is not None else workspace),
+        **({"NODUS_CHECKPOINT_DIR": seen(job.spec.checkpoint)} if job.spec.checkpoint else {}),
+        **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": seen(path)
+           for path, name in job.spec.volumes.items()},
         **job.spec.env,
         **(gpu_env or {}),
         **(plan.env() if plan is not None else {}),
@@ -250,9 +311,10 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
         "dir": str(directory),
         "argv": job.spec.argv if plan is None else plan.argv(job.spec.argv),
         "env": env,
-        "cwd": job.spec.workdir or str(workspace),
+        "cwd": job.spec.workdir or str(root),
         "uid": None,
         "mask": sorted(set((secrets or {}).values())),
+        **(world or {}),
     }
     if os.getuid() == 0:
         request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)
