@@ -418,11 +418,12 @@ def test_workspace_is_private_to_its_owner(box: Box) -> None:
     run = box.cli(ALICE, "job", "run", "--name", "alice-ws", "--cpu", SMALL, "--",
                   "/bin/sh", "-c", 'echo "$NODUS_WORKSPACE"; pwd; echo s3cret > secret.txt')
     assert run.returncode == 0, run.stderr
-    announced, cwd = run.stdout.splitlines()
-    workspace = Path(announced)
-    assert workspace == Path(cwd)
-    assert workspace.name == "workspace"
-    assert workspace.parent.parent == box.daemon.data_dir / "jobs"
+    # In its own mount namespace the job's workspace is /workspace, as in a container
+    # (issue 25; it was the host's path, which it named and started in).
+    assert run.stdout.splitlines() == ["/workspace", "/workspace"]
+    (workspace,) = [record.parent / "workspace"
+                    for record in box.daemon.data_dir.glob("jobs/*/job.json")
+                    if json.loads(record.read_text())["name"] == "alice-ws"]
 
     st = workspace.stat()
     assert (st.st_uid, st.st_gid) == (alice.uid, alice.gid)
@@ -729,3 +730,48 @@ def test_disk_use_is_per_user_and_a_quota_refuses_only_its_user(box: Box) -> Non
         assert box.cli("root", "gc", "--dry-run", socket=sock).returncode == 0
     finally:
         quotas.close()
+
+
+def test_another_users_host_job_writes_its_own_workspace(box: Box, tmp_path: Path) -> None:
+    """Issue 25: /workspace is the job's workspace in its own mount namespace, for a job
+    that runs as its owner too; nothing lands in the host's /workspace."""
+    run = box.cli(ALICE, "job", "run", "--name", "alice-out", "--cpu", SMALL, "--",
+                  "/bin/sh", "-c", "echo hi > /workspace/out.txt; id -u")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(box.alice.uid)]
+    listed = box.cli_json(ALICE, "ls", "alice-out", "--json")
+    assert [e["name"] for e in listed] == ["out.txt"]
+    target = f"/tmp/nl-alice-out-{os.getpid()}"
+    try:
+        got = box.cli(ALICE, "download", "alice-out", "/workspace/out.txt", target)
+        assert got.returncode == 0, got.stderr
+        assert Path(target).read_text() == "hi\n"
+    finally:
+        Path(target).unlink(missing_ok=True)
+    assert not Path("/workspace/out.txt").exists()
+    assert not any(Path("/workspace").iterdir())
+
+
+def test_another_users_volume_outside_the_workspace_and_exec_into_it(box: Box) -> None:
+    mount = f"/nl-alice-results-{os.getpid()}"
+    assert not Path(mount).exists()
+    assert box.cli(ALICE, "volume", "create", "alice-res").returncode == 0
+    created = box.cli_json(ALICE, "job", "run", "--cpu", SMALL, "--detach", "--json",
+                           "--volume", f"alice-res:{mount}", "--", "/bin/sh", "-c",
+                           f"echo mine > {mount}/f; echo ready; exec /bin/sleep 60")
+    name = created["name"]
+    root = box.daemon.client()
+    try:
+        wait_until(lambda: b"ready" in b"".join(root.logs(name, ALICE)), "the job",
+                   timeout=DEADLINE)
+        inside = box.cli(ALICE, "job", "exec", name, "--", "/bin/sh", "-c",
+                         f"id -u; pwd; cat {mount}/f; grep NoNewPrivs /proc/self/status")
+        assert inside.returncode == 0, inside.stderr
+        # Its own mount over a host path: setuid programs grant nothing in there.
+        assert inside.stdout.split() == [str(box.alice.uid), "/workspace", "mine",
+                                         "NoNewPrivs:", "1"]
+    finally:
+        cancel_quietly(root, name, ALICE)
+    assert not Path(mount).exists()
+    volume = box.daemon.data_dir / "volumes" / "alice-res" / "f"
+    assert volume.read_text() == "mine\n" and volume.stat().st_uid == box.alice.uid
