@@ -58,3 +58,10 @@ def test_the_readme_tour_runs_as_written(docker_client: Any, tmp_path: Path) -> 
         assert sdk.returncode == 0, f"{sdk.stdout[-4000:]}\n---\n{sdk.stderr[-4000:]}"
         assert "3 hi" in sdk.stdout, sdk.stdout
         assert (tour_dir / "model.pt").read_text() == "weights"
+        # The reference's /workspace and volume_mounts paths, as host jobs (issue 25): the
+        # files are the job's and the volume's, none of them the host's.
+        assert (tour_dir / "weights.pt").read_text() == "weights\n"
+        assert "results: 0" in sdk.stdout, sdk.stdout
+        files = [f["name"] for f in d.client().volume_files("results")]
+        assert "model.pt" in files and "when.txt" in files, files
+        assert not Path("/results").exists() and not Path("/workspace/model.pt").exists()

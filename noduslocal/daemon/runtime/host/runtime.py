@@ -126,7 +126,7 @@ class HostRuntime:
             return ("no devices cgroup here (cgroup v2 would need a BPF program): each host "
                     "job's namespace hides the /dev/nvidia* nodes of GPUs not granted to it "
                     "under an empty mode-0000 file, so opening one fails EACCES (a root job "
-                    "could still open it)")
+                    "could undo that cover)")
         return ("host jobs can open every /dev/nvidia* node: no devices cgroup and no mount "
                 "namespace (CUDA_VISIBLE_DEVICES alone pins their GPUs)")
 
