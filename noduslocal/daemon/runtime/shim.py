@@ -18,6 +18,7 @@ its compiled twin.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -187,23 +188,20 @@ class _Mounts:
     is made on the host."""
 
     def __init__(self, staging: str) -> None:
-        import ctypes
-
-        self.ctypes = ctypes
-        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc = _libc()
         self.staging = staging  # an empty directory of the daemon's (the rank's) to mount on
         self.shadows: list[str] = []
 
     def _check(self, what: str, result: int) -> None:
         if result != 0:
-            err = self.ctypes.get_errno()
+            err = ctypes.get_errno()
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int,
               data: str | None = None) -> None:
         self._check(f"mount on {target}", self.libc.mount(
             None if source is None else source.encode(), target.encode(),
-            None if fstype is None else fstype.encode(), self.ctypes.c_ulong(flags),
+            None if fstype is None else fstype.encode(), ctypes.c_ulong(flags),
             None if data is None else data.encode()))
 
     def make(self, req: dict) -> None:
@@ -258,6 +256,17 @@ class _Mounts:
             os.chdir("/")
         else:
             self.mount(staging, base, None, MS_MOVE)
+
+
+_LIBC: list[ctypes.CDLL] = []
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library's handle, loaded once by the spawner: each shim forked from it has it
+    (loaded in each job's child, it cost the Python shim's namespace 8 ms a task)."""
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
 
 
 def _spawn_contained(req: dict, out_w: int, err_w: int) -> int:
@@ -720,6 +729,7 @@ def serve() -> None:
                 return
 
     signal.signal(signal.SIGCHLD, reap)
+    _libc()
     boot = boot_id()
     out = sys.stdout.buffer
     for line in sys.stdin.buffer:
