@@ -73,6 +73,16 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
             _forget(record)
 
 
+def has_own_namespace(directory: Path) -> bool:
+    """Whether the rank's job (pid.json's) runs in a mount namespace other than ours."""
+    pid = read_pid(directory)
+    try:
+        return pid is not None and (os.readlink(f"/proc/{pid['pid']}/ns/mnt")
+                                    != os.readlink("/proc/self/ns/mnt"))
+    except OSError:
+        return False  # gone: _enter says so
+
+
 def _enter(launch: dict[str, Any]) -> list[str]:
     """nsenter's arguments into the namespace of the rank's job (its main process, named
     by pid.json while it is the process that started then)."""

@@ -39,7 +39,11 @@ from noduslocal.daemon.runtime.base import (
 )
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
 from noduslocal.daemon.runtime.host.cgroups import Cgroups, Limits, cgroup_name
-from noduslocal.daemon.runtime.host.execute import kill_orphaned_execs, run_in_job
+from noduslocal.daemon.runtime.host.execute import (
+    has_own_namespace,
+    kill_orphaned_execs,
+    run_in_job,
+)
 from noduslocal.daemon.runtime.host.namespace import Namespaces
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
 from noduslocal.daemon.runtime.launchers import RankPlan
@@ -130,11 +134,14 @@ class HostRuntime:
         return ("host jobs can open every /dev/nvidia* node: no devices cgroup and no mount "
                 "namespace (CUDA_VISIBLE_DEVICES alone pins their GPUs)")
 
-    def _request(self, launch: Launch, rank: int = 0) -> dict[str, Any]:
+    def _request(self, launch: Launch, rank: int = 0,
+                 namespace: bool = True) -> dict[str, Any]:
+        """The rank's launch request; `namespace` False: without one (a job an older
+        daemon started on the host's paths)."""
         ref = launch.ref
         gpus = launch.rank_gpus(rank)
         world = None
-        if self.namespaces.enabled:
+        if self.namespaces.enabled and namespace:
             world = self.namespaces.request(
                 self.layout, ref.job,
                 gpus.other_minors if self._gpu_fence() == "mounts" else [])
@@ -226,8 +233,10 @@ class HostRuntime:
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
         # Beside the rank, not inside its process group: with its environment and GPUs,
-        # in its mount namespace.
-        return await run_in_job(self._request(launch, handle.rank), command, timeout,
+        # in its mount namespace (where it has one: an adopted job of an older daemon ran
+        # on the host's paths).
+        own = has_own_namespace(launch.ref.rank_dir(handle.rank))
+        return await run_in_job(self._request(launch, handle.rank, own), command, timeout,
                                 self.exec_records)
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
