@@ -250,3 +250,40 @@ def test_a_namespace_hides_other_gpu_nodes_where_no_devices_cgroup_can(
         "cat: /dev/nvidia0: No such device or address",  # ENXIO: the driver's (none here)
         "cat: /dev/nvidia1: Permission denied"], out  # EACCES: hidden
     assert stat.S_ISCHR(os.stat("/dev/nvidia1").st_mode)  # the host's node is as it was
+
+
+def test_outputs_and_harvest_read_what_jobs_wrote_to_workspace(daemon: testing.Daemon,
+                                                              tmp_path: Path) -> None:
+    run = run_cli(daemon, "job", "run", "--name", "outs", "--output",
+                  "model=/workspace/out/model.pt", "--", "sh", "-c",
+                  "mkdir -p /workspace/out && echo w > /workspace/out/model.pt",
+                  timeout=DEADLINE)
+    assert run.returncode == 0, run.stderr
+    got = run_cli(daemon, "job", "download-output", "outs", "model", str(tmp_path / "m.pt"))
+    assert got.returncode == 0, got.stderr
+    assert (tmp_path / "m.pt").read_text() == "w\n"
+    made = run_cli(daemon, "map", "--no-code", "--no-canary", "--name", "h", "--", "sh", "-c",
+                   'echo "r$0" > /workspace/result-$0.json', ":::", "0", "1")
+    assert made.returncode == 0, made.stderr
+    assert run_cli(daemon, "sweep", "wait", "h", timeout=DEADLINE).returncode == 0
+    harvested = run_cli(daemon, "sweep", "harvest", "h", "*.json", str(tmp_path / "h"))
+    assert harvested.returncode == 0, harvested.stderr
+    assert (tmp_path / "h/task-1/result-1.json").read_text() == "r1\n"
+    host_workspace_untouched()
+
+
+def test_an_adopted_job_keeps_its_namespace(daemon: testing.Daemon) -> None:
+    c = daemon.client()
+    c.create_job({"name": "kept", "command": [
+        "sh", "-c", "echo ready; sleep 60; echo late > /workspace/late"]})
+    wait_until(lambda: "ready" in log_of(daemon, "kept"), "the job", timeout=DEADLINE)
+    daemon.restart()  # kill -9, then start: the job ran on under its shim, in its namespace
+    c = daemon.client()
+    assert c.get_job("kept")["phase"] == "Running"
+    done = c.exec_job("kept", None, ["sh", "-c", "echo again > /workspace/again; pwd"])
+    assert (done["returncode"], done["stdout"]) == (0, "/workspace\n"), done
+    listed = json.loads(run_cli(daemon, "ls", "kept", "--json").stdout)
+    assert [e["name"] for e in listed] == ["again"]
+    c.cancel_job("kept")
+    assert c.wait_job("kept", timeout=DEADLINE)["phase"] == "Cancelled"
+    host_workspace_untouched()
