@@ -23,7 +23,8 @@ MAX_KEY = 64
 
 
 def env(workspace: Path | None) -> dict[str, str]:
-    """The variable a job finds its metrics file by (None: in a container)."""
+    """The variable a job finds its metrics file by (None: under /workspace, in a
+    container or a host job's mount namespace)."""
     root = str(workspace) if workspace is not None else CONTAINER_ROOT
     return {ENV: f"{root}/{METRICS_FILE}"}
 
