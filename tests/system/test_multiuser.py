@@ -577,7 +577,7 @@ def test_exec_runs_as_the_owner_and_only_for_owner_or_admin(box: Box) -> None:
     wait_phase(root, name, ALICE, {Phase.RUNNING})
     try:
         as_admin = root.exec_job(name, ALICE, ["id", "-u"])  # root asks; alice runs it
-        assert as_admin["stdout"].split() == [str(box.alice.uid)]
+        assert as_admin["stdout"].split() == [str(box.alice.uid)], as_admin
         assert_denied(box.cli(BOB, "job", "exec", name, "--project", ALICE, "--", "id"))
         mine = box.cli(ALICE, "job", "exec", name, "--", "id", "-u")
         assert (mine.returncode, mine.stdout.split()) == (0, [str(box.alice.uid)])
@@ -775,3 +775,32 @@ def test_another_users_volume_outside_the_workspace_and_exec_into_it(box: Box) -
     assert not Path(mount).exists()
     volume = box.daemon.data_dir / "volumes" / "alice-res" / "f"
     assert volume.read_text() == "mine\n" and volume.stat().st_uid == box.alice.uid
+
+
+def test_exec_into_a_job_runs_none_of_its_mounts_files_as_root(box: Box) -> None:
+    """A volume over /usr/bin put the user's own `setpriv` and `env` where `job exec`, run
+    as root in the job's namespace, took its tools from: the user's script ran as root.
+    Found by review; exec now drops to the owner before it runs anything in there."""
+    mount = "/usr/bin"
+    assert box.cli(ALICE, "volume", "create", "alice-bin").returncode == 0
+    tools = " ".join(f"/usr/bin/{t}" for t in ("sh", "dash", "sleep", "id", "cat"))
+    fake = '#!/usr/bin/sh\n/usr/bin/id -u >> /usr/bin/ran-as; exec "$@"\n'
+    fill = box.cli(ALICE, "job", "run", "--cpu", SMALL, "--volume", "alice-bin:/v", "--",
+                   "/bin/sh", "-c", f"cp -L {tools} /v/ && for t in setpriv env nsenter; do "
+                   f"printf '%s' '{fake}' > /v/$t; chmod 755 /v/$t; done")
+    assert fill.returncode == 0, fill.stderr
+    created = box.cli_json(ALICE, "job", "run", "--cpu", SMALL, "--detach", "--json",
+                           "--volume", f"alice-bin:{mount}", "--", "/usr/bin/sh", "-c",
+                           "echo ready; exec /usr/bin/sleep 60")
+    name = created["name"]
+    root = box.daemon.client()
+    try:
+        wait_until(lambda: b"ready" in b"".join(root.logs(name, ALICE)), "the job",
+                   timeout=DEADLINE)
+        inside = box.cli(ALICE, "job", "exec", name, "--", "/usr/bin/id", "-u")
+        assert inside.returncode == 0, inside.stderr
+        assert inside.stdout.split() == [str(box.alice.uid)]
+    finally:
+        cancel_quietly(root, name, ALICE)
+    ran = box.daemon.data_dir / "volumes" / "alice-bin" / "ran-as"
+    assert "0" not in (ran.read_text().split() if ran.exists() else []), ran.read_text()

@@ -11,14 +11,13 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
+import sys
 import uuid
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.files.layout import DEFAULT_PATH
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import read_pid
 from noduslocal.daemon.runtime.base import OUTPUT_LIMIT, ExecResult
@@ -38,10 +37,10 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
     cwd: str | None = launch["cwd"]
     as_owner = launch.get("uid") is not None and launch["uid"] != os.getuid()
     if launch.get("mounts"):
-        # Into the job's mount namespace (and its root: a chroot the shim made), as root,
-        # then down to the owner with util-linux's setpriv, then its workdir in there.
-        argv = [*_enter(launch), *(_drop(launch) if as_owner else []), ENV, "--chdir",
-                launch["cwd"], "--", *command]
+        # Into the job's mount namespace and its root (a chroot the shim made) by the
+        # Python shim, which drops to the owner before it runs anything found in there.
+        argv = [sys.executable, "-I", "-S", shim.__file__, "--exec-in",
+                json.dumps(_entry(launch, command))]
         cwd = None
     elif as_owner:
         # As in the shim: drop to the owner in the child, then enter the workdir and search
@@ -83,26 +82,16 @@ def has_own_namespace(directory: Path) -> bool:
         return False  # gone: _enter says so
 
 
-def _enter(launch: dict[str, Any]) -> list[str]:
-    """nsenter's arguments into the namespace of the rank's job (its main process, named
-    by pid.json while it is the process that started then)."""
+def _entry(launch: dict[str, Any], command: list[str]) -> dict[str, Any]:
+    """What shim.exec_in needs: the rank's job (its main process, named by pid.json while
+    it is the process that started then), the owner, the workdir and the command."""
     pid = read_pid(Path(launch["dir"]))
     if pid is None or shim.start_ticks(pid["pid"]) != pid.get("start_ticks"):
         raise errors.Conflict("the job's process has ended; nothing to exec beside")
-    # By absolute path: the environment is the job's, and its PATH the owner's to set.
-    return [_tool("nsenter"), f"--target={pid['pid']}", "--mount", "--root", "--"]
-
-
-@cache
-def _tool(name: str) -> str:
-    return shutil.which(name, path=DEFAULT_PATH) or f"/usr/bin/{name}"
-
-
-def _drop(launch: dict[str, Any]) -> list[str]:
-    groups = ",".join(str(g) for g in launch.get("groups") or [launch["gid"]])
-    return [_tool("setpriv"), f"--reuid={launch['uid']}", f"--regid={launch['gid']}",
-            f"--groups={groups}", *(["--no-new-privs"] if launch.get("no_new_privs") else []),
-            "--"]
+    return {"pid": pid["pid"], "start_ticks": pid["start_ticks"], "uid": launch.get("uid"),
+            "gid": launch.get("gid"), "groups": launch.get("groups"),
+            "no_new_privs": bool(launch.get("no_new_privs")), "cwd": launch["cwd"],
+            "argv": command}
 
 
 async def _supervise(proc: asyncio.subprocess.Process, launch: dict[str, Any],
