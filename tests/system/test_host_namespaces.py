@@ -97,6 +97,37 @@ def test_the_references_volume_mounts_work_as_a_host_job(daemon: testing.Daemon)
     host_workspace_untouched()
 
 
+@pytest.mark.parametrize("through", ["a directory", "a link to /etc"])
+def test_a_mount_path_through_another_users_files_is_refused(
+        daemon: testing.Daemon, tmp_path: Path, through: str) -> None:
+    """A missing mount path is made as root: through a directory or link another user owns
+    (in /tmp, say), which may be swapped meanwhile for a link into /etc, the shim refuses
+    it, and nothing is made there or on the host (found by review)."""
+    theirs = Path(f"/tmp/nl-ns-theirs-{os.getpid()}")
+    if through == "a directory":
+        theirs.mkdir()
+    else:
+        theirs.symlink_to("/etc")
+    os.lchown(theirs, NOBODY, NOBODY)
+    try:
+        c = daemon.client()
+        c.create_volume("v")
+        c.create_job({"name": "through", "command": ["true"],
+                      "volumes": {f"{theirs}/nl-new/deeper": "v"}})
+        job = c.wait_job("through", timeout=DEADLINE)
+        assert (job["phase"], job["exit_code"]) == ("Failed", 126), job
+        assert f"passes through {theirs}, which is not root's" in log_of(daemon, "through")
+        assert not Path("/etc/nl-new").exists()
+        if through == "a directory":
+            assert not any(theirs.iterdir())
+    finally:
+        if theirs.is_symlink():
+            theirs.unlink()
+        else:
+            with contextlib.suppress(OSError):
+                theirs.rmdir()
+
+
 CHECKPOINTED = ('if [ -e /ckpt/nl-ns/step ]; then echo "resumed at $(cat /ckpt/nl-ns/step) '
                 'in $NODUS_CHECKPOINT_DIR"; exit 0; fi; echo 41 > /ckpt/nl-ns/step; '
                 'echo started; sleep 60')

@@ -404,17 +404,42 @@ static void shadow(const char *base) {
     }
 }
 
+/* A mount path is made as root, so only through root's directories: a directory or link
+ * another user owns (in /tmp, say) could be swapped meanwhile for a link into /etc. */
+static void roots_only(const char *target, const char *probe, const char *resolved) {
+    struct stat st;
+    char path[PATH_MAX];
+    if (lstat(probe, &st) != 0 || st.st_uid != 0)
+        child_fail(126, "noduslocal: cannot make the job's mount namespace: the mount path "
+                   "%s passes through %s, which is not root's\n", target, probe);
+    for (const char *slash = resolved + 1;; slash++) {
+        slash = strchr(slash, '/');
+        size_t n = slash ? (size_t)(slash - resolved) : strlen(resolved);
+        snprintf(path, sizeof path, "%.*s", (int)n, resolved);
+        if (lstat(path, &st) != 0 || st.st_uid != 0)
+            child_fail(126, "noduslocal: cannot make the job's mount namespace: the mount "
+                       "path %s passes through %s, which is not root's\n", target, path);
+        if (!slash) break;
+    }
+}
+
 /* Room for a target missing on the host: its deepest existing directory shadowed (once),
- * then the rest of its path made in the shadow. */
+ * then the rest of its path made in the shadow, each part new (one that appeared since is
+ * refused, never entered). */
 static void make_room(const char *target) {
     char base[PATH_MAX] = "/", probe[PATH_MAX], resolved[PATH_MAX];
+    struct stat st;
     const char *p = target;
     while (*p) {
         while (*p == '/') p++;
         if (!*p) break;
         const char *end = strchrnul(p, '/');
         snprintf(probe, sizeof probe, "%s/%.*s", strcmp(base, "/") ? base : "", (int)(end - p), p);
-        if (access(probe, F_OK) != 0 || !realpath(probe, resolved)) break;
+        if (lstat(probe, &st) != 0) break;
+        if (!realpath(probe, resolved))
+            child_fail(126, "noduslocal: cannot make the job's mount namespace: %s: %s\n",
+                       probe, strerror(errno));
+        roots_only(target, probe, resolved);
         snprintf(base, sizeof base, "%s", resolved);
         p = end;
     }
@@ -428,14 +453,17 @@ static void make_room(const char *target) {
         shadows[nshadows++] = strdup(base);
     }
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s", target);
-    for (char *slash = path + 1;; slash++) { /* mkdir -p */
-        slash = strchr(slash, '/');
-        if (slash) *slash = 0;
-        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+    snprintf(path, sizeof path, "%s", base);
+    while (*p) {
+        while (*p == '/') p++;
+        if (!*p) break;
+        const char *end = strchrnul(p, '/');
+        size_t len = strlen(path);
+        snprintf(path + len, sizeof path - len, "%s%.*s", strcmp(path, "/") ? "/" : "",
+                 (int)(end - p), p);
+        if (mkdir(path, 0755) != 0)
             child_fail(126, "noduslocal: cannot make %s: %s\n", path, strerror(errno));
-        if (!slash) break;
-        *slash = '/';
+        p = end;
     }
 }
 

@@ -221,15 +221,25 @@ class _Mounts:
             self._check("prctl", self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
 
     def _make_room(self, target: str) -> None:
-        base = "/"
-        for part in target.strip("/").split("/"):
-            if not os.path.exists(os.path.join(base, part)):
+        """Shadow the deepest existing directory of `target` and make the rest in it. As
+        root, so only through root's directories: a directory or link another user owns
+        (in /tmp, say) could be swapped meanwhile for a link into the host's /etc."""
+        base, parts = "/", target.strip("/").split("/")
+        while parts:
+            probe = os.path.join(base, parts[0])
+            try:
+                os.lstat(probe)
+            except FileNotFoundError:
                 break
-            base = os.path.realpath(os.path.join(base, part))
+            base = os.path.realpath(probe)
+            _roots_only(target, probe, base)
+            parts.pop(0)
         if base not in self.shadows:
             self._shadow(base)
             self.shadows.append(base)
-        os.makedirs(target, mode=0o755, exist_ok=True)
+        for part in parts:  # each new: one that appeared since is refused, never entered
+            base = os.path.join(base, part)
+            os.mkdir(base, 0o755)
 
     def _shadow(self, base: str) -> None:
         info = os.stat(base)
@@ -257,6 +267,18 @@ class _Mounts:
             os.chdir("/")
         else:
             self.mount(staging, base, None, MS_MOVE)
+
+
+def _roots_only(target: str, probe: str, resolved: str) -> None:
+    """Refuse a mount path through a link or directory that is not root's."""
+    paths, path = [probe], "/"
+    for part in filter(None, resolved.split("/")):
+        path = os.path.join(path, part)
+        paths.append(path)
+    for path in paths:
+        if os.lstat(path).st_uid != 0:
+            raise OSError(errno.EPERM, f"the mount path {target} passes through {path}, "
+                                       "which is not root's")
 
 
 _LIBC: list[ctypes.CDLL] = []
