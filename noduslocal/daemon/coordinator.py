@@ -114,7 +114,7 @@ class Lifecycle:
                                           self.sweep_controls, self.reports)
         self.admin = AdminService(live, store, runtimes, self.queue, self.board,
                                   self.accounting, self.health, self.users, self.disk,
-                                  self.usage, self.retention, self.recovery)
+                                  self.usage, self.retention, self.recovery, layout)
         self.resources = ResourceService(store, layout, self.room, self.usage)
         live.subscribe(self._settings_changed)
 

@@ -242,6 +242,8 @@ class AttemptRunner:
                 recorded.set_result(None)
             if attempt.handles and attempt.directory is not None:
                 await runtime.release(attempt.ref, attempt.handles)
+            # Its processes are gone: readers see its workspace through a view from now on.
+            await asyncio.to_thread(self.layout.end_attempt, job.id, attempt.number)
             if job.spec.ephemeral and outcome.job_phase in TERMINAL:
                 await asyncio.to_thread(self.layout.free, job.id)  # its volumes, log stay
         finally:
@@ -280,6 +282,7 @@ class AttemptRunner:
                     c, job.id, time.time(), Reason.START_FAILED, message))
             if attempt.handles and attempt.directory is not None:  # a kill may have failed
                 await self.runtime_of(job).release(attempt.ref, attempt.handles)
+            await asyncio.to_thread(self.layout.end_attempt, job.id, attempt.number)
         except Exception:
             log.exception("recording the failure of job %s failed", job.name)
         finally:
