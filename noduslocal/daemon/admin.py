@@ -148,7 +148,7 @@ class AdminService:
             return Diagnosis("workspaces", None, (
                 f"overlayfs is not used ({overlays.unavailable}): each task's workspace gets "
                 "a copy of its source"))
-        stale = overlays.stale(set(self.board.active))
+        stale = overlays.stale()
         if stale:
             return Diagnosis("workspaces", False, (
                 f"{len(stale)} overlay mount(s) no attempt or reader holds: "

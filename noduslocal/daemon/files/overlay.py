@@ -107,9 +107,9 @@ class Overlays:
         removed and the snapshots' users counted from the job directories."""
         self.unavailable = self._probe()
         if self.unavailable is not None:
-            if self.wanted:
-                log.warning("workspaces: overlayfs cannot be used (%s); each task gets a copy "
-                            "of its source", self.unavailable)
+            log.log(logging.WARNING if self.wanted else logging.INFO,
+                    "workspaces: overlayfs is not used (%s); each task gets a copy of its "
+                    "source", self.unavailable)
             return
         for entry in os.scandir(self.store):
             if entry.name.startswith(STAGING) or entry.name.startswith(".gone-"):
@@ -251,19 +251,24 @@ class Overlays:
 
     def end(self, job_id: int, attempt: int) -> None:
         """Attempt `attempt` is over: its mount goes (not if a later attempt took it)."""
+        workspace = self.jobs_dir / str(job_id) / "workspace"
         with self._state:
             now = self._mounted.get(job_id)
             if now is None or now.attempt != attempt:
                 return
-            unmount(self.jobs_dir / str(job_id) / "workspace")
-            del self._mounted[job_id]
+            unmount(workspace)
+            if not now.readers:
+                del self._mounted[job_id]
+                return
+            # Readers who came while it ran read by path: the view takes the mount's place.
+            self._mount_view(job_id, workspace)
+            now.attempt = 0
 
     @contextlib.contextmanager
     def reading(self, job_id: int) -> Iterator[None]:
         """While in it, the job's workspace path shows its merged view: the attempt's mount,
         or a read-only overlay of its upper over its snapshot (the kernel applies the
         upper's whiteouts), unmounted when the last reader is done."""
-        top = self.jobs_dir / str(job_id) / OVERLAY_DIR
         workspace = self.jobs_dir / str(job_id) / "workspace"
         with self._state:
             now = self._mounted.get(job_id)
@@ -272,8 +277,7 @@ class Overlays:
                 if key is None or not workspace.is_dir():
                     now = None  # no overlay (a copy, or freed): the path is what it is
                 else:
-                    _mount("overlay", workspace, "overlay", MS_RDONLY,
-                           f"lowerdir={top / 'upper'}:{self.store / key}")
+                    self._mount_view(job_id, workspace)
                     now = self._mounted[job_id] = _Mounted()
             if now is not None:
                 now.readers += 1
@@ -287,6 +291,12 @@ class Overlays:
                             and self._mounted.get(job_id) is now):
                         unmount(workspace)
                         del self._mounted[job_id]
+
+    def _mount_view(self, job_id: int, workspace: Path) -> None:
+        top = self.jobs_dir / str(job_id) / OVERLAY_DIR
+        key = (top / "lower").read_text()
+        _mount("overlay", workspace, "overlay", MS_RDONLY,
+               f"lowerdir={top / 'upper'}:{self.store / key}")
 
     def release(self, job_id: int) -> None:
         """The job's workspace is being freed: its mount (if any) goes, its overlay
@@ -312,14 +322,13 @@ class Overlays:
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
 
-    def stale(self, active: set[int]) -> list[Path]:
-        """Overlays mounted under the jobs' directory that neither an active attempt nor a
-        reader holds."""
+    def stale(self) -> list[Path]:
+        """Overlays mounted under the jobs' directory that neither an attempt (running, or
+        ending) nor a reader of this daemon holds."""
         with self._state:
             return [p for p in overlay_mounts(self.jobs_dir)
                     if not (p.name == "workspace" and p.parent.name.isdigit()
-                            and ((m := self._mounted.get(int(p.parent.name))) is not None
-                                 and (m.readers or int(p.parent.name) in active)))]
+                            and int(p.parent.name) in self._mounted)]
 
     def count_mounted(self) -> int:
         with self._state:
