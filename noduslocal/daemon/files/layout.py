@@ -16,7 +16,7 @@ from typing import Any
 
 from noduslocal.daemon.accounts import account
 from noduslocal.daemon.files.blobs import BlobStore
-from noduslocal.daemon.files.overlay import Overlays
+from noduslocal.daemon.files.overlay import OVERLAY_DIR, Overlays
 from noduslocal.domain.job_paths import in_workspace
 from noduslocal.domain.jobs import JobRecord
 
@@ -25,10 +25,11 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # so that a job whose rows a damaged database lost can be put back (jobs/orphans.py).
 RECORD = "job.json"
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
-# Run as the job's owner in its new workspace ($1): $2 = 1 to unpack the tar on stdin,
+# Run as the job's owner in its new workspace ($1; "." for the cwd it was started in, which
+# it may not reach by path): $2 = 1 to unpack the tar on stdin,
 # then `d PATH` to make a directory and `l PATH TARGET` to link a volume, relative paths.
 POPULATE = """set -e
-cd -- "$1"
+[ "$1" = . ] || cd -- "$1"
 if [ "$2" = 1 ]; then tar -x --no-same-owner --no-same-permissions -f -; fi
 shift 2
 while [ $# -gt 1 ]; do
@@ -170,6 +171,7 @@ class JobLayout:
             self.write_record(job)
             self.workspace(job.id).mkdir(mode=0o700, exist_ok=True)
             self._own(self.workspace(job.id), job)
+            self._fill(self.workspace(job.id), job, number)
             directory.mkdir(mode=0o700, exist_ok=True)
             return directory
         # The first attempt refuses a job directory that exists: one left by another
@@ -185,16 +187,7 @@ class JobLayout:
                 self.overlays.mount(job.id, number)  # a retry mounts it again
         else:
             self._own(workspace, job)
-            copy = bool(job.spec.source)
-            if copy and self.overlays.unavailable is None:
-                source = job.spec.source
-                self.overlays.attach(job.id, job.owner_uid, job.owner_gid, source,
-                                     lambda into: self._unpack(into, job))
-                self.overlays.mount(job.id, number)
-                copy = False
-            if (copy or job.spec.checkpoint or job.spec.volumes
-                    or (job.spec.image and job.spec.workdir)):
-                self._populate(workspace, job, copy)
+            self._fill(workspace, job, number)
             checkpoint = self.checkpoint_dir(job)
             if checkpoint is not None and checkpoint.parent == self.job_dir(job.id):
                 # A container's checkpoint outside /workspace: beside it, in a directory
@@ -203,6 +196,24 @@ class JobLayout:
                 self._own(checkpoint, job)
         directory.mkdir(mode=0o700)
         return directory
+
+    def _fill(self, workspace: Path, job: JobRecord, number: int) -> None:
+        """A new workspace's contents: its source as an overlay on the owner's snapshot (or
+        copied where overlays are not used), then what _populate() makes in it."""
+        copy = bool(job.spec.source)
+        if job.spec.source and self.overlays.unavailable is None:
+            self._attach(job)
+            self.overlays.mount(job.id, number)
+            copy = False
+        if (copy or job.spec.checkpoint or job.spec.volumes
+                or (job.spec.image and job.spec.workdir)):
+            self._populate(workspace, job, copy)
+
+    def _attach(self, job: JobRecord) -> None:
+        assert job.spec.source is not None
+        if not self.overlays.attached(job.id):
+            self.overlays.attach(job.id, job.owner_uid, job.owner_gid, job.spec.source,
+                                 lambda into: self._unpack(into, job))
 
     def _made_ahead(self, job: JobRecord) -> bool:
         """The job's directory holds nothing but what prepare_ahead() makes, empty."""
@@ -216,7 +227,9 @@ class JobLayout:
             # or with a record it never renamed into place. Nothing in them to reuse.
             unfinished = {name for name in top
                           if name.startswith(f".{RECORD}.") and name.endswith(".tmp")}
-            if not (top - unfinished <= {"workspace", "attempt-1", RECORD}
+            if not (top - unfinished <= {"workspace", "attempt-1", RECORD, OVERLAY_DIR}
+                    and (OVERLAY_DIR not in top
+                         or not any(os.scandir(self.job_dir(job_id) / OVERLAY_DIR / "upper")))
                     and ("workspace" not in top
                          or not any(os.scandir(self.workspace(job_id))))
                     and ("attempt-1" not in top
@@ -232,8 +245,10 @@ class JobLayout:
     def prepare_ahead(self, job: JobRecord) -> None:
         """The first attempt's directories of a job about to start (a sweep's next cells),
         made while others run so its start does not wait for them; only for a job whose
-        workspace needs nothing put in it. prepare() then finds them."""
-        if (job.attempts or job.spec.source or job.spec.checkpoint or job.spec.volumes
+        workspace needs nothing put in it but its source's overlay (attached here, mounted
+        by prepare()). prepare() then finds them."""
+        if (job.attempts or job.spec.checkpoint or job.spec.volumes
+                or (job.spec.source and self.overlays.unavailable is not None)
                 or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
             return
         self._ahead.add(job.id)  # first: prepare() may run while these are being made
@@ -246,6 +261,8 @@ class JobLayout:
             self.write_record(job)
             self.workspace(job.id).mkdir(mode=0o700)
             self._own(self.workspace(job.id), job)
+            if job.spec.source:
+                self._attach(job)
             self.attempt_dir(job.id, 1).mkdir(mode=0o700)
 
     def _unpack(self, directory: Path, job: JobRecord) -> None:

@@ -94,7 +94,10 @@ class Overlays:
         self.jobs_dir = jobs_dir
         self.wanted = wanted
         self.unavailable: str | None = "not started"  # why overlays are not used
-        self._state = threading.Lock()  # the two dicts below and every mount or unmount
+        self._state = threading.Lock()  # _users, _jobs and _unpacking
+        # Each job's mounts and its entry in _mounted change under its own lock: one
+        # unmount (a sync of the upper's file system) never holds up another job's mount.
+        self._jobs: dict[int, threading.Lock] = {}
         self._mounted: dict[int, _Mounted] = {}
         self._users: dict[str, set[int]] = {}  # snapshot name -> the jobs whose lower it is
         self._unpacking: dict[str, threading.Lock] = {}
@@ -209,6 +212,9 @@ class Overlays:
         """The job's workspace is an overlay (its source was not copied)."""
         return (self.jobs_dir / str(job_id) / OVERLAY_DIR).is_dir()
 
+    def attached(self, job_id: int) -> bool:
+        return (self.jobs_dir / str(job_id) / OVERLAY_DIR / "lower").exists()
+
     def attach(self, job_id: int, uid: int, gid: int, sha256: str,
                unpack: Callable[[Path], None]) -> None:
         """Make the job's upper over the owner's snapshot (unpacked if need be), recorded
@@ -227,15 +233,19 @@ class Overlays:
                 if (self.store / key).is_dir():
                     self._users.setdefault(key, set()).add(job_id)
                     break
-        tmp = top / "lower.tmp"
+        tmp = top / f"lower.{threading.get_ident()}.tmp"  # prepare_ahead() may race it
         tmp.write_text(key)
         os.rename(tmp, top / "lower")
+
+    def _job(self, job_id: int) -> threading.Lock:
+        with self._state:
+            return self._jobs.setdefault(job_id, threading.Lock())
 
     def mount(self, job_id: int, attempt: int) -> None:
         """The job's workspace writable for `attempt` (a reader's view, if one is up,
         is unmounted first)."""
         workspace = self.jobs_dir / str(job_id) / "workspace"
-        with self._state:
+        with self._job(job_id):
             now = self._mounted.get(job_id)
             if now is not None and now.attempt:  # its last attempt's, not yet unmounted
                 now.attempt = attempt
@@ -252,7 +262,7 @@ class Overlays:
     def end(self, job_id: int, attempt: int) -> None:
         """Attempt `attempt` is over: its mount goes (not if a later attempt took it)."""
         workspace = self.jobs_dir / str(job_id) / "workspace"
-        with self._state:
+        with self._job(job_id):
             now = self._mounted.get(job_id)
             if now is None or now.attempt != attempt:
                 return
@@ -270,7 +280,7 @@ class Overlays:
         or a read-only overlay of its upper over its snapshot (the kernel applies the
         upper's whiteouts), unmounted when the last reader is done."""
         workspace = self.jobs_dir / str(job_id) / "workspace"
-        with self._state:
+        with self._job(job_id):
             now = self._mounted.get(job_id)
             if now is None:
                 key = self._lower_of(job_id)
@@ -285,7 +295,7 @@ class Overlays:
             yield
         finally:
             if now is not None:
-                with self._state:
+                with self._job(job_id):
                     now.readers -= 1
                     if (not now.readers and not now.attempt
                             and self._mounted.get(job_id) is now):
@@ -303,7 +313,7 @@ class Overlays:
         directories are removed, and its snapshot too if no other job uses it."""
         workspace = self.jobs_dir / str(job_id) / "workspace"
         aside = None
-        with self._state:
+        with self._job(job_id):
             if self._mounted.pop(job_id, None) is not None or os.path.ismount(workspace):
                 unmount(workspace)
             key = self._lower_of(job_id)
@@ -313,6 +323,8 @@ class Overlays:
                 os.rename(top, gone)
             except FileNotFoundError:
                 return  # a copied workspace
+        with self._state:
+            self._jobs.pop(job_id, None)
             users = self._users.get(key or "", set())
             users.discard(job_id)
             if key is not None and not users:
@@ -325,11 +337,10 @@ class Overlays:
     def stale(self) -> list[Path]:
         """Overlays mounted under the jobs' directory that neither an attempt (running, or
         ending) nor a reader of this daemon holds."""
-        with self._state:
-            return [p for p in overlay_mounts(self.jobs_dir)
-                    if not (p.name == "workspace" and p.parent.name.isdigit()
-                            and int(p.parent.name) in self._mounted)]
+        held = set(self._mounted)  # one step under the GIL: never torn by a mount
+        return [p for p in overlay_mounts(self.jobs_dir)
+                if not (p.name == "workspace" and p.parent.name.isdigit()
+                        and int(p.parent.name) in held)]
 
     def count_mounted(self) -> int:
-        with self._state:
-            return len(self._mounted)
+        return len(self._mounted)

@@ -114,9 +114,9 @@ class AttemptRunner:
                 await self.finish(attempt, NeverStarted(attempt.lost))
                 return
             try:
-                # Unpacking may take a while: also for a retry whose workspace was never
-                # made (the daemon died making it).
-                if job.spec.source and not self.layout.workspace(job.id).exists():
+                # Unpacking may take a while, and mounting is a system call that may wait
+                # for the disk: a job with a source is prepared off the loop.
+                if job.spec.source:
                     attempt.directory = await asyncio.to_thread(self.layout.prepare, job,
                                                                 attempt.number)
                 else:
