@@ -342,5 +342,9 @@ class Overlays:
                 if not (p.name == "workspace" and p.parent.name.isdigit()
                         and int(p.parent.name) in held)]
 
+    def holds(self, job_id: int) -> bool:
+        """The job's workspace is mounted by this daemon (an attempt's, or a view)."""
+        return job_id in self._mounted
+
     def count_mounted(self) -> int:
         return len(self._mounted)
