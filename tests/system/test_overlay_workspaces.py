@@ -186,3 +186,38 @@ def test_a_retry_mounts_its_workspace_again(daemon: testing.Daemon, code: Path) 
     assert logs(cell) == ["one", "print('v1')"]
     assert len(snapshots(daemon)) == 1
     no_mounts(daemon)
+
+
+def test_map_from_a_finished_overlay_job(daemon: testing.Daemon, code: Path) -> None:
+    """`map --from JOB` packs what the job's task saw (its view: a rewritten code file, a
+    removed one gone, its own files) and its tasks share one snapshot of that."""
+    setup = nodus.Job.run(command=["sh", "-c", "echo v2 > train.py; rm pkg/util.py; "
+                                   "echo data > made.txt"], source=code)
+    setup.wait(timeout=30)
+    made = run_cli(daemon, "map", "--from", setup.name, "--name", "forked", "--", "sh", "-c",
+                   "cat train.py made.txt; test ! -e pkg/util.py", ":::", "a", "b")
+    assert made.returncode == 0, made.stderr
+    assert run_cli(daemon, "sweep", "wait", "forked").returncode == 0
+    for cell in ("forked-0", "forked-1"):
+        assert logs(nodus.Job.from_name(cell)) == ["v2", "data"]
+    assert len(snapshots(daemon)) == 2  # the code's, and the packed workspace's
+    no_mounts(daemon)
+
+
+def test_disk_use_never_counts_a_workspace_through_its_mount(tmp_path: Path) -> None:
+    """A job directory's size (du, quotas) is its own files: a mounted workspace's
+    snapshot is not counted once per task."""
+    from noduslocal.daemon.disk.watch import allocated
+    from noduslocal.daemon.files.overlay import _mount, unmount
+
+    for part in ("lower", "job/upper", "job/work", "job/workspace"):
+        (tmp_path / part).mkdir(parents=True)
+    (tmp_path / "lower" / "big").write_bytes(os.urandom(1 << 20))
+    _mount("overlay", tmp_path / "job/workspace", "overlay", 0,
+           f"lowerdir={tmp_path / 'lower'},upperdir={tmp_path / 'job/upper'},"
+           f"workdir={tmp_path / 'job/work'}")
+    try:
+        assert (tmp_path / "job/workspace/big").exists()
+        assert allocated(tmp_path / "job", 10_000)[0] < 1 << 20
+    finally:
+        unmount(tmp_path / "job/workspace")
