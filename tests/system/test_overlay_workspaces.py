@@ -221,3 +221,19 @@ def test_disk_use_never_counts_a_workspace_through_its_mount(tmp_path: Path) -> 
         assert allocated(tmp_path / "job", 10_000)[0] < 1 << 20
     finally:
         unmount(tmp_path / "job/workspace")
+
+
+def test_a_cancelled_sweep_leaves_no_mount_made_ahead(
+        daemon: testing.Daemon, code: Path) -> None:
+    """A sweep's next cell is mounted before its start; cancelled before it started, its
+    mount goes with it."""
+    made = run_cli(daemon, "map", "--name", "halted", "--no-canary", "--no-wait",
+                   "--max-parallel", "1", "--", "sh", "-c", "sleep 60", ":::", "a", "b", "c",
+                   cwd=code)
+    assert made.returncode == 0, made.stderr
+    testing.wait_until(lambda: len(overlay_mounts(daemon.data_dir)) == 2,
+                       "the running cell's mount and the next one's, made ahead")
+    assert run_cli(daemon, "sweep", "cancel", "halted").returncode == 0
+    run_cli(daemon, "sweep", "wait", "halted")
+    no_mounts(daemon)
+    assert doctor(daemon)["ok"] is True

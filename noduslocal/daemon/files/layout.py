@@ -209,6 +209,16 @@ class JobLayout:
                 or (job.spec.image and job.spec.workdir)):
             self._populate(workspace, job, copy)
 
+    def ahead_unused(self, job_id: int) -> bool:
+        """prepare_ahead() made (or is making) the job's directories and no attempt has
+        taken them yet."""
+        return job_id in self._ahead or self.overlays.is_ahead(job_id)
+
+    def drop_ahead(self, job_id: int) -> None:
+        """The job ended, or was set aside, before an attempt took what was made ahead:
+        the mount made ahead goes, and none is made for it any more."""
+        self.overlays.settled(job_id)
+
     def _attach(self, job: JobRecord) -> None:
         assert job.spec.source is not None
         if not self.overlays.attached(job.id):
@@ -245,8 +255,8 @@ class JobLayout:
     def prepare_ahead(self, job: JobRecord) -> None:
         """The first attempt's directories of a job about to start (a sweep's next cells),
         made while others run so its start does not wait for them; only for a job whose
-        workspace needs nothing put in it but its source's overlay (attached here, mounted
-        by prepare()). prepare() then finds them."""
+        workspace needs nothing put in it but its source's overlay (attached and mounted
+        here; its first attempt takes the mount). prepare() then finds them."""
         if (job.attempts or job.spec.checkpoint or job.spec.volumes
                 or (job.spec.source and self.overlays.unavailable is not None)
                 or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
@@ -263,6 +273,7 @@ class JobLayout:
             self._own(self.workspace(job.id), job)
             if job.spec.source:
                 self._attach(job)
+                self.overlays.mount_ahead(job.id)
             self.attempt_dir(job.id, 1).mkdir(mode=0o700)
 
     def _unpack(self, directory: Path, job: JobRecord) -> None:

@@ -79,10 +79,13 @@ def overlay_mounts(under: Path) -> list[Path]:
     return found
 
 
+AHEAD = -1  # _Mounted.attempt of a mount made before the job's first attempt starts
+
+
 @dataclass
 class _Mounted:
-    """An overlay at a job's workspace: `attempt` (> 0) holds it writable, else it is the
-    read-only view `readers` look through."""
+    """An overlay at a job's workspace: `attempt` (> 0, or AHEAD) holds it writable, else
+    it is the read-only view `readers` look through."""
     attempt: int = 0
     readers: int = 0
 
@@ -99,6 +102,7 @@ class Overlays:
         # unmount (a sync of the upper's file system) never holds up another job's mount.
         self._jobs: dict[int, threading.Lock] = {}
         self._mounted: dict[int, _Mounted] = {}
+        self._settled: set[int] = set()  # jobs ended before their mount made ahead was used
         self._users: dict[str, set[int]] = {}  # snapshot name -> the jobs whose lower it is
         self._unpacking: dict[str, threading.Lock] = {}
         self.unpacked = 0  # snapshots this daemon unpacked (doctor)
@@ -252,12 +256,31 @@ class Overlays:
                 return
             if now is not None:
                 unmount(workspace)
-            top = self.jobs_dir / str(job_id) / OVERLAY_DIR
-            lower = self.store / (top / "lower").read_text()
-            _mount("overlay", workspace, "overlay", 0,
-                   f"lowerdir={lower},upperdir={top / 'upper'},workdir={top / 'work'}")
+            self._mount_rw(job_id)
             self._mounted[job_id] = _Mounted(attempt=attempt,
                                              readers=now.readers if now else 0)
+
+    def mount_ahead(self, job_id: int) -> None:
+        """A sweep's next cell mounted before its start, off its path; its first attempt
+        takes the mount (mount()), or its end without one removes it (settled())."""
+        with self._job(job_id):
+            if job_id in self._mounted or job_id in self._settled:
+                return
+            self._mount_rw(job_id)
+            self._mounted[job_id] = _Mounted(attempt=AHEAD)
+
+    def settled(self, job_id: int) -> None:
+        """The job ended (or will wait, not started, for a while): a mount made ahead for
+        it goes, and none is made for it from now on."""
+        with self._job(job_id):
+            self._settled.add(job_id)
+        self.end(job_id, AHEAD)
+
+    def _mount_rw(self, job_id: int) -> None:
+        top = self.jobs_dir / str(job_id) / OVERLAY_DIR
+        lower = self.store / (top / "lower").read_text()
+        _mount("overlay", self.jobs_dir / str(job_id) / "workspace", "overlay", 0,
+               f"lowerdir={lower},upperdir={top / 'upper'},workdir={top / 'work'}")
 
     def end(self, job_id: int, attempt: int) -> None:
         """Attempt `attempt` is over: its mount goes (not if a later attempt took it)."""
@@ -325,6 +348,7 @@ class Overlays:
                 return  # a copied workspace
         with self._state:
             self._jobs.pop(job_id, None)
+            self._settled.discard(job_id)
             users = self._users.get(key or "", set())
             users.discard(job_id)
             if key is not None and not users:
@@ -341,6 +365,10 @@ class Overlays:
         return [p for p in overlay_mounts(self.jobs_dir)
                 if not (p.name == "workspace" and p.parent.name.isdigit()
                         and int(p.parent.name) in held)]
+
+    def is_ahead(self, job_id: int) -> bool:
+        now = self._mounted.get(job_id)
+        return now is not None and now.attempt == AHEAD
 
     def holds(self, job_id: int) -> bool:
         """The job's workspace is mounted by this daemon (an attempt's, or a view)."""
