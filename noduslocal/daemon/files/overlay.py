@@ -105,7 +105,6 @@ class Overlays:
         self._settled: set[int] = set()  # jobs ended before their mount made ahead was used
         self._users: dict[str, set[int]] = {}  # snapshot name -> the jobs whose lower it is
         self._unpacking: dict[str, threading.Lock] = {}
-        self.unpacked = 0  # snapshots this daemon unpacked (doctor)
 
     # --- start ----------------------------------------------------------------------------
 
@@ -190,7 +189,6 @@ class Overlays:
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-            self.unpacked += 1
             return final
 
     def _lower_of(self, job_id: int) -> str | None:
