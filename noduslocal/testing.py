@@ -202,6 +202,15 @@ class Daemon:
         if os.geteuid() == 0 and (any(ROOT.glob(f"*/{name}")) or (ROOT / name).exists()):
             Cgroups.detect(name).remove_all()
 
+    def unmount_workspaces(self) -> None:
+        """Unmount the workspace overlays a daemon killed -9 left mounted (removing the
+        tree through them would leave the mounts on the box)."""
+        from noduslocal.daemon.files.overlay import overlay_mounts, unmount
+
+        for point in overlay_mounts(self.data_dir):
+            with contextlib.suppress(OSError):
+                unmount(point)
+
     def remove_containers(self) -> None:
         """Force-remove every docker container this daemon created (none without docker)."""
         from noduslocal.daemon.runtime.docker.spec import instance_id, job_filter
@@ -224,6 +233,7 @@ class Daemon:
         self.kill_jobs()
         self.remove_cgroups()
         self.remove_containers()
+        self.unmount_workspaces()
         try:
             shutil.rmtree(self.root, ignore_errors=True)
         except RecursionError:  # a job left a tree deeper than Python's stack

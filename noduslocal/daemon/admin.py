@@ -17,6 +17,7 @@ from noduslocal.daemon.config.reload import ConfigReloader
 from noduslocal.daemon.disk.reclaim import Reclaimer
 from noduslocal.daemon.disk.usage import DiskUsage, UserUsage
 from noduslocal.daemon.disk.watch import DiskReading, DiskWatch
+from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.gpus.model import Gpu, Inventory
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.attempt import Board
@@ -51,7 +52,7 @@ class AdminService:
     def __init__(self, live: LiveSettings, store: Store, runtimes: Mapping[str, Runtime],
                  queue: Queue, board: Board, accounting: GpuAccounting, health: GpuHealth,
                  users: UserAdmin, disk: DiskWatch, usage: DiskUsage, reclaimer: Reclaimer,
-                 recovery: Recovery) -> None:
+                 recovery: Recovery, layout: JobLayout) -> None:
         self.live = live
         self.store = store
         self.runtimes = runtimes
@@ -64,6 +65,7 @@ class AdminService:
         self.usage = usage
         self.reclaimer = reclaimer
         self.recovery = recovery
+        self.layout = layout
         self.config: ConfigReloader | None = None  # the config file followed, once it is
 
     # --- the GPUs -------------------------------------------------------------------------
@@ -136,8 +138,24 @@ class AdminService:
         """Each runtime's own checks, then the GPUs, the disk, the config and the clock."""
         gpus = self.inventory.source == "nvml"
         found = [d for runtime in self.runtimes.values() for d in await runtime.diagnose(gpus)]
-        return [*found, self._gpu_check(), self._disk_check(), self._config_check(),
+        return [*found, self._gpu_check(), self._disk_check(),
+                await asyncio.to_thread(self._workspaces_check), self._config_check(),
                 await self._clock_check()]
+
+    def _workspaces_check(self) -> Diagnosis:
+        overlays = self.layout.overlays
+        if overlays.unavailable is not None:
+            return Diagnosis("workspaces", None, (
+                f"overlayfs is not used ({overlays.unavailable}): each task's workspace gets "
+                "a copy of its source"))
+        stale = overlays.stale()
+        if stale:
+            return Diagnosis("workspaces", False, (
+                f"{len(stale)} overlay mount(s) no attempt or reader holds: "
+                f"{', '.join(map(str, stale[:5]))}; a restart of the daemon unmounts them"))
+        return Diagnosis("workspaces", True, (
+            f"overlay: {len(overlays.snapshots())} source snapshot(s) shared by their "
+            f"tasks, {overlays.count_mounted()} workspace(s) mounted"))
 
     def _gpu_check(self) -> Diagnosis:
         inventory = self.inventory

@@ -83,7 +83,7 @@ async def _build(live: LiveSettings, closing: contextlib.AsyncExitStack,
     settings = live.current
     hub = EventHub()
     store = Store(settings.data_dir / DATABASE)
-    layout = JobLayout(settings.data_dir)
+    layout = JobLayout(settings.data_dir, settings.overlay_workspaces)
     # Above the highest job directory: an id the database forgot is never given again.
     await store.open(hub.publish, settings.commit_batch,
                      max(layout.job_ids_on_disk(), default=0))

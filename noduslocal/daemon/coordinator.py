@@ -44,6 +44,7 @@ from noduslocal.daemon.sweeps.reports import SweepReports
 from noduslocal.daemon.sweeps.service import SweepService
 from noduslocal.daemon.sweeps.webhooks import Webhooks
 from noduslocal.domain.jobs import Event
+from noduslocal.domain.states import TERMINAL, Phase
 
 
 class Lifecycle:
@@ -114,7 +115,7 @@ class Lifecycle:
                                           self.sweep_controls, self.reports)
         self.admin = AdminService(live, store, runtimes, self.queue, self.board,
                                   self.accounting, self.health, self.users, self.disk,
-                                  self.usage, self.retention, self.recovery)
+                                  self.usage, self.retention, self.recovery, layout)
         self.resources = ResourceService(store, layout, self.room, self.usage)
         live.subscribe(self._settings_changed)
 
@@ -159,6 +160,13 @@ class Lifecycle:
     def on_committed(self, events: list[Event]) -> None:
         """Every committed job event (the store's hub calls this)."""
         self.sweeps.on_events(events)
+        for event in events:
+            # A cell that ends (or is set aside) before its first attempt: the workspace
+            # mount made ahead for it goes (an attempt's own end unmounts its own).
+            if ((event.phase in TERMINAL or event.phase == Phase.SUSPENDED)
+                    and self.layout.ahead_unused(event.job_id)):
+                self.background.spawn(asyncio.to_thread(self.layout.drop_ahead,
+                                                        event.job_id))
 
     def set_inventory(self, inventory: Inventory) -> None:
         self.health.set_inventory(inventory)

@@ -82,6 +82,11 @@ class Recovery:
         # The sweeps first: an adopted cell's end, committed from here on, then reaches a
         # sweep that knows the cell (it holds back its pending cells; nothing starts yet).
         await self.sweeps.recover()
+        # Before any adopted attempt can end: the workspace mounts of attempts that may
+        # still run stay theirs, every other one (a dead daemon's) goes.
+        await asyncio.to_thread(self.layout.overlays.settle, {
+            job.id: job.attempts for job in jobs
+            if job.phase in (Phase.STARTING, Phase.RUNNING)})
         # Everything that may still run takes its share back before any pass can start a
         # pending job; the pass is held until then.
         for job in jobs:
@@ -208,6 +213,7 @@ def drop_torn_workspace(layout: JobLayout, job_id: int) -> bool:
     workspace = layout.workspace(job_id)
     if not workspace.is_dir() or any(layout.job_dir(job_id).glob("attempt-*")):
         return False
+    layout.overlays.release(job_id)  # its mount and upper, never removed through it
     aside = layout.job_dir(job_id) / f".torn-workspace-{time.time_ns()}"
     os.rename(workspace, aside)
     shutil.rmtree(aside, ignore_errors=True)  # links in it are removed, never followed

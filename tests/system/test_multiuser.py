@@ -804,3 +804,30 @@ def test_exec_into_a_job_runs_none_of_its_mounts_files_as_root(box: Box) -> None
         cancel_quietly(root, name, ALICE)
     ran = box.daemon.data_dir / "volumes" / "alice-bin" / "ran-as"
     assert "0" not in (ran.read_text().split() if ran.exists() else []), ran.read_text()
+
+
+def test_same_code_of_two_owners_gets_two_snapshots(box: Box) -> None:
+    """Issue 25 part 1: alice's and bob's jobs of the same content share no snapshot (bob
+    must never read alice's code through his); each task's code is its owner's, alice's job
+    may rewrite it, and neither user can reach a snapshot outside a workspace."""
+    code = Path(tempfile.mkdtemp(prefix="nl-code-", dir="/tmp"))
+    (code / "train.py").write_text("print('v1')\n")
+    _open_up(code)
+    before = {p.name for p in (box.daemon.data_dir / "snapshots").iterdir()}
+    seen = {}
+    for user in (ALICE, BOB):
+        run = box.cli(user, "job", "run", "--cpu", SMALL, "--upload", str(code / "train.py"),
+                      "--", "/bin/sh", "-c",
+                      "stat -c %U train.py; echo v2 > train.py && cat train.py")
+        assert run.returncode == 0, run.stderr
+        seen[user] = run.stdout.split()
+    assert seen == {ALICE: [ALICE, "v2"], BOB: [BOB, "v2"]}
+    store = box.daemon.data_dir / "snapshots"
+    made = {p.name for p in store.iterdir()} - before
+    assert {name.split("-")[0] for name in made} == {str(box.alice.uid), str(box.bob.uid)}
+    assert len({name.split("-", 1)[1] for name in made}) == 1  # the same content
+    assert stat.S_IMODE(store.stat().st_mode) == 0o700 and store.stat().st_uid == 0
+    for name in made:
+        assert (store / name / "train.py").read_text() == "print('v1')\n"
+    assert box.as_user(ALICE, "ls", str(store)).returncode != 0
+    shutil.rmtree(code)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from aiohttp import web
@@ -18,11 +20,14 @@ routes = web.RouteTableDef()
 SHA256_HEADER = "X-Nodus-SHA256"
 
 
-async def job_workspace(request: web.Request) -> tuple[Path, int]:
-    """The workspace of the job the request names, and its owner, for owner or admin."""
+@asynccontextmanager
+async def job_workspace(request: web.Request) -> AsyncIterator[tuple[Path, int]]:
+    """The workspace of the job the request names, and its owner, for owner or admin;
+    its merged view is there while in it."""
     job = await lookup(request)
     require_control(request, job, "read the files of")
-    return await request.app[SERVICES].jobs.workspace(job), job.owner_uid
+    async with request.app[SERVICES].jobs.workspace(job) as root:
+        yield root, job.owner_uid
 
 
 async def list_response(request: web.Request, root: Path) -> web.Response:
@@ -43,13 +48,14 @@ async def file_response(request: web.Request, root: Path, owner_uid: int) -> web
 
 @routes.get("/v1/jobs/{name}/files")
 async def list_files(request: web.Request) -> web.Response:
-    root, _ = await job_workspace(request)
-    return await list_response(request, root)
+    async with job_workspace(request) as (root, _):
+        return await list_response(request, root)
 
 
 @routes.get("/v1/jobs/{name}/files/content")
 async def download_file(request: web.Request) -> web.StreamResponse:
-    return await file_response(request, *await job_workspace(request))
+    async with job_workspace(request) as (root, owner_uid):
+        return await file_response(request, root, owner_uid)
 
 
 MODE_HEADER = "X-Nodus-Mode"

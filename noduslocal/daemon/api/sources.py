@@ -62,8 +62,9 @@ async def snapshot_job(request: web.Request) -> web.Response:
                               f"(noduslocal job cancel {job.name}) so its workspace is final",
                               field="from")
     services.resources.require_upload_room(caller.owner)
-    root, _ = await job_workspace(request)
-    sha, size = await services.resources.snapshot(job, root, caller.owner, _limit(request))
+    async with job_workspace(request) as (root, _):
+        sha, size = await services.resources.snapshot(job, root, caller.owner,
+                                                      _limit(request))
     return web.json_response({"sha256": sha, "size": size, "job": job.name,
                               "image": job.spec.image, "runtime": job.spec.runtime},
                              status=201)

@@ -21,8 +21,9 @@ class LiveSettings:
     a part takes from the settings once, when it is built, is a start-time value by that
     rule: the socket and data_dir, cpus and memory (the capacity), commit_batch, max_body
     and idle_timeout (the HTTP server), docker_host, image_pull and local_registries (the
-    docker engine), simulate_gpus and nvml_library, host_shim, disk_poll, the outputs'
-    limits, region, fair_share_half_life (the ledger) and metrics_port."""
+    docker engine), simulate_gpus and nvml_library, host_shim, overlay_workspaces (the
+    job layout), disk_poll, the outputs' limits, region, fair_share_half_life (the ledger)
+    and metrics_port."""
 
     def __init__(self, settings: Settings) -> None:
         self._current = settings

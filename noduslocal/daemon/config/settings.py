@@ -84,6 +84,9 @@ class Settings:
     energy_price_per_kwh: float = 0.0  # what a kWh of GPU energy costs
     gpu_hour_rates: dict[str, float] = field(default_factory=dict)  # model -> per GPU-hour
     host_shim: str = "auto"  # "auto": the compiled shim when it is there or can be built
+    # A source unpacked once per owner and content, each task's workspace an overlay on it;
+    # false (or no overlayfs, or not root): the source is copied into each workspace.
+    overlay_workspaces: bool = True
     metrics_port: int | None = None  # /metrics also on 127.0.0.1:PORT for a scraper
     # The TCP port's /metrics has each user's queue and disk use (any local user reads it).
     metrics_port_per_user: bool = True
@@ -158,6 +161,8 @@ _TOML_KEYS = {
     "energy_price_per_kwh": ("energy_price_per_kwh",
                              lambda v: check.price(v, "energy_price_per_kwh")),
     "gpu_hour_rates": ("gpu_hour_rates", lambda v: check.rates(v)),
+    "overlay_workspaces": ("overlay_workspaces",
+                           lambda v: check.flag(v, "overlay_workspaces")),
     "host_shim": ("host_shim", lambda v: check.choice(v, "host_shim", ("auto", "python"))),
     "profiles": ("profiles", lambda v: check.profiles(v)),
     "max_body": ("max_body", lambda v: check.positive(v, "max_body")),

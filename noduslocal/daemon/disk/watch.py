@@ -53,7 +53,12 @@ class DiskReading:
 
 def allocated(top: Path, budget: int) -> tuple[int, int]:
     """Bytes the tree at `top` takes on disk (not its apparent size), walked without
-    following links; at most `budget` entries. Returns (bytes, entries looked at)."""
+    following links nor mounts (a workspace's overlay: its upper is counted where it lies);
+    at most `budget` entries. Returns (bytes, entries looked at)."""
+    try:
+        device = os.stat(top).st_dev
+    except OSError:
+        return 0, 0
     total, seen, stack = 0, 0, [str(top)]
     while stack and seen < budget:
         try:
@@ -63,6 +68,8 @@ def allocated(top: Path, budget: int) -> tuple[int, int]:
                     try:
                         info = entry.stat(follow_symlinks=False)
                     except OSError:
+                        continue
+                    if info.st_dev != device:
                         continue
                     total += info.st_blocks * 512
                     if stat.S_ISDIR(info.st_mode):

@@ -16,6 +16,7 @@ from typing import Any
 
 from noduslocal.daemon.accounts import account
 from noduslocal.daemon.files.blobs import BlobStore
+from noduslocal.daemon.files.overlay import OVERLAY_DIR, Overlays
 from noduslocal.domain.job_paths import in_workspace
 from noduslocal.domain.jobs import JobRecord
 
@@ -24,10 +25,11 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # so that a job whose rows a damaged database lost can be put back (jobs/orphans.py).
 RECORD = "job.json"
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
-# Run as the job's owner in its new workspace ($1): $2 = 1 to unpack the tar on stdin,
+# Run as the job's owner in its new workspace ($1; "." for the cwd it was started in, which
+# it may not reach by path): $2 = 1 to unpack the tar on stdin,
 # then `d PATH` to make a directory and `l PATH TARGET` to link a volume, relative paths.
 POPULATE = """set -e
-cd -- "$1"
+[ "$1" = . ] || cd -- "$1"
 if [ "$2" = 1 ]; then tar -x --no-same-owner --no-same-permissions -f -; fi
 shift 2
 while [ $# -gt 1 ]; do
@@ -57,16 +59,20 @@ class WorkspaceFailed(RuntimeError):
 
 
 class JobLayout:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, overlay: bool = True) -> None:
+        """`overlay`: a source becomes a shared snapshot under an overlay per task where
+        overlayfs can be mounted (overlay_workspaces), else it is copied into each."""
         self.jobs_dir = data_dir / "jobs"
         self.volumes_dir = data_dir / "volumes"
         self.blobs = BlobStore(data_dir / "blobs")
+        self.overlays = Overlays(data_dir, self.jobs_dir, overlay)
         self._ahead: set[int] = set()  # jobs whose first attempt's directories exist
 
     def create_root(self) -> None:
         for directory in (self.jobs_dir, self.volumes_dir):
             directory.mkdir(parents=True, exist_ok=True)
             os.chmod(directory, 0o711)
+        self.overlays.start()
 
     def volume_dir(self, name: str) -> Path:
         return self.volumes_dir / name
@@ -127,6 +133,7 @@ class JobLayout:
         """Remove an ended job's workspace and a container's checkpoint beside it; its
         attempt directories (logs, exit records) stay. Links in the workspace are removed,
         never followed."""
+        self.overlays.release(job_id)  # unmounted first: never removed through its mount
         for path in (self.workspace(job_id), self.job_dir(job_id) / "checkpoint"):
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(path)
@@ -136,6 +143,7 @@ class JobLayout:
         aside first, so nothing finds it half gone; links in it are removed, never
         followed."""
         directory = self.job_dir(job_id)
+        self.overlays.release(job_id)
         aside = directory.with_name(f".removed-{job_id}-{time.time_ns()}")
         try:
             os.rename(directory, aside)
@@ -161,6 +169,7 @@ class JobLayout:
             self.write_record(job)
             self.workspace(job.id).mkdir(mode=0o700, exist_ok=True)
             self._own(self.workspace(job.id), job)
+            self._fill(self.workspace(job.id), job, number)
             directory.mkdir(mode=0o700, exist_ok=True)
             return directory
         # The first attempt refuses a job directory that exists: one left by another
@@ -171,13 +180,12 @@ class JobLayout:
         workspace = self.workspace(job.id)
         try:
             workspace.mkdir(mode=0o700)
-        except FileExistsError:
-            pass  # kept from an earlier attempt
+        except FileExistsError:  # kept from an earlier attempt
+            if self.overlays.uses(job.id):
+                self.overlays.mount(job.id, number)  # a retry mounts it again
         else:
             self._own(workspace, job)
-            if (job.spec.source or job.spec.checkpoint or job.spec.volumes
-                    or (job.spec.image and job.spec.workdir)):
-                self._populate(workspace, job)
+            self._fill(workspace, job, number)
             checkpoint = self.checkpoint_dir(job)
             if checkpoint is not None and checkpoint.parent == self.job_dir(job.id):
                 # A container's checkpoint outside /workspace: beside it, in a directory
@@ -186,6 +194,34 @@ class JobLayout:
                 self._own(checkpoint, job)
         directory.mkdir(mode=0o700)
         return directory
+
+    def _fill(self, workspace: Path, job: JobRecord, number: int) -> None:
+        """A new workspace's contents: its source as an overlay on the owner's snapshot (or
+        copied where overlays are not used), then what _populate() makes in it."""
+        copy = bool(job.spec.source)
+        if job.spec.source and self.overlays.unavailable is None:
+            self._attach(job)
+            self.overlays.mount(job.id, number)
+            copy = False
+        if (copy or job.spec.checkpoint or job.spec.volumes
+                or (job.spec.image and job.spec.workdir)):
+            self._populate(workspace, job, copy)
+
+    def ahead_unused(self, job_id: int) -> bool:
+        """prepare_ahead() made (or is making) the job's directories and no attempt has
+        taken them yet."""
+        return job_id in self._ahead or self.overlays.is_ahead(job_id)
+
+    def drop_ahead(self, job_id: int) -> None:
+        """The job ended, or was set aside, before an attempt took what was made ahead:
+        the mount made ahead goes, and none is made for it any more."""
+        self.overlays.settled(job_id)
+
+    def _attach(self, job: JobRecord) -> None:
+        assert job.spec.source is not None
+        if not self.overlays.attached(job.id):
+            self.overlays.attach(job.id, job.owner_uid, job.owner_gid, job.spec.source,
+                                 lambda into: self._unpack(into, job))
 
     def _made_ahead(self, job: JobRecord) -> bool:
         """The job's directory holds nothing but what prepare_ahead() makes, empty."""
@@ -199,7 +235,9 @@ class JobLayout:
             # or with a record it never renamed into place. Nothing in them to reuse.
             unfinished = {name for name in top
                           if name.startswith(f".{RECORD}.") and name.endswith(".tmp")}
-            if not (top - unfinished <= {"workspace", "attempt-1", RECORD}
+            if not (top - unfinished <= {"workspace", "attempt-1", RECORD, OVERLAY_DIR}
+                    and (OVERLAY_DIR not in top
+                         or not any(os.scandir(self.job_dir(job_id) / OVERLAY_DIR / "upper")))
                     and ("workspace" not in top
                          or not any(os.scandir(self.workspace(job_id))))
                     and ("attempt-1" not in top
@@ -215,8 +253,10 @@ class JobLayout:
     def prepare_ahead(self, job: JobRecord) -> None:
         """The first attempt's directories of a job about to start (a sweep's next cells),
         made while others run so its start does not wait for them; only for a job whose
-        workspace needs nothing put in it. prepare() then finds them."""
-        if (job.attempts or job.spec.source or job.spec.checkpoint or job.spec.volumes
+        workspace needs nothing put in it but its source's overlay (attached and mounted
+        here; its first attempt takes the mount). prepare() then finds them."""
+        if (job.attempts or job.spec.checkpoint or job.spec.volumes
+                or (job.spec.source and self.overlays.unavailable is not None)
                 or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
             return
         self._ahead.add(job.id)  # first: prepare() may run while these are being made
@@ -229,12 +269,32 @@ class JobLayout:
             self.write_record(job)
             self.workspace(job.id).mkdir(mode=0o700)
             self._own(self.workspace(job.id), job)
+            if job.spec.source:
+                self._attach(job)
+                self.overlays.mount_ahead(job.id)
             self.attempt_dir(job.id, 1).mkdir(mode=0o700)
 
-    def _populate(self, workspace: Path, job: JobRecord) -> None:
+    def _unpack(self, directory: Path, job: JobRecord) -> None:
+        """The job's source unpacked into a new snapshot directory that the owner's
+        unpacking process enters as root first: the store above is root's alone."""
+        self._own(directory, job)
+        self._populate(directory, job, True, cwd=directory)
+
+    def reading(self, job_id: int) -> contextlib.AbstractContextManager[None]:
+        """While in it, the job's workspace path shows what its task wrote over its code
+        (an overlay's merged view, mounted for the read if the task has ended)."""
+        return self.overlays.reading(job_id)
+
+    def end_attempt(self, job_id: int, number: int) -> None:
+        """The attempt's processes are gone: its workspace's mount goes with them."""
+        self.overlays.end(job_id, number)
+
+    def _populate(self, workspace: Path, job: JobRecord, unpack: bool,
+                  cwd: Path | None = None) -> None:
         """Fill the new workspace as its owner, never as root: the source unpacked by tar,
         the checkpoint directory, the volume links. Whatever a hostile tar or a race by the
-        owner's other processes could do, it does with the owner's rights only."""
+        owner's other processes could do, it does with the owner's rights only. `cwd`: the
+        directory to fill, entered before the owner's rights are taken (unpack only)."""
         steps: list[str] = []
         container = job.spec.image is not None
         checkpoint = job.spec.checkpoint
@@ -252,15 +312,17 @@ class JobLayout:
             elif rel := in_workspace(path):
                 # The mount point, made by the owner: docker would make it as root.
                 steps += ["d", rel]
-        argv = ["/bin/sh", "-c", POPULATE, "populate", str(workspace),
-                "1" if job.spec.source else "0", *steps]
-        kwargs: dict[str, Any] = {}
+        if cwd is not None:
+            steps = []
+        argv = ["/bin/sh", "-c", POPULATE, "populate", "." if cwd else str(workspace),
+                "1" if unpack else "0", *steps]
+        kwargs: dict[str, Any] = {"cwd": cwd}
         if os.getuid() == 0 and job.owner_uid != 0:
             _, _, groups = account(job.owner_uid, job.owner, job.owner_gid)
-            kwargs = {"user": job.owner_uid, "group": job.owner_gid, "extra_groups": groups}
+            kwargs.update(user=job.owner_uid, group=job.owner_gid, extra_groups=groups)
         with contextlib.ExitStack() as stack:
             stdin = (stack.enter_context(self.blobs.path(job.spec.source).open("rb"))
-                     if job.spec.source else subprocess.DEVNULL)
+                     if unpack and job.spec.source else subprocess.DEVNULL)
             done = subprocess.run(argv, stdin=stdin, capture_output=True, text=True,
                                   env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
                                   timeout=POPULATE_TIMEOUT, **kwargs)

@@ -114,9 +114,11 @@ class AttemptRunner:
                 await self.finish(attempt, NeverStarted(attempt.lost))
                 return
             try:
-                # Unpacking may take a while: also for a retry whose workspace was never
-                # made (the daemon died making it).
-                if job.spec.source and not self.layout.workspace(job.id).exists():
+                # Unpacking may take a while: a source not yet attached as an overlay
+                # (prepare_ahead() may be unpacking it still) is prepared off the loop.
+                # Mounting one attached is a system call of a fraction of a millisecond, less
+                # than the trip to a thread.
+                if job.spec.source and not self.layout.overlays.attached(job.id):
                     attempt.directory = await asyncio.to_thread(self.layout.prepare, job,
                                                                 attempt.number)
                 else:
@@ -242,12 +244,23 @@ class AttemptRunner:
                 recorded.set_result(None)
             if attempt.handles and attempt.directory is not None:
                 await runtime.release(attempt.ref, attempt.handles)
+            await self.end_mount(attempt)
             if job.spec.ephemeral and outcome.job_phase in TERMINAL:
                 await asyncio.to_thread(self.layout.free, job.id)  # its volumes, log stay
         finally:
             self.board.settling[job.id] -= 1
             if not self.board.settling[job.id]:
                 del self.board.settling[job.id]
+
+    async def end_mount(self, attempt: Attempt) -> None:
+        """Its processes are gone: its workspace's overlay goes (readers see it through a
+        view from now on). A failure is logged, never the job's: doctor names the mount."""
+        if not self.layout.overlays.holds(attempt.job.id):
+            return
+        try:
+            await asyncio.to_thread(self.layout.end_attempt, attempt.job.id, attempt.number)
+        except OSError:
+            log.exception("unmounting the workspace of job %s failed", attempt.job.name)
 
     async def last_error(self, attempt: Attempt, phase: str) -> str | None:
         """The last line of the attempt's stderr, read off the loop, for an attempt after
@@ -280,6 +293,7 @@ class AttemptRunner:
                     c, job.id, time.time(), Reason.START_FAILED, message))
             if attempt.handles and attempt.directory is not None:  # a kill may have failed
                 await self.runtime_of(job).release(attempt.ref, attempt.handles)
+            await self.end_mount(attempt)
         except Exception:
             log.exception("recording the failure of job %s failed", job.name)
         finally:

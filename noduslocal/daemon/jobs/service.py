@@ -10,8 +10,8 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
@@ -454,8 +454,19 @@ class JobService:
 
     # --- its files ------------------------------------------------------------------------
 
-    async def workspace(self, job: JobRecord) -> Path:
-        """The job's kept workspace, or NotFound saying why it has none."""
+    @asynccontextmanager
+    async def workspace(self, job: JobRecord) -> AsyncIterator[Path]:
+        """The job's kept workspace, showing what its task wrote over its code while in it
+        (layout.reading), or NotFound saying why it has none."""
+        root = await self._kept_workspace(job)
+        view = self.layout.reading(job.id)
+        await asyncio.to_thread(view.__enter__)
+        try:
+            yield root
+        finally:
+            await asyncio.to_thread(view.__exit__, None, None, None)
+
+    async def _kept_workspace(self, job: JobRecord) -> Path:
         root = self.layout.workspace(job.id)
         if (note := job.collected_note()) is not None:
             raise errors.NotFound(note)
