@@ -569,6 +569,9 @@ def kill_cgroups(cgroups: list[str]) -> None:
     they are empty: a job's `setsid` child dies with it. v2 kills a cgroup in one write
     (cgroup.kill); v1's freezer stops forks between the read of the pids and the kill."""
     for _ in range(CGROUP_KILL_ROUNDS):
+        # Read first: most jobs leave nothing, and freezing an empty cgroup is not free.
+        if not any(_cgroup_procs(c) for c in cgroups):
+            return
         left = False
         frozen = [c for c in cgroups
                   if _write_file(os.path.join(c, "freezer.state"), "FROZEN")]

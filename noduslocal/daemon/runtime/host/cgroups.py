@@ -152,6 +152,11 @@ class Cgroups:
                 continue
             if controller == "devices" and not limits.denied_gpus:
                 continue  # nothing to deny (no GPUs on the box, or all of them granted)
+            if controller == "freezer" and "pids" in self.controllers:
+                # A kill reads and kills the pids cgroup's processes until none is left:
+                # pids.max bounds what a fork storm adds meanwhile, and a task saves the
+                # freezer's mkdir, attach and rmdir (issue 25, part 5).
+                continue
             path.mkdir(mode=0o755, exist_ok=True)
             made.append(str(path))
             if self.version == 2:
