@@ -136,6 +136,36 @@ def test_kill_9_during_a_sweep_with_code(tmp_path: Path, code: Path) -> None:
         assert snapshots(d) == []
 
 
+def test_200_tasks_with_code_across_three_kill_9s(tmp_path: Path, code: Path) -> None:
+    """The issue's check at its size: a 200-task sweep with code, the daemon killed -9 three
+    times while it runs; every task runs once, no mount is left once it ends, doctor finds
+    none stale, and sweep gc frees the one snapshot."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    os.chmod(tmp_path, 0o755)
+    with testing.daemon(cpus=4, memory="8GiB") as d:
+        made = run_cli(d, "map", "--name", "big", "--no-canary", "--no-wait",
+                       "--max-parallel", "4", "--", "sh", "-c",
+                       f"read v < train.py && echo $$ >> {runs}/{{}}",
+                       ":::", *map(str, range(200)), cwd=code)
+        assert made.returncode == 0, made.stderr
+        for seen in (20, 80, 140):
+            testing.wait_until(lambda seen=seen: len(list(runs.iterdir())) >= seen,
+                               f"{seen} tasks to run", timeout=120)
+            d.kill()
+            d.start()
+        assert run_cli(d, "sweep", "wait", "big", timeout=180).returncode == 0
+        ran = {int(p.name): p.read_text().split() for p in runs.iterdir()}
+        assert sorted(ran) == list(range(200))
+        assert [task for task, pids in ran.items() if len(pids) != 1] == []
+        assert d.client().get_sweep("big")["counts"] == {"Succeeded": 200}
+        no_mounts(d)
+        assert doctor(d)["ok"] is True
+        assert len(snapshots(d)) == 1
+        assert d.client().gc_sweep("big")
+        assert snapshots(d) == []
+
+
 def test_retention_frees_the_snapshot_with_its_last_job(code: Path) -> None:
     """Two jobs of one source: the snapshot stays while either keeps its directory, and
     goes with the last; a restart counts its users from the job directories."""
