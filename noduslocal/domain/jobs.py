@@ -386,7 +386,7 @@ class UserUsage:
     uid: int
     user: str
     jobs: int = 0  # job directories (unfinished jobs, and ended ones retention keeps)
-    workspaces: int = 0  # those directories: workspaces, logs, checkpoints
+    workspaces: int = 0  # those directories (workspaces, logs, checkpoints), snapshots once
     volumes: int = 0
     blobs: int = 0  # collected outputs and uploaded sources
 

@@ -6,6 +6,7 @@ ends, sweep gc and retention free the snapshot, and overlay_workspaces = false c
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -251,6 +252,23 @@ def test_disk_use_never_counts_a_workspace_through_its_mount(tmp_path: Path) -> 
         assert allocated(tmp_path / "job", 10_000)[0] < 1 << 20
     finally:
         unmount(tmp_path / "job/workspace")
+
+
+def test_a_users_disk_use_counts_their_snapshot_once(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
+    """A snapshot is its owner's: `du` and the quota count it once among their job
+    directories, however many tasks share it (it counted nowhere: a user could fill the
+    disk with distinct sources under any quota)."""
+    code = tmp_path / "heavy"
+    code.mkdir()
+    (code / "weights.bin").write_bytes(os.urandom(3 << 20))
+    for _ in range(3):
+        nodus.Job.run(command=["true"], source=code).wait(timeout=30)
+    [snapshot] = snapshots(daemon)
+    use = json.loads(run_cli(daemon, "du", "--json").stdout)["users"]
+    [mine] = [u for u in use if u["uid"] == 0]
+    assert 3 << 20 <= mine["workspaces"] < 4 << 20, mine  # once, not three times
+    assert snapshot.name.startswith("0-")
 
 
 def test_a_cancelled_sweep_leaves_no_mount_made_ahead(

@@ -1,4 +1,5 @@
-"""Each user's use of the data dir: job directories (workspaces, logs), volumes and blobs,
+"""Each user's use of the data dir: job directories (workspaces, logs, and the source
+snapshots their overlays share, once each), volumes and blobs,
 measured every du_every on a thread, and the quota check new work passes at create. An
 ended job's directory no longer changes, so its size is kept until its directory does.
 """
@@ -11,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from noduslocal.daemon.accounts import user_name
 from noduslocal.daemon.config.live import LiveSettings
@@ -35,6 +37,7 @@ class DiskUsage:
         self.users: dict[int, UserUsage] = {}
         self.measured_at: float | None = None
         self._ended: dict[int, tuple[int, int]] = {}  # job id -> (dir's mtime_ns, bytes)
+        self._snapshots: dict[Path, int] = {}  # a snapshot never changes once made: bytes
         self._wanted = asyncio.Event()
         self._running: asyncio.Task[None] | None = None
         self._asked: dict[int, float] = {}  # uid -> when it last had `du` measure (monotonic)
@@ -112,6 +115,20 @@ class DiskUsage:
             usage.jobs += 1
             usage.workspaces += size
         self._ended = kept
+        # A job's source, unpacked once per owner and content and shared by their tasks'
+        # overlays, counts once among that owner's job directories (their copies did once
+        # each): a user's distinct sources are theirs to pay for.
+        snapshots: dict[Path, int] = {}
+        for uid, path in self.layout.overlays.owned():
+            size = self._snapshots.get(path)
+            if size is None:
+                size = allocated(path, sys.maxsize)[0]
+            snapshots[path] = size
+            if uid in users:
+                users[uid].workspaces += size
+            else:
+                of(uid, user_name(uid)).workspaces += size
+        self._snapshots = snapshots
         for volume, uid, name in volumes:
             of(uid, name).volumes += allocated(self.layout.volume_dir(volume), sys.maxsize)[0]
         for uid, size in blobs:

@@ -208,6 +208,14 @@ class Overlays:
     def snapshots(self) -> list[str]:
         return sorted(e.name for e in os.scandir(self.store) if not e.name.startswith("."))
 
+    def owned(self) -> list[tuple[int, Path]]:
+        """Each snapshot with its owner's uid: what their disk use counts once."""
+        try:
+            names = self.snapshots()
+        except FileNotFoundError:
+            return []  # overlays never used here
+        return [(int(name.split("-", 1)[0]), self.store / name) for name in names]
+
     # --- a job's overlay ------------------------------------------------------------------
 
     def uses(self, job_id: int) -> bool:
