@@ -1,7 +1,6 @@
-"""Each user's use of the data dir: job directories (workspaces, logs, and the source
-snapshots their overlays share, once each), volumes and blobs,
-measured every du_every on a thread, and the quota check new work passes at create. An
-ended job's directory no longer changes, so its size is kept until its directory does.
+"""Each user's use of the data dir (job directories with their shared source snapshots once,
+volumes, blobs), measured every du_every on a thread, and the quota check new work passes
+at create. An ended job's directory no longer changes: its size is kept until it does.
 """
 
 from __future__ import annotations
