@@ -271,6 +271,30 @@ def test_a_users_disk_use_counts_their_snapshot_once(
     assert snapshot.name.startswith("0-")
 
 
+def test_doctor_names_a_stale_mount_and_a_restart_removes_it(tmp_path: Path) -> None:
+    """An overlay under the jobs' directory that no attempt or reader holds (one a crash
+    left, or an admin's by hand): doctor says so and names it; the next start unmounts it."""
+    with testing.daemon(cpus=2, memory="4GiB") as d:
+        parts = {name: tmp_path / name for name in ("lower", "upper", "work")}
+        for path in parts.values():
+            path.mkdir()
+        point = d.data_dir / "jobs" / "4242" / "workspace"
+        point.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={parts['lower']},upperdir={parts['upper']},"
+                        f"workdir={parts['work']}", str(point)], check=True)
+        try:
+            found = doctor(d)
+            assert found["ok"] is False and str(point) in found["detail"], found
+            d.stop()
+            d.start()
+            assert overlay_mounts(d.data_dir) == []
+            assert doctor(d)["ok"] is True
+        finally:
+            if point in overlay_mounts(d.data_dir):
+                subprocess.run(["umount", str(point)], check=False)
+
+
 def test_a_cancelled_sweep_leaves_no_mount_made_ahead(
         daemon: testing.Daemon, code: Path) -> None:
     """A sweep's next cell is mounted before its start; cancelled before it started, its
