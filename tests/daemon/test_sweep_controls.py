@@ -27,8 +27,11 @@ def test_suspend_stops_running_cells_starts_none_and_resume_finishes(
     sweep = nodus.Sweep({"command": gated(gate, ran)}, grid={"X": list(range(5))},
                         max_parallel=2, name="pause").run()
     client = daemon.client()
-    testing.wait_until(lambda: sweep.status()["counts"].get("Running") == 2,
-                       "two cells running after the canary")
+    # Running from its launch; its command starts once the child entered its cgroups and
+    # namespace (a suspend before that left no mark: failed in CI).
+    testing.wait_until(lambda: sweep.status()["counts"].get("Running") == 2
+                       and ran.exists() and len(ran.read_text().split()) == 3,
+                       "two cells running after the canary, their commands started")
     sweep.suspend()
     assert sweep.status()["phase"] == "Suspended"
     testing.wait_until(lambda: sweep.status()["counts"] == {
