@@ -57,8 +57,8 @@ def test_a_sweep_suspended_during_its_canary_resumes_with_the_canary_first(
     run = ["sh", "-c", f'echo "$NODUS_TASK_ID" >> {order}; '
                        f"while [ ! -e {gate} ]; do sleep 0.05; done"]
     sweep = nodus.Sweep({"command": run}, grid={"X": list(range(3))}, name="early").run()
-    testing.wait_until(lambda: daemon.client().get_job("early-0")["phase"] == "Running",
-                       "the canary running")
+    testing.wait_until(lambda: order.exists() and order.read_text().split() == ["0"],
+                       "the canary's command started")  # Running comes a moment before
     sweep.suspend()
     testing.wait_until(lambda: daemon.client().get_job("early-0")["phase"] == "Suspended",
                        "the canary suspended")
