@@ -90,6 +90,19 @@ if needs system; then
     fi
 fi
 
+# The Slurm region's tests need a cluster: a two-node one on this host (scripts/slurm-cluster.sh),
+# started here when none answers and stopped again when the tests end.
+if needs system && [ "$(id -u)" = 0 ]; then
+    if ! scripts/slurm-cluster.sh status 2>/dev/null; then
+        log "starting a two-node Slurm cluster (scripts/slurm-cluster.sh)"
+        if scripts/slurm-cluster.sh up; then
+            trap 'scripts/slurm-cluster.sh down >/dev/null 2>&1 || true' EXIT
+        else
+            log "no Slurm cluster: the Slurm tests will $([ -n "${CI:-}" ] && echo fail || echo skip)"
+        fi
+    fi
+fi
+
 fresh=
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
@@ -120,7 +133,8 @@ if [ "$TIER" = all ] && [ $# = 0 ]; then
     WORKERS=${NODUS_TEST_WORKERS:-2}
     if [ "$WORKERS" = 0 ]; then
         log "pytest"
-        exec .venv/bin/python -m pytest -q -p no:cacheprovider
+        .venv/bin/python -m pytest -q -p no:cacheprovider
+        exit 0
     fi
     system_log=$(mktemp /tmp/noduslocal-system-tests.XXXXXX)
     log "pytest tests/system in the background (its report follows; log: $system_log)"
@@ -141,11 +155,12 @@ if [ "$TIER" = all ] && [ $# = 0 ]; then
 fi
 if [ "$TIER" = all ]; then  # the arguments name what to run
     log "pytest"
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+    .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+    exit 0
 fi
 WORKERS=0
 [ "$TIER" = daemon ] && WORKERS=${NODUS_TEST_WORKERS:-2}
 SPREAD=()
 [ "$WORKERS" != 0 ] && SPREAD=(-n "$WORKERS" --dist loadfile)
 log "pytest tests/$TIER"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "${SPREAD[@]}" "tests/$TIER" "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider "${SPREAD[@]}" "tests/$TIER" "$@"
