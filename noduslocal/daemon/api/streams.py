@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from noduslocal.daemon.api.jobs import lookup, project_of, require_control
 from noduslocal.daemon.api.services import SERVICES, Services, start_stream
+from noduslocal.daemon.files.plain import NotPlain, open_plain
 from noduslocal.daemon.jobs import gang_logs
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import JobRecord
@@ -103,13 +105,15 @@ def tail_start(path: Path, lines: int, limit: int = TAIL_BYTES) -> Tail:
     most, read a block at a time from the end: a tail that does not fit is cut, and its
     note says so. On a thread: it reads the disk."""
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+        file = open_plain(path)  # a cluster's logs are written as the job's owner
+    except (FileNotFoundError, NotPlain):
         return Tail(0)
+    size = os.fstat(file.fileno()).st_size
     if lines == 0 or size == 0:
+        file.close()
         return Tail(size)
     floor = max(0, size - limit)
-    with path.open("rb") as file:
+    with file:
         file.seek(size - 1)
         # The final newline ends the last line; it does not start one.
         pos = end = size - 1 if file.read(1) == b"\n" else size
@@ -141,11 +145,11 @@ def tail_start(path: Path, lines: int, limit: int = TAIL_BYTES) -> Tail:
 def _read_from(path: Path, offset: int) -> bytes:
     """Up to CHUNK bytes from `offset` (none: no such file). On a thread."""
     try:
-        with path.open("rb") as file:
+        with open_plain(path) as file:
             if offset:
                 file.seek(offset)
             return file.read(CHUNK)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotPlain):
         return b""
 
 

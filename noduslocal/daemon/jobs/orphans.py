@@ -54,7 +54,8 @@ class Orphan:
 def _stop_attempt(directory: Path) -> bool:
     """Kill a live shim of the attempt and what it runs; True when one was alive."""
     try:
-        fd = os.open(directory / shim.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(directory / shim.LOCK,
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return False
     try:

@@ -14,16 +14,21 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from noduslocal.daemon.files.plain import NotPlain, read_plain
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverStarted, Vanished
 
+RECORD_MAX = 64 * 1024  # bytes of a pid or exit record read: a shim writes a few hundred
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+
+def _read_json(path: Path, owner: int | None = None) -> dict[str, Any] | None:
     """The file's object, or None when it is absent, empty or torn (a crash can leave a
-    renamed file without its data): all mean "not recorded"."""
+    renamed file without its data): all mean "not recorded". Read as files/plain.py
+    does: a cluster's shim writes these as the job's owner. With `owner`, only a record
+    that uid owns counts."""
     try:
-        data = json.loads(path.read_bytes())
-    except (FileNotFoundError, ValueError):
+        data = json.loads(read_plain(path, RECORD_MAX, owner))
+    except (FileNotFoundError, NotPlain, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -40,7 +45,10 @@ def read_exit(directory: Path) -> Exited | None:
 
 
 def read_pid(directory: Path) -> dict[str, Any] | None:
-    return _read_json(directory / shim.PID)
+    """The pids a shim of this box named, which the daemon signals and kills by: only from
+    a record the daemon's own user wrote (this box's shims run as it), never one the job's
+    owner could have written (a cluster's shim, on another machine)."""
+    return _read_json(directory / shim.PID, os.geteuid())
 
 NO_ROOM_DETAIL = "no room on the data dir's disk to record the job, so it was not started"
 
@@ -58,7 +66,8 @@ def inspect(directory: Path) -> AttemptState:
     if (exited := read_exit(directory)) is not None:
         return exited  # written last, by a shim that is done with the job
     try:
-        fd = os.open(directory / shim.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(directory / shim.LOCK,
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileNotFoundError:
         return NeverStarted()  # the directory was never made: nothing can run there
     try:
