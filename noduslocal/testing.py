@@ -227,9 +227,26 @@ class Daemon:
         except Exception:  # no docker engine: nothing to remove
             pass
 
+    def cancel_slurm_jobs(self) -> None:
+        """scancel every Slurm job this daemon submitted (none without a cluster region)."""
+        if self.config_path is None or "regions" not in self.config_path.read_text() \
+                or shutil.which("squeue") is None:
+            return
+        from noduslocal.daemon.runtime.slurm.runtime import TAG, daemon_tag
+
+        prefix = f"{TAG}:{daemon_tag(self.data_dir)}:"
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            listed = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True,
+                                    text=True, timeout=60).stdout
+            ids = [line.split()[0] for line in listed.splitlines()
+                   if len(line.split()) > 1 and line.split()[1].startswith(prefix)]
+            if ids:
+                subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+
     def close(self) -> None:
         if self.proc is not None:
             self.kill()
+        self.cancel_slurm_jobs()
         self.kill_jobs()
         self.remove_cgroups()
         self.remove_containers()
@@ -451,7 +468,7 @@ class LifecycleHarness:
         from noduslocal.domain.validation import parse_create
 
         req = parse_create({"name": name, "command": ["train"], **fields},
-                           regions=(self.settings.region,))
+                           regions=self.settings.region_names)
         job, _ = await self.lifecycle.admission.create(req, self.owner, None, None)
         return job
 
@@ -460,7 +477,7 @@ class LifecycleHarness:
         from noduslocal.domain.sweep_plan import parse_sweep
 
         body = {"name": name, "template": {"command": ["train"]}, **fields}
-        plan = parse_sweep(body, regions=(self.settings.region,))
+        plan = parse_sweep(body, regions=self.settings.region_names)
         sweep, _ = await self.lifecycle.sweep_admission.create(plan, self.owner, None, None)
         return sweep
 

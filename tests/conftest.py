@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -62,6 +63,53 @@ def docker_client():  # type: ignore[no-untyped-def]
             pytest.fail(message)
         pytest.skip(message)
     return client
+
+
+class SlurmCluster:
+    """The two-node cluster of scripts/slurm-cluster.sh (n1, n2, two fake GPUs each)."""
+
+    script = REPO / "scripts" / "slurm-cluster.sh"
+    config = '[regions.cluster]\nruntime = "slurm"\npartition = "debug"\npoll = 0.5\n'
+
+    def up(self) -> None:
+        subprocess.run([str(self.script), "up"], check=True, capture_output=True,
+                       timeout=120)
+
+    def restart_controller(self, down_for: float = 0.0) -> None:
+        """slurmctld stopped (SIGTERM: it saves its state), away for DOWN_FOR seconds, and
+        started again; returns once it answers."""
+        subprocess.run(["pkill", "-TERM", "-x", "slurmctld"], check=False)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "slurmctld did not stop"
+            time.sleep(0.1)
+        time.sleep(down_for)
+        self.up()
+
+    def queue(self) -> list[list[str]]:
+        """Every job in squeue: [id, state, reason, comment]."""
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r|%k"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+        return [line.split("|", 3) for line in out.splitlines()]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmCluster:
+    """The test cluster, started if it is not running (scripts/test.sh starts it). Missing:
+    the test fails under CI, else is skipped."""
+    cluster = SlurmCluster()
+    status = subprocess.run([str(cluster.script), "status"], capture_output=True)
+    if status.returncode != 0:
+        try:
+            if os.getuid() != 0:
+                raise RuntimeError("starting it needs root")
+            cluster.up()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            message = f"a Slurm cluster is needed ({exc}); scripts/slurm-cluster.sh up starts one"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+    return cluster
 
 
 @pytest.fixture

@@ -53,6 +53,7 @@ class JobSpec:
     profile: str | None = None  # the daemon's preset that filled what the caller left unset
     gang: Gang | None = None  # `distributed`: cpu and memory are each rank's, gpu all ranks'
     indexed: Indexed | None = None  # completions/parallelism: resources are each index's
+    region: str | None = None  # a configured cluster region (Slurm); None: this box
 
     @property
     def argv(self) -> list[str]:
@@ -60,7 +61,10 @@ class JobSpec:
 
     @property
     def runtime(self) -> str:
-        """The kind of runtime that runs the job: "docker" for an image, else "process"."""
+        """The kind of runtime that runs the job: "slurm" in a cluster region, else "docker"
+        for an image, else "process"."""
+        if self.region is not None:
+            return "slurm"
         return "process" if self.image is None else "docker"
 
     def to_wire(self) -> dict[str, Any]:
@@ -90,6 +94,7 @@ class JobSpec:
             "ephemeral": self.ephemeral,
             "profile": self.profile,
             "distributed": None if self.gang is None else self.gang.to_wire(),
+            "region": self.region,
             **(self.indexed.to_wire() if self.indexed else {"completions": None,
                                                             "parallelism": None}),
         }
@@ -123,6 +128,7 @@ class JobSpec:
             profile=data.get("profile"),
             gang=Gang.from_stored(data.get("distributed")),
             indexed=Indexed.from_stored(data if data.get("completions") else None),
+            region=data.get("region"),
         )
 
 

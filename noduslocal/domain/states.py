@@ -23,9 +23,13 @@ class Phase(StrEnum):
 TERMINAL: frozenset[Phase] = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
 
 # Starting -> Pending: the daemon stopped before the process ran (no retry is spent), or a
-# lost attempt with retries left. Running -> Pending: lost box or preemption.
+# lost attempt with retries left, or an attempt a cluster (Slurm) queued in its own queue:
+# the job waits there with its attempt open, and goes Pending -> Running when the cluster
+# starts it, Pending -> Pending when the cluster lost it before it ran. Running ->
+# Pending: lost box or preemption.
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.PENDING: frozenset({Phase.STARTING, Phase.CANCELLED, Phase.FAILED, Phase.SUSPENDED}),
+    Phase.PENDING: frozenset({Phase.STARTING, Phase.CANCELLED, Phase.FAILED, Phase.SUSPENDED,
+                              Phase.RUNNING, Phase.PENDING}),
     Phase.STARTING: frozenset(
         {Phase.RUNNING, Phase.PENDING, Phase.FAILED, Phase.CANCELLED, Phase.SUCCEEDED,
          Phase.SUSPENDED}
@@ -98,6 +102,7 @@ class Reason(StrEnum):
     CREATED = "Created"
     SCHEDULED = "Scheduled"
     STARTED = "Started"
+    QUEUED = "Queued"  # submitted to a cluster region's scheduler (Slurm), waiting there
     COMPLETED = "Completed"
     ERROR = "Error"  # non-zero exit status
     SIGNALED = "Signaled"  # killed by a signal nobody here sent

@@ -17,7 +17,13 @@ from noduslocal.domain.gpu_request import GpuRequest, parse_gpu
 from noduslocal.domain.jobs import CreateRequest, JobSpec
 from noduslocal.domain.sweep_grid import RESOURCE_KEYS, Grid, parse_grid
 from noduslocal.domain.sweeps import SweepSpec
-from noduslocal.domain.validation import check_exec, parse_create, parse_max_cost, validate_name
+from noduslocal.domain.validation import (
+    check_cluster_fields,
+    check_exec,
+    parse_create,
+    parse_max_cost,
+    validate_name,
+)
 
 SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
                           "map", "max_parallel", "canary", "canary_smoke", "webhook",
@@ -46,6 +52,15 @@ class Plan:
     webhook: str | None = None  # POSTed the status on canary pass/failure and at the end
     smoke: list[str] | None = None  # canary "smoke": the cheap command that gates instead
     max_cost: float | None = None  # no cell starts once spent + running estimates pass it
+    local_region: str = "local"  # this box's region: a grid's cell in it runs here
+
+    def cell_regions(self) -> set[str | None]:
+        """The regions its cells run in (None: this box)."""
+        axis = next((a for a in self.grid.axes if a.key == "region"), None) \
+            if self.grid is not None else None
+        if axis is None:
+            return {self.template.spec.region}
+        return {None if v == self.local_region else str(v) for v in axis.values}
 
     def smoke_spec(self) -> JobSpec | None:
         """The smoke canary's job: the template (image, GPUs, code) with that command."""
@@ -67,7 +82,9 @@ class Plan:
             for key, value in self.grid.params(index).items():
                 if key == "gpu":
                     changes["gpu"] = self.gpus[gpu_key(value)]
-                elif key != "region":
+                elif key == "region":
+                    changes["region"] = None if value == self.local_region else value
+                else:
                     env[key] = value
         total = str(len(self))
         env.update(NODUS_TASK_ID=str(index), NODUS_WORLD_SIZE=total, NODUS_SWEEP=sweep,
@@ -117,6 +134,10 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...],
         raise InvalidArgument("repetitions: only for a grid; repeat a map's values instead",
                               field="repetitions")
     gpus = _grid_gpus(grid, regions)
+    for axis in grid.axes if grid is not None else ():
+        for value in axis.values if axis.key == "region" else ():
+            if value != regions[0]:  # a cluster region: what its cells may not ask for
+                check_cluster_fields(with_command, value)
     max_parallel = body.get("max_parallel", DEFAULT_MAX_PARALLEL)
     if (isinstance(max_parallel, bool) or not isinstance(max_parallel, int)
             or not 1 <= max_parallel <= MAX_PARALLEL):
@@ -144,7 +165,7 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...],
     plan = Plan(name, project, template.labels, template, grid, tasks, max_parallel, canary,
                 gpus, _webhook(body.get("webhook")),
                 None if smoke is None else ["sh", "-c", smoke],
-                parse_max_cost(body.get("max_cost")))
+                parse_max_cost(body.get("max_cost")), regions[0])
     _check_cells(plan)
     if name is not None and len(f"{name}-{len(plan) - 1}") > 63:
         raise InvalidArgument(f"name: {name!r} is too long for cell names like "

@@ -11,7 +11,7 @@ from typing import Any
 
 from noduslocal.domain import job_paths
 from noduslocal.domain.container_fields import container_image, container_network
-from noduslocal.domain.errors import InvalidArgument
+from noduslocal.domain.errors import InvalidArgument, Unsupported
 from noduslocal.domain.gang import parse_gang
 from noduslocal.domain.gpu_request import GpuRequest, parse_gpu
 from noduslocal.domain.indexes import check_index_outputs, parse_indexed
@@ -187,6 +187,10 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
             f"region: {region!r} is not a region of this host; valid: {', '.join(regions)}",
             field="region",
         )
+    if region is not None and region != regions[0]:
+        check_cluster_fields(body, region)
+    else:
+        region = None  # this box
     image = image_reference(container_image(body.get("image")))
     command = _string_list(_given(body, "command", []), "command")
     if (command and not command[0]) or (not command and image is None):
@@ -258,9 +262,37 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         profile=profile,
         gang=gang,
         indexed=indexed,
+        region=region,
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(_given(body, "labels", {})), secrets=secrets)
+
+
+# What a job in a cluster region (a Slurm runtime: regions other than this box's) may not
+# ask for yet, and why: the runtime protocol speaks for all of it on this box only.
+CLUSTER_REFUSED = {
+    "image": "no container runtime of a Slurm cluster is supported; run the command on the "
+             "nodes (drop image) or use this box's region",
+    "volumes": "volumes live on this box; use paths in the workspace (its outputs come back)",
+    "checkpoint": "a checkpoint path is kept on this box; write it in the workspace",
+    "disk": "a job directory's size is reserved on this box only",
+    "distributed": "gangs in a cluster region are not supported yet",
+    "completions": "indexed jobs in a cluster region are not supported yet",
+    "parallelism": "indexed jobs in a cluster region are not supported yet",
+}
+
+
+def check_cluster_fields(body: Mapping[str, Any], region: str) -> None:
+    """Refuse, naming the field and the region, what a cluster region cannot run."""
+    for key, why in CLUSTER_REFUSED.items():
+        if body.get(key) not in (None, {}, []):
+            raise Unsupported(key, message=f"{key}: not in region {region!r} (a Slurm "
+                                           f"cluster): {why}")
+    gpu = parse_gpu(body.get("gpu"))
+    if gpu is not None and gpu.min_memory is not None:
+        raise Unsupported("gpu", message=f"gpu: a GPU's memory cannot be asked for in region "
+                          f"{region!r} (a Slurm cluster): name a GPU model, whose gres type "
+                          f"the region's gpu_types maps")
 
 
 def _given(body: Mapping[str, Any], key: str, absent: Any) -> Any:

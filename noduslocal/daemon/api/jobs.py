@@ -93,7 +93,7 @@ async def create_job(request: web.Request) -> web.Response:
     caller: Caller = request["caller"]
     raw = await request.read()
     body_value: Any = parse_body(raw)
-    req = parse_create(body_value, regions=(services.settings.region,),
+    req = parse_create(body_value, regions=services.settings.region_names,
                        profiles=services.settings.profiles)
     check_project(caller, req.project)
     key = idempotency_key(request)

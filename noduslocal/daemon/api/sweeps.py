@@ -70,7 +70,7 @@ async def create_sweep(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     caller: Caller = request["caller"]
     raw = await request.read()
-    plan = parse_sweep(parse_body(raw), regions=(services.settings.region,),
+    plan = parse_sweep(parse_body(raw), regions=services.settings.region_names,
                        profiles=services.settings.profiles)
     check_project(caller, plan.project)
     key = idempotency_key(request)

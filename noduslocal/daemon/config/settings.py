@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.daemon.config import values as check
+from noduslocal.daemon.config.regions import SlurmRegion, parse_regions
 from noduslocal.daemon.config.trust import read_trusted
 from noduslocal.domain.errors import InvalidArgument
 from noduslocal.domain.sockets import default_socket_path
@@ -107,6 +108,13 @@ class Settings:
     # Named presets of Job.create arguments ([profiles.NAME] tables): a job naming one gets
     # its values in every argument it left unset.
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The regions beyond this box ([regions.NAME] tables): Slurm clusters (config/regions.py).
+    regions: dict[str, SlurmRegion] = field(default_factory=dict)
+
+    @property
+    def region_names(self) -> tuple[str, ...]:
+        """Every region a job may name: this box's first, then the configured ones."""
+        return (self.region, *sorted(self.regions))
 
     @property
     def user_mode(self) -> bool:
@@ -184,6 +192,8 @@ _TOML_KEYS = {
                          lambda v: check.per_user(v, "user_disk_quotas", check.quota,
                                                    _TOML_KEYS)),
     "du_every": ("du_every", lambda v: check.interval(v, "du_every")),
+    # Checked against this box's region name once the file is read (load_settings).
+    "regions": ("regions", lambda v: v),
 }
 # The settings a reload applies to the running daemon (through config/live.py's holder,
 # which every part reads); any other change waits for a restart, and the daemon says so.
@@ -193,7 +203,7 @@ LIVE = frozenset({
     "user_max_execs", "disk_reserve", "max_log_bytes", "energy_price_per_kwh",
     "gpu_hour_rates", "profiles", "keep_ended", "keep_ended_users", "gc_every",
     "user_disk_quota", "user_disk_quotas", "du_every", "webhook_local_networks",
-    "metrics_port_per_user",
+    "metrics_port_per_user", "regions",
 })
 TOML_NAME = {attr: key for key, (attr, _) in _TOML_KEYS.items()}  # cpus_m -> cpus
 
@@ -237,15 +247,19 @@ def load_settings(
         socket=Path(os.path.abspath(values.pop("socket", default_socket_path()))),
         data_dir=Path(os.path.abspath(values.pop("data_dir", default_data_dir()))),
     )
+    raw_regions = values.pop("regions", {})
     known = {f.name for f in fields(Settings)}
     settings = replace(settings, **{k: v for k, v in values.items() if k in known})
+    settings = replace(settings, regions=parse_regions(raw_regions, settings.region,
+                                                        settings.data_dir))
     if not settings.cpus_m:
         settings = replace(settings, cpus_m=(os.cpu_count() or 1) * 1000)
     if not settings.memory:
         settings = replace(settings, memory=_host_memory())
     for name, preset in settings.profiles.items():
-        if preset.get("region", settings.region) != settings.region:
+        if preset.get("region", settings.region) not in settings.region_names:
             raise InvalidArgument(f"config: profiles.{name}.region: {preset['region']!r} is "
-                                  f"not this host's region ({settings.region!r})",
+                                  f"not a region of this host; valid: "
+                                  f"{', '.join(settings.region_names)}",
                                   field=f"profiles.{name}.region")
     return settings

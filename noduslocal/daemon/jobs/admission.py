@@ -56,6 +56,8 @@ class Admission:
             raise errors.InvalidArgument(
                 f"priority: at most {self.live.current.max_user_priority} for users; admins may "
                 "go higher", field="priority")
+        if req.spec.region is not None:
+            return  # the cluster's own limits apply there (sbatch says what it refuses)
         request = Request.of(0, req.spec, owner.uid)
         limit = self.live.current.user_max_gpus
         if limit is not None and request.gpu_count > limit:

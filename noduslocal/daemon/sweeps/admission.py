@@ -24,9 +24,10 @@ class SweepAdmission:
 
     def check(self, plan: Plan, owner: job_writes.Owner) -> None:
         template = plan.template
-        for gpu in plan.gpus.values() or [template.spec.gpu]:
-            self.admission.check(replace(template, spec=replace(template.spec, gpu=gpu)),
-                                 owner)
+        for region in plan.cell_regions():
+            for gpu in plan.gpus.values() or [template.spec.gpu]:
+                self.admission.check(replace(template, spec=replace(
+                    template.spec, gpu=gpu, region=region)), owner)
 
     async def create(self, plan: Plan, owner: job_writes.Owner, idempotency_key: str | None,
                      request_hash: str | None) -> tuple[SweepRecord, bool]:

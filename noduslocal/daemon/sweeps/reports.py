@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from noduslocal.daemon.files.plain import open_plain
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.store import Store
 from noduslocal.daemon.store.rows import CellGroup, FailedCell
@@ -139,7 +140,7 @@ def cell_row(sweep: SweepRecord, job: JobRecord, region: str, running_cost: floa
         "index": job.cell,
         "name": job.name,
         "gpu": job.spec.gpu.describe() if job.spec.gpu is not None else None,
-        "region": params.get("region", region),
+        "region": params.get("region", job.spec.region or region),
         "params": dict.fromkeys(params, "***") if redact else params,
         "phase": job.phase,
         "reason": job.reason,
@@ -183,7 +184,7 @@ def normalise(line: str) -> str:
 
 def last_line(path: Path) -> str:
     try:
-        with path.open("rb") as file:
+        with open_plain(path) as file:  # a cluster's logs are written as the job's owner
             file.seek(0, 2)
             size = file.tell()
             file.seek(max(0, size - TAIL))
