@@ -34,6 +34,7 @@ from noduslocal.daemon.jobs.user_admin import UserAdmin
 from noduslocal.daemon.recovery import Recovery
 from noduslocal.daemon.resources import ResourceService
 from noduslocal.daemon.runtime.base import Runtime
+from noduslocal.daemon.scheduler.cluster_lanes import ClusterLanes
 from noduslocal.daemon.scheduler.gpus import GpuPool
 from noduslocal.daemon.scheduler.queue import Capacity, Limits, Queue
 from noduslocal.daemon.store import Store
@@ -45,6 +46,13 @@ from noduslocal.daemon.sweeps.service import SweepService
 from noduslocal.daemon.sweeps.webhooks import Webhooks
 from noduslocal.domain.jobs import Event
 from noduslocal.domain.states import TERMINAL, Phase
+
+
+def submit_cap(live: LiveSettings, region: str) -> int | None:
+    """The most jobs one user may have submitted to `region` at once, as configured now;
+    None: the region is not configured (any more)."""
+    configured = live.current.regions.get(region)
+    return None if configured is None else configured.max_submitted_per_user
 
 
 class Lifecycle:
@@ -71,7 +79,8 @@ class Lifecycle:
                            usage=self.accounting.usage, describe=self.board.job_name)
         self.stopper = Stopper(live, store, self.board, runtimes, self.background)
         self.dispatch = Dispatch(store, self.queue, self.board, self.accounting, self.stopper,
-                                 self.background, on_start=self._run)
+                                 self.background, on_start=self._run,
+                                 lanes=ClusterLanes(lambda region: submit_cap(live, region)))
         self.admission = Admission(live, store, capacity, self.dispatch, self.background)
         self.reports = SweepReports(store, settings.region, self.accounting,
                                     lambda job_id: self.jobs.running_cost(job_id),

@@ -89,13 +89,14 @@ class Recovery:
             if job.phase in (Phase.STARTING, Phase.RUNNING)})
         # Everything that may still run takes its share back before any pass can start a
         # pending job; the pass is held until then.
+        queued = await self._queued_in_clusters(jobs)
         for job in jobs:
-            if job.phase in (Phase.STARTING, Phase.RUNNING):
+            if job.phase in (Phase.STARTING, Phase.RUNNING) or job.id in queued:
                 await self._reconcile(job)
         for job in jobs:
             # A sweep's smoke canary (no cell) is its sweep's to queue, or to hold.
             if (job.phase == Phase.PENDING and job.sweep_id is None
-                    and not self.sweeps.is_cell(job.id)):
+                    and not self.sweeps.is_cell(job.id) and job.id not in queued):
                 self.dispatch.enqueue(job)
         self.dispatch.ready = True
         self.dispatch.kick()
@@ -145,6 +146,17 @@ class Recovery:
                             ", ".join(str(a.number) for a in later))
         return bool(self.caught_up)
 
+    async def _queued_in_clusters(self, jobs: list[JobRecord]) -> set[int]:
+        """Pending jobs of cluster regions with an attempt still open: submitted, waiting
+        in the cluster's queue. They are adopted as running ones are, never queued again."""
+        queued = set()
+        for job in jobs:
+            if job.phase == Phase.PENDING and job.spec.region is not None and job.attempts:
+                last = (await self.store.attempts(job.id))[-1]
+                if last.phase == AttemptPhase.STARTING:
+                    queued.add(job.id)
+        return queued
+
     async def _reconcile(self, job: JobRecord) -> None:
         last: AttemptRecord = (await self.store.attempts(job.id))[-1]
         attempt = Attempt(job, Request.of(job.id, job.spec, job.owner_uid),
@@ -159,8 +171,11 @@ class Recovery:
                                         last.started_at or last.created_at)
             attempt.meter.energy_start = dict.fromkeys(last.gpus)
         self.board.active[job.id] = attempt
-        self.dispatch.queue.capacity.take(attempt.request, gpus=last.gpus,
-                                          started_at=last.started_at or last.created_at)
+        if job.spec.region is not None:  # a cluster's: it holds its lane's place, no more
+            self.dispatch.lanes.hold(job.id, job.spec.region, job.owner_uid)
+        else:
+            self.dispatch.queue.capacity.take(attempt.request, gpus=last.gpus,
+                                              started_at=last.started_at or last.created_at)
         # Its own task: a runtime may be away (dockerd), and the attempt holds its share
         # until it is back and says what became of it.
         attempt.task = asyncio.create_task(self._adopt(attempt, last))
@@ -197,8 +212,13 @@ class Recovery:
         self.runner.take(attempt, ranks)
         started = last.started_at
         if not recorded_running or started is None:
-            # The daemon died between the launch and its commit.
-            started = min(rank.started_at for rank in ranks)
+            # The daemon died between the launch and its commit, or it waits in a
+            # cluster's queue (and may have started there meanwhile, or even ended).
+            now = await self.runner.until_running(attempt, ranks, adopted=True)
+            if not isinstance(now, float):
+                await self.runner.finish(attempt, now)
+                return
+            started = now
             await self.store.write(lambda c, at=started: job_writes.attempt_running(
                 c, job.id, attempt.number, at, attempt.handles))
         await self.runner.watch(attempt, started)

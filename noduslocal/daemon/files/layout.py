@@ -199,7 +199,8 @@ class JobLayout:
         """A new workspace's contents: its source as an overlay on the owner's snapshot (or
         copied where overlays are not used), then what _populate() makes in it."""
         copy = bool(job.spec.source)
-        if job.spec.source and self.overlays.unavailable is None:
+        # A cluster's nodes would not see a mount made here: its jobs get a copy.
+        if job.spec.source and self.overlays.unavailable is None and job.spec.region is None:
             self._attach(job)
             self.overlays.mount(job.id, number)
             copy = False
@@ -256,7 +257,8 @@ class JobLayout:
         workspace needs nothing put in it but its source's overlay (attached and mounted
         here; its first attempt takes the mount). prepare() then finds them."""
         if (job.attempts or job.spec.checkpoint or job.spec.volumes
-                or (job.spec.source and self.overlays.unavailable is not None)
+                or (job.spec.source and (self.overlays.unavailable is not None
+                                         or job.spec.region is not None))
                 or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
             return
         self._ahead.add(job.id)  # first: prepare() may run while these are being made

@@ -1,6 +1,8 @@
 """The queue pass: pending jobs in, attempts out. Holds the jobs that wait, starts what
 the queue lets start (its start committed with whatever freed the room), asks for the
-preemptions the head needs, and gives an ended attempt's share back.
+preemptions the head needs, and gives an ended attempt's share back. Jobs bound for a
+cluster region skip this box's queue: they wait in their lanes (cluster_lanes.py) only for
+their user's cap on submitted jobs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife, Board
 from noduslocal.daemon.jobs.background import Background
 from noduslocal.daemon.jobs.stops import Stopper
+from noduslocal.daemon.scheduler.cluster_lanes import ClusterLanes
 from noduslocal.daemon.scheduler.queue import Queue, Request
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain.jobs import JobRecord
@@ -26,10 +29,12 @@ log = logging.getLogger(__name__)
 class Dispatch:
     def __init__(self, store: Store, queue: Queue, board: Board, accounting: GpuAccounting,
                  stopper: Stopper, background: Background,
-                 on_start: Callable[[Attempt], None]) -> None:
-        """`on_start`: runs a new attempt (its start is queued for commit already)."""
+                 on_start: Callable[[Attempt], None], lanes: ClusterLanes) -> None:
+        """`on_start`: runs a new attempt (its start is queued for commit already);
+        `lanes`: where jobs of cluster regions wait."""
         self.store = store
         self.queue = queue
+        self.lanes = lanes
         self.board = board
         self.accounting = accounting
         self.stopper = stopper
@@ -41,6 +46,11 @@ class Dispatch:
         self._scheduled = False
 
     def enqueue(self, job: JobRecord) -> None:
+        if job.spec.region is not None:
+            self.pending[job.id] = job
+            self.lanes.push(job.id, job.spec.region, job.owner_uid, job.spec.priority)
+            self.kick()
+            return
         request = Request.of(job.id, job.spec, job.owner_uid)
         if (why := self.queue.capacity.refusal(request)) is not None:
             # Admitted by a daemon with more CPUs or memory than this one: it would wait
@@ -67,16 +77,19 @@ class Dispatch:
         if (later := self._later.pop(job_id, None)) is not None:
             later[0].cancel()
             return True
+        if self.lanes.remove(job_id):
+            self.pending.pop(job_id, None)
+            return True
         if self.queue.remove(job_id) is None:
             return False
         self.pending.pop(job_id, None)
         return True
 
     def retry_hold(self, job_id: int) -> str | None:
-        """Why a job waits for its retry's pause, or None."""
+        """Why a job waits for its retry's pause, or for its lane to a cluster, or None."""
         if (later := self._later.get(job_id)) is not None:
             return f"retrying in {max(0.0, later[1] - time.time()):.0f}s"
-        return None
+        return self.lanes.wait_reason(job_id)
 
     def kick(self) -> None:
         """A pass soon, once for everything that changed meanwhile."""
@@ -105,18 +118,28 @@ class Dispatch:
             if attempt.gpus:
                 attempt.meter = Meter.start(attempt.gpus, self.accounting.inventory,
                                             time.time())
-            self.board.active[job.id] = attempt
-            # Queued now, so it joins the commit of whatever freed the capacity.
-            attempt.started = self.store.write(
-                lambda c, job_id=job.id, uuids=attempt.gpus: job_writes.start_attempt(
-                    c, job_id, time.time(), uuids))
-            self._on_start(attempt)
+            self._start(attempt)
+        for job_id in self.lanes.take():
+            job = self.pending.pop(job_id)
+            self._start(Attempt(job, Request.of(job.id, job.spec, job.owner_uid)))
+
+    def _start(self, attempt: Attempt) -> None:
+        self.board.active[attempt.job.id] = attempt
+        # Queued now, so it joins the commit of whatever freed the capacity.
+        attempt.started = self.store.write(
+            lambda c, job_id=attempt.job.id, uuids=attempt.gpus: job_writes.start_attempt(
+                c, job_id, time.time(), uuids))
+        self._on_start(attempt)
 
     def release(self, attempt: Attempt) -> None:
         """The attempt holds nothing any more: its share goes to the next pass."""
         for timer in attempt.timers:
             timer.cancel()
-        if self.board.occupies(attempt):
+        if self.board.occupies(attempt) and attempt.job.spec.region is not None:
+            del self.board.active[attempt.job.id]
+            self.lanes.give(attempt.job.id)  # it held none of this box's capacity
+            self.run_pass()
+        elif self.board.occupies(attempt):
             del self.board.active[attempt.job.id]
             self.queue.stopping.discard(attempt.job.id)
             self.accounting.charge(attempt.request)

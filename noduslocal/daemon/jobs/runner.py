@@ -144,7 +144,10 @@ class AttemptRunner:
                 await self.give_up(attempt, str(exc))
                 return
             self.take(attempt, ranks)
-            now = min(rank.started_at for rank in ranks)
+            now = await self.until_running(attempt, ranks)
+            if not isinstance(now, float):  # it ended while it waited in a cluster's queue
+                await self.finish(attempt, now)
+                return
             # Not awaited here: the writer keeps order, so this commits before the end does.
             running = self.store.write(lambda c: job_writes.attempt_running(
                 c, job.id, attempt.number, now, attempt.handles))
@@ -154,6 +157,39 @@ class AttemptRunner:
         except Exception as exc:
             log.exception("supervising job %s failed", job.name)
             await self.give_up(attempt, f"the daemon could not run it: {exc}")
+
+    async def until_running(self, attempt: Attempt, ranks: list[Rank],
+                            adopted: bool = False) -> float | AttemptState:
+        """When the attempt started. Ranks a cluster's scheduler queued (Slurm) leave the
+        job Pending, its attempt open, until every one runs there; the end of one that
+        ended before that without having run (cancelled, or lost, in the queue). A rank
+        that ran and ended between two looks at the queue started when its exit says.
+        `adopted`: after a restart (the job's record then says whether it was queued)."""
+        queued = [rank for rank in ranks if rank.running is not None]
+        if not queued:
+            return float(min(rank.started_at for rank in ranks))
+        job = attempt.job
+        # An adopted attempt whose job is Pending was recorded queued before the restart.
+        if (not adopted or job.phase == Phase.STARTING) and not all(
+                rank.running.done() for rank in queued if rank.running is not None):
+            why = self.runtime_of(job).queue_reason(attempt.handles) or "queued"
+            await self.store.write(lambda c: job_writes.attempt_queued(
+                c, job.id, attempt.number, time.time(), attempt.handles, why))
+        starts = []
+        for rank in ranks:
+            if rank.running is None:
+                starts.append(rank.started_at)
+                continue
+            await asyncio.wait([rank.running, rank.ended],
+                               return_when=asyncio.FIRST_COMPLETED)
+            if rank.running.done():
+                starts.append(rank.running.result())
+                continue
+            state = rank.ended.result()
+            if not isinstance(state, Exited):
+                return state
+            starts.append(state.started_at)
+        return float(min(starts))
 
     async def watch(self, attempt: Attempt, started_at: float,
                     running: asyncio.Future[Any] | None = None,

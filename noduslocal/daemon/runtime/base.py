@@ -77,11 +77,14 @@ class ExecResult:
 
 @dataclass
 class Rank:
-    """A rank that runs: its handle, when it started, and a future of its end."""
+    """A rank that runs: its handle, when it started, and a future of its end. A rank a
+    cluster's scheduler queued has `running`, which resolves with the time it started
+    there (its `started_at` is then the submission's)."""
 
     handle: Handle
     started_at: float
     ended: asyncio.Future[AttemptState]
+    running: asyncio.Future[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,10 @@ class Runtime(Protocol):
     def wait_reason(self) -> str | None:
         """Why new attempts cannot be launched now (a queue hold), or None."""
 
+    def queue_reason(self, handles: list[Handle]) -> str | None:
+        """Why a launched attempt still waits in the runtime's own queue (a cluster's
+        scheduler), where it is and when it may start; None for one that is not queued."""
+
     async def launch(self, launch: Launch) -> list[Rank]:
         """Start every rank, or none (LaunchFailed, NotLaunched)."""
 
@@ -216,6 +223,10 @@ class Runtime(Protocol):
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         """What `noduslocal doctor` says of this runtime; `gpus`: the box has real GPUs."""
+
+    async def regions(self) -> list[dict[str, Any]]:
+        """The cluster regions this runtime submits to, as `noduslocal regions` shows them
+        (partitions, nodes, GPUs by type and how many are free); none for this box's."""
 
 
 def rank_dir(directory: Path, rank: int, indexed: bool = False) -> Path:

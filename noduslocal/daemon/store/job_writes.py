@@ -191,6 +191,16 @@ def start_attempt(conn: sqlite3.Connection, job_id: int, now: float,
     return number, [event]
 
 
+def attempt_queued(conn: sqlite3.Connection, job_id: int, number: int, now: float,
+                   handles: list[Handle], message: str) -> tuple[None, list[Event]]:
+    """Starting -> Pending with the attempt left open (Starting) and its handles kept: a
+    cluster's scheduler queued it, and a restarted daemon finds it there by them."""
+    conn.execute("UPDATE attempts SET handles = ? WHERE job_id = ? AND number = ?",
+                 (handles_to_json(handles), job_id, number))
+    return None, [_transition(conn, job_id, Phase.PENDING, now, Reason.QUEUED.value, message,
+                              attempt=number)]
+
+
 def attempt_running(conn: sqlite3.Connection, job_id: int, number: int, now: float,
                     handles: list[Handle] | None = None) -> tuple[None, list[Event]]:
     """Starting -> Running, with each rank's handle so a restarted daemon finds them."""

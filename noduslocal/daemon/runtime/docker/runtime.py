@@ -75,6 +75,12 @@ class DockerRuntime:
             return None
         return f"dockerd unreachable: {self.engine.unavailable_reason}"
 
+    def queue_reason(self, handles: list[Handle]) -> str | None:
+        return None  # launched here means running: this runtime has no queue of its own
+
+    async def regions(self) -> list[dict[str, Any]]:
+        return []  # this box's own region (AdminService describes it)
+
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         if not self.engine.available:
             return [Diagnosis("dockerd", False, f"unreachable: {self.engine.unavailable_reason}"
