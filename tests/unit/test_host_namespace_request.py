@@ -13,7 +13,8 @@ import pytest
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime.base import AttemptRef, GpuGrant, Launch, LaunchFailed
 from noduslocal.daemon.runtime.host.namespace import Namespaces
-from noduslocal.daemon.runtime.host.runtime import HostRuntime, launch_request
+from noduslocal.daemon.runtime.host.runtime import HostRuntime
+from noduslocal.daemon.runtime.shim_request import launch_request
 from noduslocal.domain.jobs import JobRecord, JobSpec
 
 

@@ -671,8 +671,10 @@ def _record_setup_failure(logs: Logs, exit_record: int, exc: SetupError, started
         "signal": None}, durable)
 
 
-def run_shim(req: dict) -> None:
-    """In the forked shim: run one attempt to its end. Never returns."""
+def run_shim(req: dict, durable: bool = False) -> None:
+    """In the forked shim: run one attempt to its end. Never returns. `durable`: the exit
+    is synced to disk even while the parent lives (a cluster's batch job: the file is the
+    only record the daemon gets)."""
     code = 0
     spawner = os.getppid()
     try:
@@ -711,7 +713,7 @@ def run_shim(req: dict) -> None:
             pid = _spawn_job(req, out_w, err_w)
         except SetupError as exc:
             _record_setup_failure(logs, exit_record, exc, started,
-                                  durable=os.getppid() != spawner)
+                                  durable=durable or os.getppid() != spawner)
             os._exit(0)
         os.close(out_w)
         os.close(err_w)
@@ -734,7 +736,8 @@ def run_shim(req: dict) -> None:
         # database (synchronous=FULL) within milliseconds, so syncing it here too would
         # only add two device flushes to every job's end. Once the daemon is gone this file
         # is the only record until it returns, and it is made durable.
-        write_reserved(exit_record, directory, EXIT, result, durable=os.getppid() != spawner)
+        write_reserved(exit_record, directory, EXIT, result,
+                       durable=durable or os.getppid() != spawner)
     except BaseException:
         code = 1
     os._exit(code)
@@ -773,6 +776,49 @@ def serve() -> None:
             run_shim(req)
         out.write(json.dumps({"id": req["id"], "pid": pid}).encode() + b"\n")
         out.flush()
+
+
+# What a cluster's batch job finds in its attempt directory: the shim's request, written by
+# the daemon for the job's owner alone, read and removed once (it holds the job's secrets).
+REQUEST = "request.json"
+# Set by the cluster for the job (its node, job id, the GPUs it was given): they win over
+# the request's, which the daemon wrote before the cluster chose a node.
+CLUSTER_ENV_PREFIXES = ("SLURM_", "SLURMD_")
+CLUSTER_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES",
+               "ZE_AFFINITY_MASK")
+
+
+def run_batch(directory: str) -> None:
+    """A cluster's batch job (`shim.py --run DIR`), as the job's owner on a compute node:
+    the attempt run by a shim in a child of ours, as the spawner would fork it, and our
+    exit the job's, for the cluster's own accounting. SIGTERM is ignored here and in the
+    shim (`scancel --full` sends it to every process of the job, ours too; the job gets it
+    and its exit is recorded); SIGKILL after the cluster's grace ends us all."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    path = os.path.join(directory, REQUEST)
+    try:
+        with open(path, "rb") as file:
+            req = json.load(file)
+        os.unlink(path)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"noduslocal: cannot read the attempt's request {path}: {exc}\n")
+        sys.exit(1)
+    req["dir"] = directory
+    req["boot_id"] = f"cluster:{os.environ.get('SLURMD_NODENAME') or os.uname().nodename}"
+    env = dict(req["env"])
+    env.update({key: value for key, value in os.environ.items()
+                if key.startswith(CLUSTER_ENV_PREFIXES) or key in CLUSTER_ENV})
+    req["env"] = env
+    pid = os.fork()
+    if pid == 0:
+        run_shim(req, durable=True)
+    os.waitpid(pid, 0)
+    try:
+        with open(os.path.join(directory, EXIT), "rb") as file:
+            code = json.load(file)["exit_code"]
+    except (OSError, ValueError, KeyError):
+        code = 1
+    sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
 
 
 def exec_in(spec: dict) -> None:
@@ -833,5 +879,7 @@ def _exec_failed(code: int, message: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--exec-in"]:
         exec_in(json.loads(sys.argv[2]))
+    elif sys.argv[1:2] == ["--run"]:
+        run_batch(sys.argv[2])
     else:
         serve()

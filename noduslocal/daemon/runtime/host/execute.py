@@ -31,7 +31,7 @@ TOKEN_ENV = "NODUS_EXEC_ID"  # in the exec's environment, and so in all it start
 
 async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
                      records: Path) -> ExecResult:
-    """`launch` is the job's launch request (runtime.launch_request): env, cwd, identity;
+    """`launch` is the job's launch request (shim_request.launch_request): env, cwd, identity;
     `records`: where the exec is named while it runs (kill_orphaned_execs)."""
     argv, kwargs = list(command), {}
     cwd: str | None = launch["cwd"]

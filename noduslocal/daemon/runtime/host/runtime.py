@@ -1,8 +1,8 @@
 """The host runtime: each rank a process group under a shim that outlives the daemon, in a
 cgroup of its own (its limits; every process found and killed through it) and a mount
 namespace of its own (namespace.py), its exit recorded in the attempt directory; adopted
-again after a restart by the shim's lock. Holds the shim's launch request too (argv,
-environment, workdir, identity, secrets to mask, cgroups, mounts).
+again after a restart by the shim's lock; its shim's request (shim_request.py) gets the
+rank's cgroups and mounts here.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.accounts import account
-from noduslocal.daemon.files.layout import DEFAULT_PATH, JobLayout
+from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import (
     has_exit,
@@ -46,9 +45,8 @@ from noduslocal.daemon.runtime.host.execute import (
 )
 from noduslocal.daemon.runtime.host.namespace import Namespaces
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
-from noduslocal.daemon.runtime.launchers import RankPlan
-from noduslocal.domain import metrics
-from noduslocal.domain.job_paths import CONTAINER_ROOT, in_workspace
+from noduslocal.daemon.runtime.shim_request import launch_request
+from noduslocal.domain.job_paths import in_workspace
 from noduslocal.domain.jobs import Diagnosis, JobRecord
 
 log = logging.getLogger(__name__)
@@ -97,6 +95,12 @@ class HostRuntime:
 
     def wait_reason(self) -> str | None:
         return None
+
+    def queue_reason(self, handles: list[Handle]) -> str | None:
+        return None  # launched here means running: this runtime has no queue of its own
+
+    async def regions(self) -> list[dict[str, Any]]:
+        return []  # this box's own region (AdminService describes it)
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         del gpus
@@ -272,59 +276,3 @@ def outside_workspace(job: JobRecord) -> str | None:
     """The first of a host job's checkpoint and volume paths outside /workspace."""
     paths = [*([job.spec.checkpoint] if job.spec.checkpoint else []), *job.spec.volumes]
     return next((f"{path!r}" for path in paths if in_workspace(path) is None), None)
-
-
-def launch_request(layout: JobLayout, job: JobRecord, number: int,
-                   secrets: dict[str, str] | None = None,
-                   gpu_env: dict[str, str] | None = None,
-                   plan: RankPlan | None = None, directory: Path | None = None,
-                   rank_env: dict[str, str] | None = None,
-                   world: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the shim needs; `secrets` are added to the environment, and their values
-    masked in the stored log; `gpu_env` pins the job's GPUs (over the job's env); `plan`
-    makes it a gang's rank (its rendezvous and launcher); `directory` is the rank's (the
-    attempt's by default); `rank_env` what it alone is told (an index); `world` the mount
-    namespace's fields (Namespaces.request): its paths are then a container's, else the
-    host's (the workspace where it lies)."""
-    directory = directory or layout.attempt_dir(job.id, number)
-    workspace = layout.workspace(job.id)
-    root = Path(CONTAINER_ROOT) if world is not None else workspace
-
-    def seen(path: str) -> str:  # where the job finds a checkpoint or volume path
-        rel = in_workspace(path)
-        return str(root / rel) if rel is not None else path
-
-    home, shell, groups = account(job.owner_uid, job.owner, job.owner_gid)
-    env = {
-        "PATH": DEFAULT_PATH,
-        "HOME": home,
-        "USER": job.owner,
-        "LOGNAME": job.owner,
-        "SHELL": shell,
-        "LANG": "C.UTF-8",
-        "NODUS_JOB": job.name,
-        "NODUS_PROJECT": job.project,
-        "NODUS_ATTEMPT": str(number),
-        "NODUS_WORKSPACE": str(root),
-        **metrics.env(None if world is not None else workspace),
-        **({"NODUS_CHECKPOINT_DIR": seen(job.spec.checkpoint)} if job.spec.checkpoint else {}),
-        **{f"NODUS_VOLUME_{name.upper().replace('-', '_')}": seen(path)
-           for path, name in job.spec.volumes.items()},
-        **job.spec.env,
-        **(gpu_env or {}),
-        **(plan.env() if plan is not None else {}),
-        **(rank_env or {}),
-        **(secrets or {}),
-    }
-    request: dict[str, Any] = {
-        "dir": str(directory),
-        "argv": job.spec.argv if plan is None else plan.argv(job.spec.argv),
-        "env": env,
-        "cwd": job.spec.workdir or str(root),
-        "uid": None,
-        "mask": sorted(set((secrets or {}).values())),
-        **(world or {}),
-    }
-    if os.getuid() == 0:
-        request.update(uid=job.owner_uid, gid=job.owner_gid, groups=groups)
-    return request
