@@ -36,6 +36,7 @@ RUN_OPTIONS = {
     "--secret": _opt("secrets", MANY), "--gpus": _opt("gpus"), "--sku": _opt("sku"),
     "--priority": _opt("priority", INT, -1000, 1000),
     "--expected-duration": _opt("expected_duration"), "--profile": _opt("profile"),
+    "--region": _opt("region"),
     "--cpu": _opt("cpu"), "--memory": _opt("memory"), "--disk": _opt("disk"),
     "--min-disk-gb": _opt("min_disk_gb", INT, 1),
     "--retries": _opt("retries", INT, 0, 100, 0),

@@ -55,6 +55,9 @@ def job() -> None:
 @click.option("--profile", metavar="NAME",
               help="The daemon's preset NAME fills every option left unset "
                    "(`noduslocal profiles`).")
+@click.option("--region", metavar="NAME",
+              help="Where it runs: this box (default) or a cluster region "
+                   "(`noduslocal regions`).")
 @click.option("--cpu", help="CPUs to reserve (default 1), e.g. 2 or 500m.")
 @click.option("--memory", help="Memory to reserve, e.g. 512M or 4GiB.")
 @click.option("--disk", help="Disk its directory may take, reserved at its start, e.g. 50G.")

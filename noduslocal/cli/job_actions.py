@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # `job run` values that go into the body under the same name when given.
 _PLAIN = ("name", "project", "cpu", "memory", "disk", "timeout", "workdir", "image",
           "network", "checkpoint", "priority", "max_cost", "expected_duration", "profile",
-          "completions", "parallelism")
+          "completions", "parallelism", "region")
 _GANG = ("nodes", "gpus_per_node", "launcher", "transport", "startup_timeout")
 
 

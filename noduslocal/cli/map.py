@@ -29,6 +29,9 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 @click.option("--sku", metavar="SKU", help="GPUs per task as a sku, e.g. gpu_1x_l4.")
 @click.option("--cpu", help="CPUs per task (default 1), e.g. 2 or 500m.")
 @click.option("--memory", help="Memory per task, e.g. 4GiB.")
+@click.option("--region", metavar="NAME",
+              help="Where the tasks run: this box (default) or a cluster region "
+                   "(`noduslocal regions`).")
 @click.option("--timeout", help="Stop a task after this long: 90s, 15m, 2h.")
 @click.option("--max-parallel", type=click.IntRange(1, 10_000), default=8, show_default=True,
               help="Tasks running at once; change it live with `sweep set`.")
@@ -58,7 +61,8 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 @json_option
 @click.argument("command", nargs=-1, required=True)
 def map_(name: str | None, project: str | None, image: str | None, gpus: str | None,
-         sku: str | None, cpu: str | None, memory: str | None, timeout: str | None,
+         sku: str | None, cpu: str | None, memory: str | None, region: str | None,
+         timeout: str | None,
          max_parallel: int, retries: int, canary_smoke: str | None, no_canary: bool,
          no_wait: bool, code: Path | None, no_code: bool, from_job: str | None,
          volumes: tuple[str, ...], envs: tuple[str, ...], export: str | None,
@@ -89,7 +93,7 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
     client = ApiClient()
     template: dict[str, Any] = {}
     for key, value in (("image", image), ("gpu", gpus or sku), ("cpu", cpu),
-                       ("memory", memory), ("timeout", timeout)):
+                       ("memory", memory), ("region", region), ("timeout", timeout)):
         if value is not None:
             template[key] = value
     if retries:

@@ -26,6 +26,7 @@ COMMANDS = {
     "volume": "noduslocal.cli.volumes:volume",
     "gpus": "noduslocal.cli.gpus:gpus",
     "profiles": "noduslocal.cli.profiles:profiles",
+    "regions": "noduslocal.cli.regions:regions",
     "queue": "noduslocal.cli.queue:queue",
     "map": "noduslocal.cli.map:map_",
     "sweeps": "noduslocal.cli.sweeps:sweeps",

@@ -121,6 +121,23 @@ class AdminService:
         return {"cpus": capacity.cpu_m / 1000, "memory": capacity.memory,
                 "cpus_used": capacity.used_cpu_m / 1000, "memory_used": capacity.used_memory}
 
+    async def regions(self) -> list[dict[str, Any]]:
+        """This box's region (its capacity and GPUs now), then each configured cluster's,
+        as its runtime reads it (Slurm: sinfo and scontrol)."""
+        pool = self.queue.capacity.gpus
+        held = {u for uuids in pool.by_job.values() for u in uuids} if pool else set()
+        gpus: dict[str, dict[str, int]] = {}
+        for gpu in self.inventory.gpus:
+            entry = gpus.setdefault(gpu.model, {"total": 0, "used": 0, "free": 0})
+            entry["total"] += 1
+            entry["used" if gpu.uuid in held else "free"] += 1
+        local = {"name": self.live.current.region, "runtime": "local", "this_box": True,
+                 "reachable": True, "error": None, **self.capacity(), "gpus": gpus}
+        found = [local]
+        for runtime in self.runtimes.values():
+            found.extend(await runtime.regions())
+        return found
+
     def counts(self) -> dict[str, int]:
         return {"pending": len(self.queue), "active": len(self.board.active)}
 

@@ -28,6 +28,7 @@ from noduslocal.daemon.runtime.docker.runtime import DockerRuntime
 from noduslocal.daemon.runtime.host.cgroups import Cgroups, parent_name
 from noduslocal.daemon.runtime.host.runtime import HostRuntime
 from noduslocal.daemon.runtime.host.spawner import Spawner
+from noduslocal.daemon.runtime.slurm.runtime import SlurmRuntime
 from noduslocal.daemon.store import Store
 
 DATABASE = "noduslocal.db"  # in the data directory
@@ -105,7 +106,12 @@ async def _build(live: LiveSettings, closing: contextlib.AsyncExitStack,
             lifecycle.runtime_changed()
 
         docker = DockerRuntime(live, layout, docker_changed, store.attempt_ended)
-        runtimes: dict[str, Runtime] = {host.kind: host, docker.kind: docker}
+        # Inert until a [regions.NAME] names a Slurm cluster (none by default).
+        slurm = SlurmRuntime(live, layout, settings.data_dir,
+                             lambda: live.current.max_log_bytes)
+        closing.push_async_callback(slurm.close)
+        runtimes: dict[str, Runtime] = {host.kind: host, docker.kind: docker,
+                                        slurm.kind: slurm}
     else:
         runtimes = {runtime.kind: runtime for runtime in given}
     lifecycle = Lifecycle(live, store, layout, runtimes, inventory, hub=hub)

@@ -92,7 +92,7 @@ class Client:
             volume_mounts: Sequence[Mapping[str, str]] | None = None,
             max_parallel: int | None = None, retries: int | None = None,
             canary: bool = True, cpu: Any = None, memory: Any = None, timeout: Any = None,
-            project: str | None = None) -> MapSweep:
+            project: str | None = None, region: str | None = None) -> MapSweep:
         """`cmd` run once per task of `args`, with `{name}` / `{}` placeholders."""
         if code_dir is not None and include:
             raise errors.InvalidArgument("include: give code_dir or include, not both",
@@ -100,8 +100,8 @@ class Client:
         template: dict[str, Any] = {k: v for k, v in (
             ("gpu", gpu or sku), ("image", image), ("env", dict(env) if env else None),
             ("secrets", list(secrets) if secrets else None), ("volumes", _volumes(volume_mounts)),
-            ("retries", retries), ("cpu", cpu), ("memory", memory), ("timeout", timeout))
-            if v is not None}
+            ("retries", retries), ("cpu", cpu), ("memory", memory), ("timeout", timeout),
+            ("region", region)) if v is not None}
         if code_dir is not None:
             template["source"] = self.api.upload_source([Path(code_dir)],
                                                         contents_of_single_dir=True)
@@ -132,14 +132,15 @@ class Project:
             include: Sequence[str] | None = None, retries: int | None = None,
             env: Mapping[str, str] | None = None, secrets: Sequence[str] | None = None,
             cpu: Any = None, memory: Any = None, timeout: Any = None,
-            name: str | None = None) -> EphemeralJob:
+            name: str | None = None, region: str | None = None) -> EphemeralJob:
         """Start `cmd` as an ephemeral job: its workspace is discarded when it ends, so its
         volumes and its log are what stays."""
         body: dict[str, Any] = {k: v for k, v in (
             ("name", name), ("project", self.name), ("gpu", gpu or sku), ("image", image),
             ("volumes", _volumes(volume_mounts)), ("retries", retries),
             ("env", dict(env) if env else None), ("secrets", list(secrets) if secrets else None),
-            ("cpu", cpu), ("memory", memory), ("timeout", timeout)) if v is not None}
+            ("cpu", cpu), ("memory", memory), ("timeout", timeout), ("region", region))
+            if v is not None}
         body["command"] = _argv(cmd)
         body["ephemeral"] = True
         if include:

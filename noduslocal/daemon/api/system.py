@@ -64,6 +64,14 @@ async def info(request: web.Request) -> web.Response:
     })
 
 
+@routes.get("/v1/regions")
+async def regions(request: web.Request) -> web.Response:
+    """Where jobs may run: this box, then each configured cluster region with its
+    partitions, nodes and GPUs by type (total, used, free), as Slurm says now. Anyone may
+    read it."""
+    return web.json_response({"regions": await request.app[SERVICES].admin.regions()})
+
+
 @routes.get("/v1/profiles")
 async def profiles(request: web.Request) -> web.Response:
     """The daemon's presets of Job.create arguments, by name (anyone may read them)."""
