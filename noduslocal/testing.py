@@ -347,6 +347,12 @@ class FakeRuntime:
     def wait_reason(self) -> str | None:
         return self.unreachable
 
+    def queue_reason(self, handles: list[Handle]) -> str | None:
+        return None  # its launches run at once: nothing waits in a queue of its own
+
+    async def regions(self) -> list[dict[str, Any]]:
+        return []
+
     async def launch(self, launch: Launch) -> list[Rank]:
         job = launch.ref.job
         if self._held is not None:

@@ -15,6 +15,7 @@ from noduslocal.domain import map_args as expand
 from noduslocal.domain.errors import InvalidArgument, Unsupported
 from noduslocal.domain.gpu_request import GpuRequest, parse_gpu
 from noduslocal.domain.jobs import CreateRequest, JobSpec
+from noduslocal.domain.profiles import with_profile
 from noduslocal.domain.sweep_grid import RESOURCE_KEYS, Grid, parse_grid
 from noduslocal.domain.sweeps import SweepSpec
 from noduslocal.domain.validation import (
@@ -134,10 +135,21 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...],
         raise InvalidArgument("repetitions: only for a grid; repeat a map's values instead",
                               field="repetitions")
     gpus = _grid_gpus(grid, regions)
-    for axis in grid.axes if grid is not None else ():
-        for value in axis.values if axis.key == "region" else ():
-            if value != regions[0]:  # a cluster region: what its cells may not ask for
-                check_cluster_fields(with_command, value)
+    grid_regions = [value for axis in (grid.axes if grid is not None else ())
+                    if axis.key == "region" for value in axis.values]
+    clusters = {value for value in grid_regions if value != regions[0]}
+    if not grid_regions and template.spec.region is not None:
+        clusters.add(template.spec.region)
+    # What a cluster's cells may not ask for: the template as its profile fills it, and
+    # every GPU of the grid (each is paired with every region of the grid).
+    merged, _ = with_profile(with_command, profiles or {})
+    for region in sorted(clusters):
+        check_cluster_fields(merged, region)
+        for gpu in gpus.values():
+            if gpu is not None and gpu.min_memory is not None:
+                raise Unsupported("grid.gpu", message=f"grid.gpu: a GPU's memory cannot be "
+                                  f"asked for in region {region!r} (a Slurm cluster): name "
+                                  f"a GPU model, whose gres type the region's gpu_types maps")
     max_parallel = body.get("max_parallel", DEFAULT_MAX_PARALLEL)
     if (isinstance(max_parallel, bool) or not isinstance(max_parallel, int)
             or not 1 <= max_parallel <= MAX_PARALLEL):

@@ -226,7 +226,7 @@ def test_a_grid_gpu_with_memory_fails_a_sweep_with_cluster_cells() -> None:
                            "grid": {"region": ["cluster"],
                                     "gpu": [{"count": 1, "min_memory": "40GiB"}]}})
     assert type(error) is errors.Unsupported
-    assert error.field == "gpu" and "'cluster'" in error.message
+    assert error.field == "grid.gpu" and "'cluster'" in error.message
     error = sweep_refused({"template": {**PLAIN, "region": "cluster"},
                            "grid": {"gpu": ["H100", {"count": 1, "min_memory": "40GiB"}]}})
-    assert type(error) is errors.Unsupported and error.field == "gpu"
+    assert type(error) is errors.Unsupported and error.field == "grid.gpu"

@@ -26,6 +26,8 @@ class ClusterLanes:
         self._held: dict[int, Lane] = {}  # submitted jobs
 
     def push(self, job_id: int, region: str, owner_uid: int, priority: int = 0) -> None:
+        if job_id in self._lane_of:  # waits already (as the local queue's add)
+            return
         lane = (region, owner_uid)
         if lane not in self._waiting:
             self._waiting[lane] = []
