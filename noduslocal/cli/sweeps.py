@@ -114,9 +114,10 @@ def status(name: str, project: str | None, watch: bool, show_cells: bool,
         Console().print(_status_table(doc))
     if show_cells:
         output.print_table(
-            ("CELL", "NAME", "PARAMS", "GPU", "PHASE", "WHY", "RAN", "THROUGHPUT", "COST"),
-            [(c["index"], c["name"], _params(c), c["gpu"] or "", c["phase"],
-              c["message"] or "", output.duration(c["wall_s"]),
+            ("CELL", "NAME", "PARAMS", "GPU", "REGION", "PHASE", "WHY", "RAN", "THROUGHPUT",
+             "COST"),
+            [(c["index"], c["name"], _params(c), c["gpu"] or "", c["region"] or "",
+              c["phase"], c["message"] or "", output.duration(c["wall_s"]),
               "" if c["throughput"] is None else f"{c['throughput']:g}",
               f"{c['cost']:.4f}") for c in client.sweep_cells(name, project)])
 

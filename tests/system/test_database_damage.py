@@ -27,7 +27,7 @@ import pytest
 import noduslocal
 from noduslocal import testing
 from noduslocal.domain.sockets import SOCKET_ENV
-from tests.system.test_multiuser import SOCKET_GROUP, SYSTEM_PYTHON, _copy_tree, _open_up, _run
+from tests.system.lab import SOCKET_GROUP, SYSTEM_PYTHON, copy_tree, open_up, run
 
 USER = "nlwalrec"  # a user of this module's own: other modules' users are never touched
 DEADLINE = 60.0
@@ -76,24 +76,24 @@ def lab() -> Iterator[Lab]:
         pytest.skip("needs root: runs doctor as a second Unix user")
     made_group = subprocess.run(["getent", "group", SOCKET_GROUP],
                                 capture_output=True).returncode != 0
-    _run("groupadd", "-f", SOCKET_GROUP)
-    _run("userdel", "-r", USER, check=False)  # left over from an interrupted run
-    _run("useradd", "-M", "-G", SOCKET_GROUP, USER)
+    run("groupadd", "-f", SOCKET_GROUP)
+    run("userdel", "-r", USER, check=False)  # left over from an interrupted run
+    run("useradd", "-M", "-G", SOCKET_GROUP, USER)
     lib = Path(tempfile.mkdtemp(prefix="nl-walrec-", dir="/tmp"))
     try:
-        _copy_tree(Path(noduslocal.__file__).parent, lib / "noduslocal")
+        copy_tree(Path(noduslocal.__file__).parent, lib / "noduslocal")
         import click
         import pathspec
 
-        _copy_tree(Path(click.__file__).parent, lib / "click")
-        _copy_tree(Path(pathspec.__file__).parent, lib / "pathspec")
-        _open_up(lib)
-        yield Lab(lib, int(_run("id", "-u", USER).stdout))
+        copy_tree(Path(click.__file__).parent, lib / "click")
+        copy_tree(Path(pathspec.__file__).parent, lib / "pathspec")
+        open_up(lib)
+        yield Lab(lib, int(run("id", "-u", USER).stdout))
     finally:
         shutil.rmtree(lib, ignore_errors=True)
-        _run("userdel", USER, check=False)
+        run("userdel", USER, check=False)
         if made_group:
-            _run("groupdel", SOCKET_GROUP, check=False)
+            run("groupdel", SOCKET_GROUP, check=False)
 
 
 def wal_frames(wal: bytes) -> tuple[int, list[int]]:

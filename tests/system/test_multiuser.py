@@ -17,237 +17,46 @@ import contextlib
 import grp
 import json
 import os
-import pwd
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-import pathspec
 import pytest
 
-import noduslocal
 from noduslocal import testing
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.sdk.api_client import ApiClient
 from noduslocal.testing import wait_until
+from tests.system.lab import (
+    ADMIN_GROUP,
+    ALICE,
+    BOB,
+    DEADLINE,
+    SOCKET_GROUP,
+    SYSTEM_PYTHON,
+    Box,
+    group_exists,
+    open_box,
+    open_up,
+    run,
+    user_exists,
+)
 
 pytestmark = pytest.mark.root
 
-REPO = Path(__file__).resolve().parents[2]
-SYSTEM_PYTHON = "/usr/bin/python3"
-SOCKET_GROUP = "noduslocal"
-ADMIN_GROUP = "noduslocal-admin"
-ALICE = "nlalice"
-BOB = "nlbob"
 SMALL = "100m"  # CPU request of every test job, so that they all fit at once
-DEADLINE = 60.0  # seconds; generous, only to keep a broken daemon from hanging the run
-
-
-
-# Raw HTTP over the daemon's socket with the standard library only, for a second user:
-# argv = SOCKET METHOD PATH BODY-JSON-OR-EMPTY HEADERS-JSON; prints {"status", "body"}.
-RAW_HTTP = '''\
-import http.client, json, socket, sys
-
-
-class Conn(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=60)
-        self.unix_path = path
-
-    def connect(self):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(60)
-        sock.connect(self.unix_path)
-        self.sock = sock
-
-
-path, method, url, body, headers = sys.argv[1:6]
-conn = Conn(path)
-hdrs = json.loads(headers)
-if body:
-    hdrs.setdefault("Content-Type", "application/json")
-conn.request(method, url, body=body.encode() if body else None, headers=hdrs)
-resp = conn.getresponse()
-data = resp.read().decode()
-try:
-    decoded = json.loads(data) if data else None
-except ValueError:
-    decoded = data
-print(json.dumps({"status": resp.status, "body": decoded}))
-'''
-
-
-def _unavailable(reason: str) -> None:
-    """Skip on a developer box; under CI a missing prerequisite is a failure."""
-    if os.environ.get("CI"):
-        pytest.fail(f"multi-user tests cannot run under CI: {reason}")
-    pytest.skip(reason)
-
-
-def _run(*argv: str, check: bool = True, timeout: float = DEADLINE,
-         ) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n"
-                             f"{result.stdout}{result.stderr}")
-    return result
-
-
-def _group_exists(name: str) -> bool:
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        return False
-    return True
-
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-
-
-def _open_up(root: Path) -> None:
-    """Directories 0755, files 0644: readable by every user, writable by root only."""
-    os.chmod(root, 0o755)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames:
-            os.chmod(Path(dirpath) / name, 0o755)
-        for name in filenames:
-            os.chmod(Path(dirpath) / name, 0o644)
-
-
-@dataclass
-class User:
-    name: str
-    uid: int
-    gid: int
-    home: str
-
-
-@dataclass
-class Box:
-    """The shared workstation: one daemon, two users and a library they can import."""
-
-    daemon: testing.Daemon
-    lib: Path
-    alice: User
-    bob: User
-
-    def users(self) -> list[User]:
-        return [self.alice, self.bob]
-
-    def user(self, name: str) -> User:
-        return next(u for u in self.users() if u.name == name)
-
-    def as_user(self, user: str, *argv: str, timeout: float = DEADLINE,
-                socket: Path | None = None,
-                input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """ARGV as USER, with a clean environment and cwd in the library copy (so that the
-        checkout in /work/main, which others can read too, is never imported by accident)."""
-        home = "/root" if user == "root" else self.user(user).home
-        env = ["PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8",
-               f"{SOCKET_ENV}={socket or self.daemon.socket}", f"PYTHONPATH={self.lib}",
-               "PYTHONDONTWRITEBYTECODE=1"]
-        return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *env, *argv],
-                              capture_output=True, text=True, timeout=timeout, cwd=self.lib,
-                              input=input)
-
-    def cli(self, user: str, *args: str, timeout: float = DEADLINE,
-            socket: Path | None = None) -> subprocess.CompletedProcess[str]:
-        """`noduslocal ARGS...` as USER (root runs the checkout with the test interpreter)."""
-        if user == "root":
-            env = {**os.environ, SOCKET_ENV: str(socket or self.daemon.socket)}
-            return subprocess.run([sys.executable, "-m", "noduslocal.cli", *args],
-                                  capture_output=True, text=True, timeout=timeout, env=env,
-                                  cwd=REPO)
-        return self.as_user(user, SYSTEM_PYTHON, "-m", "noduslocal.cli", *args,
-                            timeout=timeout, socket=socket)
-
-    def cli_json(self, user: str, *args: str, socket: Path | None = None) -> Any:
-        result = self.cli(user, *args, socket=socket)
-        assert result.returncode == 0, f"{user}: noduslocal {' '.join(args)}:\n{result.stderr}"
-        return json.loads(result.stdout)
-
-    def raw(self, user: str, method: str, path: str, body: Any = None,
-            headers: dict[str, str] | None = None,
-            socket: Path | None = None) -> tuple[int, Any]:
-        """One HTTP request as USER with nothing but the standard library."""
-        result = self.as_user(
-            user, SYSTEM_PYTHON, str(self.lib / "nl_raw.py"),
-            str(socket or self.daemon.socket), method, path,
-            "" if body is None else json.dumps(body), json.dumps(headers or {}))
-        assert result.returncode == 0, result.stderr
-        reply = json.loads(result.stdout)
-        return reply["status"], reply["body"]
 
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Box]:
-    if os.geteuid() != 0:
-        _unavailable("needs root: creates Unix users and runs commands as them")
-    for tool in ("groupadd", "groupdel", "useradd", "userdel", "usermod", "gpasswd",
-                 "runuser"):
-        if shutil.which(tool) is None:
-            _unavailable(f"{tool} is not installed")
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        _unavailable(f"{SYSTEM_PYTHON} (an interpreter other users can run) is missing")
-
-    made_socket_group = not _group_exists(SOCKET_GROUP)
-    _run("groupadd", "-f", SOCKET_GROUP)
-    users: list[User] = []
-    lib = Path(tempfile.mkdtemp(prefix="nl-lib-", dir="/tmp"))
-    daemon: testing.Daemon | None = None
-    try:
-        for name in (ALICE, BOB):
-            if _user_exists(name):  # left over from an interrupted run: start afresh
-                _run("userdel", "-r", name, check=False)
-            if _user_exists(name):
-                _run("usermod", "-G", SOCKET_GROUP, name)  # replaces every other group
-            else:
-                _run("useradd", "-m", "-G", SOCKET_GROUP, name)
-            entry = pwd.getpwnam(name)
-            users.append(User(name, entry.pw_uid, entry.pw_gid, entry.pw_dir))
-
-        _copy_tree(Path(noduslocal.__file__).parent, lib / "noduslocal")
-        _copy_tree(Path(click.__file__).parent, lib / "click")
-        _copy_tree(Path(pathspec.__file__).parent, lib / "pathspec")  # for --upload
-        (lib / "nl_raw.py").write_text(RAW_HTTP)
-        _open_up(lib)
-        probe = _run("runuser", "-u", BOB, "--", "env", "-i", f"PYTHONPATH={lib}",
-                     SYSTEM_PYTHON, "-c", "import noduslocal.cli.main", check=False)
-        if probe.returncode != 0:
-            raise AssertionError(f"{BOB} cannot import the CLI from {lib}:\n{probe.stderr}")
-
-        daemon = testing.Daemon(cpus=4, memory="8GiB")
-        daemon.start()
-        yield Box(daemon, lib, users[0], users[1])
-    finally:
-        if daemon is not None:
-            daemon.close()
-        shutil.rmtree(lib, ignore_errors=True)
-        for user in users:
-            with contextlib.suppress(Exception):
-                _run("userdel", "-r", user.name, check=False)
-        if made_socket_group:
-            with contextlib.suppress(Exception):
-                _run("groupdel", SOCKET_GROUP, check=False)
+    with open_box() as opened:
+        yield opened
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -644,12 +453,12 @@ def test_map_from_copies_a_workspace_as_its_owner_for_its_owner_only(box: Box) -
 def test_a_project_squatted_before_its_user_existed_never_resolves_implicitly(
         box: Box) -> None:
     late = "nlcarol"
-    if _user_exists(late):
-        _run("userdel", "-r", late, check=False)
+    if user_exists(late):
+        run("userdel", "-r", late, check=False)
     made = box.cli(ALICE, "job", "run", "--detach", "--name", "train", "--project", late,
                    "--cpu", SMALL, "--", "true")
     assert made.returncode == 0, made.stderr
-    _run("useradd", "-m", "-G", SOCKET_GROUP, late)
+    run("useradd", "-m", "-G", SOCKET_GROUP, late)
     try:
         env = ["PATH=/usr/local/bin:/usr/bin:/bin", f"HOME=/home/{late}", "LANG=C.UTF-8",
                f"{SOCKET_ENV}={box.daemon.socket}", f"PYTHONPATH={box.lib}"]
@@ -663,19 +472,19 @@ def test_a_project_squatted_before_its_user_existed_never_resolves_implicitly(
         assert again.returncode != 0
         assert "belongs to the user of that name" in again.stderr
     finally:
-        _run("userdel", "-r", late, check=False)
+        run("userdel", "-r", late, check=False)
 
 
 # --- the admin group (last: it changes alice's groups) ------------------------------------
 
 
 def test_admin_group_member_may_control_other_users_jobs(box: Box) -> None:
-    made_admin_group = not _group_exists(ADMIN_GROUP)
+    made_admin_group = not group_exists(ADMIN_GROUP)
     if made_admin_group:
-        _run("groupadd", ADMIN_GROUP)
+        run("groupadd", ADMIN_GROUP)
     fresh: testing.Daemon | None = None
     try:
-        _run("usermod", "-aG", ADMIN_GROUP, ALICE)
+        run("usermod", "-aG", ADMIN_GROUP, ALICE)
         # Group membership is cached per daemon process: a fresh daemon sees it.
         fresh = testing.Daemon(cpus=4, memory="8GiB")
         fresh.start()
@@ -700,9 +509,9 @@ def test_admin_group_member_may_control_other_users_jobs(box: Box) -> None:
     finally:
         if fresh is not None:
             fresh.close()
-        _run("gpasswd", "-d", ALICE, ADMIN_GROUP, check=False)
+        run("gpasswd", "-d", ALICE, ADMIN_GROUP, check=False)
         if made_admin_group:
-            _run("groupdel", ADMIN_GROUP, check=False)
+            run("groupdel", ADMIN_GROUP, check=False)
 
 
 def test_disk_use_is_per_user_and_a_quota_refuses_only_its_user(box: Box) -> None:
@@ -812,7 +621,7 @@ def test_same_code_of_two_owners_gets_two_snapshots(box: Box) -> None:
     may rewrite it, and neither user can reach a snapshot outside a workspace."""
     code = Path(tempfile.mkdtemp(prefix="nl-code-", dir="/tmp"))
     (code / "train.py").write_text("print('v1')\n")
-    _open_up(code)
+    open_up(code)
     before = {p.name for p in (box.daemon.data_dir / "snapshots").iterdir()}
     seen = {}
     for user in (ALICE, BOB):

@@ -271,6 +271,10 @@ class JobService:
     def wait_reason(self, job_id: int) -> str | None:
         if (pause := self.dispatch.retry_hold(job_id)) is not None:
             return pause
+        if (attempt := self.board.active.get(job_id)) is not None:
+            # Launched, and waiting in its runtime's own queue (a cluster's): its word.
+            runtime = self.runtimes.get(attempt.job.spec.runtime)
+            return None if runtime is None else runtime.queue_reason(attempt.handles)
         if (why := self.queue.wait_reason(job_id)) is not None and self._is_cell(job_id):
             return f"blocked on capacity: {why}"  # released by its sweep, waiting its turn
         return why or self._sweep_wait_reason(job_id)

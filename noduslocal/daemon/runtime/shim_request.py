@@ -33,7 +33,9 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
     workspace = layout.workspace(job.id)
     root = Path(CONTAINER_ROOT) if world is not None else workspace
 
-    def seen(path: str) -> str:  # where the job finds a checkpoint or volume path
+    def seen(path: str) -> str:  # where the job finds a checkpoint, volume path or workdir
+        if path == CONTAINER_ROOT:
+            return str(root)
         rel = in_workspace(path)
         return str(root / rel) if rel is not None else path
 
@@ -63,7 +65,8 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
         "dir": str(directory),
         "argv": job.spec.argv if plan is None else plan.argv(job.spec.argv),
         "env": env,
-        "cwd": job.spec.workdir or str(root),
+        # Without a mount namespace (a cluster's node) /workspace is not the workspace.
+        "cwd": seen(job.spec.workdir) if job.spec.workdir else str(root),
         "uid": None,
         "mask": sorted(set((secrets or {}).values())),
         **(world or {}),

@@ -413,6 +413,13 @@ class SlurmRuntime:
             if entry is not None and entry.state == "OUT_OF_MEMORY":
                 state = Exited(exited.exit_code, exited.signal, exited.started_at,
                                exited.ended_at, oom_killed=True)
+            elif entry is not None and entry.state == "CANCELLED" and not watch.stopping:
+                # scancel by its owner or an admin, past noduslocal: the command's signal
+                # alone would read as the job's own failure.
+                how = f"killed by signal {exited.signal}" if exited.signal else \
+                    f"exit code {exited.exit_code}"
+                state = Vanished(f"Slurm job {watch.job_id} was cancelled outside "
+                                 f"noduslocal (scancel); its command ended with {how}")
         else:
             # On a shared file system the record may show a moment after Slurm's end.
             now = time.time()

@@ -1,0 +1,267 @@
+"""Issue 26: a Slurm cluster as a region, against the real two-node cluster of
+scripts/slurm-cluster.sh (n1, n2, two fake GPUs each): jobs and sweeps run there as their
+owner with the same CLI, phases, logs and exit codes; a job waiting in Slurm's queue says
+Slurm's reason; kills leave nothing in Slurm; a daemon killed -9 adopts its Slurm jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from noduslocal.daemon.runtime.slurm.runtime import TAG, daemon_tag
+from noduslocal.domain.sockets import SOCKET_ENV
+from noduslocal.domain.states import TERMINAL
+from noduslocal.testing import wait_until
+from tests.conftest import SlurmCluster
+from tests.system.lab import ALICE, BOB, DEADLINE, Box, open_box
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def lab(slurm_cluster: SlurmCluster) -> Iterator[Box]:
+    with open_box(config=slurm_cluster.config) as box:
+        yield box
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def status(lab: Box, user: str, name: str) -> dict[str, Any]:
+    return json.loads(ok(lab.cli(user, "job", "status", name, "--json")))
+
+
+def wait_phase(lab: Box, user: str, name: str, phases: set[str],
+               timeout: float = DEADLINE) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    def reached() -> bool:
+        found.update(status(lab, user, name))
+        return found["phase"] in phases
+
+    wait_until(reached, f"{name} never reached {phases}: {found}", timeout)
+    return found
+
+
+def ours(lab: Box, cluster: SlurmCluster) -> list[list[str]]:
+    """The Slurm jobs this test's daemon submitted that squeue still lists as not ended."""
+    prefix = f"{TAG}:{daemon_tag(lab.daemon.data_dir)}:"
+    return [row for row in cluster.queue() if row[3].startswith(prefix)
+            and row[1] not in ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT")]
+
+
+def fill_cluster(cluster: SlurmCluster) -> list[str]:
+    """Both nodes taken by exclusive sleeping jobs submitted with sbatch directly."""
+    ids = [ok(subprocess.run(["sbatch", "--parsable", "--exclusive", "--nodes=1",
+                              "--output=/dev/null", "--comment=filler", "--wrap", "sleep 300"],
+                             capture_output=True, text=True, timeout=60)).strip()
+           for _ in range(2)]
+    wait_until(lambda: all(row[1] == "RUNNING" for row in cluster.queue()
+                           if row[0] in ids), "the fillers never ran", DEADLINE)
+    return ids
+
+
+def test_a_job_runs_on_a_node_and_streams_its_output(lab: Box) -> None:
+    done = lab.cli("root", "job", "run", "--region", "cluster", "--name", "where",
+                   "--", "sh", "-c", "echo on $SLURMD_NODENAME")
+    assert re.search(r"^on n[12]$", ok(done), re.M), done.stdout
+    final = status(lab, "root", "where")
+    assert final["phase"] == "Succeeded"
+    assert final["spec"]["region"] == "cluster"
+
+
+def test_exit_codes_and_slurm_s_gpus(lab: Box) -> None:
+    failed = lab.cli("root", "job", "run", "--region", "cluster", "--", "sh", "-c", "exit 3")
+    assert failed.returncode == 3, failed.stderr
+    assert "exited with code 3" in failed.stderr
+    gpus = ok(lab.cli("root", "job", "run", "--region", "cluster", "--gpus", "1", "--",
+                      "sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES"))
+    assert re.search(r"^visible=[0-9]$", gpus, re.M), gpus
+
+
+def test_a_second_user_s_job_runs_as_them_and_leaves_no_request(lab: Box) -> None:
+    """runuser -u OWNER -- sbatch: the job has the owner's uid, group and HOME; the shim's
+    request (which could hold secrets) is gone once it ran; another user cannot read the
+    job's logs."""
+    alice = lab.user(ALICE)
+    out = ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "who", "--",
+                     "sh", "-c", "echo uid=$(id -u) gid=$(id -g) home=$HOME"))
+    assert f"uid={alice.uid} gid={alice.gid} home={alice.home}" in out, out
+    attempts = list(lab.daemon.data_dir.glob("jobs/*/attempt-1/request.json"))
+    assert attempts == [], attempts
+    denied = lab.cli(BOB, "job", "logs", "who", "-p", ALICE)
+    assert denied.returncode != 0 and "who" not in denied.stdout
+
+
+def test_a_job_cannot_make_the_daemon_read_through_a_link(lab: Box) -> None:
+    """The job's owner can write its attempt directory (the shim on the node writes as them):
+    its logs swapped for links to a root-only file are not followed by the daemon."""
+    script = ("echo swapping; cd ../attempt-$NODUS_ATTEMPT && "
+              "for f in output.log stderr.log stdout.log; "
+              "do rm -f $f; ln -s /etc/shadow $f; done; ls -l output.log >&2")
+    ok(lab.cli(BOB, "job", "run", "--region", "cluster", "--name", "links", "--",
+               "sh", "-c", script))
+    swapped = lab.daemon.data_dir.glob("jobs/*/attempt-*/output.log")
+    assert any(p.is_symlink() for p in swapped), "the job did not swap its log"
+    for extra in ((), ("--stderr",), ("--tail", "5")):
+        logs = lab.cli(BOB, "job", "logs", "links", *extra)
+        assert "root:" not in logs.stdout + logs.stderr, extra
+
+
+def test_a_job_waiting_in_slurm_says_slurm_s_reason(lab: Box,
+                                                    slurm_cluster: SlurmCluster) -> None:
+    fillers = fill_cluster(slurm_cluster)
+    try:
+        ok(lab.cli("root", "job", "run", "--region", "cluster", "--name", "behind", "-d",
+                   "--", "true"))
+        seen: dict[str, Any] = {}
+
+        def says_why() -> bool:
+            seen.update(status(lab, "root", "behind"))
+            return "queued in Slurm (" in (seen.get("hold") or "")
+
+        wait_until(says_why, "Slurm's reason in the job's hold", DEADLINE)
+        assert seen["phase"] == "Pending", seen
+        assert re.search(r"queued in Slurm \((Resources|Priority)\), job \d+ on partition "
+                         r"debug", seen["hold"]), seen["hold"]
+        listed = ok(lab.cli("root", "job", "list"))
+        assert re.search(r"behind .*queued in Slurm", listed), listed
+    finally:
+        subprocess.run(["scancel", *fillers], check=False)
+    assert wait_phase(lab, "root", "behind", set(TERMINAL))["phase"] == "Succeeded"
+
+
+def test_kill_and_cancel_leave_nothing_in_slurm(lab: Box,
+                                               slurm_cluster: SlurmCluster) -> None:
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "long", "-d", "--",
+               "sleep", "300"))
+    wait_phase(lab, ALICE, "long", {"Running"})
+    assert ours(lab, slurm_cluster), "the running job is not in squeue"
+    ok(lab.cli(ALICE, "job", "kill", "long"))
+    assert wait_phase(lab, ALICE, "long", set(TERMINAL))["phase"] == "Cancelled"
+    wait_until(lambda: not ours(lab, slurm_cluster), "the killed job is still in squeue",
+               DEADLINE)
+
+    fillers = fill_cluster(slurm_cluster)
+    try:
+        ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "queued", "-d",
+                   "--", "true"))
+        wait_until(lambda: bool(ours(lab, slurm_cluster)), "never submitted", DEADLINE)
+        ok(lab.cli(ALICE, "job", "cancel", "queued"))
+        assert wait_phase(lab, ALICE, "queued", set(TERMINAL))["phase"] == "Cancelled"
+        wait_until(lambda: not ours(lab, slurm_cluster),
+                   "the cancelled queued job is still in squeue", DEADLINE)
+    finally:
+        subprocess.run(["scancel", *fillers], check=False)
+
+
+def end_events(lab: Box, name: str, project: str) -> list[dict[str, Any]]:
+    lines = ok(lab.cli("root", "events", "--job", name, "-p", project, "--json"))
+    events = [json.loads(line) for line in lines.splitlines() if line.strip()]
+    return [e for e in events if e.get("phase") in TERMINAL]
+
+
+def test_a_daemon_killed_mid_job_adopts_it_and_records_its_end_once(lab: Box) -> None:
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "adopted", "-d", "--",
+               "sh", "-c", "sleep 4; echo finished; exit 5"))
+    wait_phase(lab, ALICE, "adopted", {"Running"})
+    lab.daemon.kill()
+    time.sleep(5)  # the job ends while no daemon watches it
+    lab.daemon.start()
+    final = wait_phase(lab, ALICE, "adopted", set(TERMINAL))
+    assert final["phase"] == "Failed" and final["exit_code"] == 5, final
+    assert "finished" in ok(lab.cli(ALICE, "job", "logs", "adopted"))
+    assert len(end_events(lab, "adopted", ALICE)) == 1
+
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "adopted-running",
+               "-d", "--", "sh", "-c", "sleep 6"))
+    wait_phase(lab, ALICE, "adopted-running", {"Running"})
+    lab.daemon.kill()
+    lab.daemon.start()  # while the job still runs: watched again, ends once
+    final = wait_phase(lab, ALICE, "adopted-running", set(TERMINAL))
+    assert final["phase"] == "Succeeded", final
+    assert len(end_events(lab, "adopted-running", ALICE)) == 1
+
+
+def test_a_job_cancelled_in_slurm_while_the_daemon_was_away_ends_lost(
+        lab: Box, slurm_cluster: SlurmCluster) -> None:
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "gone", "-d", "--",
+               "sleep", "300"))
+    wait_phase(lab, ALICE, "gone", {"Running"})
+    lab.daemon.kill()
+    for row in ours(lab, slurm_cluster):
+        subprocess.run(["scancel", row[0]], check=True)
+    lab.daemon.start()
+    final = wait_phase(lab, ALICE, "gone", set(TERMINAL), timeout=DEADLINE)
+    assert (final["phase"], final["reason"]) == ("Failed", "Lost"), \
+        (final["phase"], final["reason"], final["message"])
+    assert "cancelled outside noduslocal" in (final.get("message") or ""), final["message"]
+
+
+def test_a_restart_of_slurmctld_loses_nothing(lab: Box, slurm_cluster: SlurmCluster) -> None:
+    ok(lab.cli(BOB, "job", "run", "--region", "cluster", "--name", "through", "-d", "--",
+               "sh", "-c", "sleep 5; echo through"))
+    wait_phase(lab, BOB, "through", {"Running"})
+    slurm_cluster.restart_controller(down_for=3)
+    final = wait_phase(lab, BOB, "through", set(TERMINAL))
+    assert final["phase"] == "Succeeded", final
+    assert "through" in ok(lab.cli(BOB, "job", "logs", "through"))
+
+
+def test_a_sweep_in_the_cluster_and_one_over_both_regions(lab: Box, tmp_path: Path) -> None:
+    out = ok(lab.cli("root", "map", "--region", "cluster", "--name", "csweep", "--no-code",
+                     "--max-parallel", "4", "--json", "--",
+                     "sh", "-c", "echo task {} on $SLURMD_NODENAME", ":::",
+                     *[str(i) for i in range(10)], timeout=180))
+    assert json.loads(out)["name"] == "csweep"
+    ok(lab.cli("root", "sweep", "wait", "csweep", "--timeout", "150", timeout=180))
+    report = json.loads(ok(lab.cli("root", "sweep", "status", "csweep", "--cells", "--json")))
+    assert report["phase"] == "Succeeded", report
+    cells = report["cell_list"]
+    assert len(cells) == 10 and all(c["region"] == "cluster" for c in cells), cells
+    table = ok(lab.cli("root", "sweep", "status", "csweep", "--cells"))
+    assert re.search(r"csweep-7 .* cluster +Succeeded", table), table
+    logs = ok(lab.cli("root", "job", "logs", "csweep-7"))
+    assert re.search(r"task 7 on n[12]", logs), logs
+
+    program = tmp_path / "mixed.py"
+    program.write_text(
+        "import noduslocal as nodus\n"
+        "sweep = nodus.Sweep({'command': ['sh', '-c', 'echo at ${SLURMD_NODENAME:-box}'],\n"
+        "                     'cpu': '100m'},\n"
+        "                    grid={'region': ['local', 'cluster'], 'N': [1, 2]}).run()\n"
+        "print(sweep.wait().phase)\n"
+        "for cell in sweep.cells():\n"
+        "    print(cell.region, cell.phase)\n")
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                            timeout=180, env={**os.environ, SOCKET_ENV: str(lab.daemon.socket)})
+    lines = ok(result).splitlines()
+    assert lines[0] == "Succeeded", result.stdout
+    assert sorted(lines[1:]) == ["cluster Succeeded", "cluster Succeeded",
+                                 "local Succeeded", "local Succeeded"], result.stdout
+
+
+def test_what_a_cluster_cannot_do_is_refused_naming_field_and_region(lab: Box) -> None:
+    refused = lab.cli("root", "job", "run", "--region", "cluster", "--image", "busybox",
+                      "--", "true")
+    assert refused.returncode == 2
+    assert "image" in refused.stderr and "'cluster'" in refused.stderr
+    unknown = lab.cli("root", "job", "run", "--region", "mars", "--", "true")
+    assert unknown.returncode == 2 and "region" in unknown.stderr
+    listed = json.loads(ok(lab.cli("root", "regions", "--json")))
+    cluster = next(r for r in listed if r["name"] == "cluster")
+    assert cluster["reachable"] and cluster["gpus"]["fake"]["total"] == 4, cluster
+    nodes = {n["name"] for p in cluster["partitions"] for n in p["nodes"]}
+    assert nodes == {"n1", "n2"}
