@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from noduslocal import testing
 from noduslocal.daemon.runtime.slurm.runtime import TAG, daemon_tag
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.domain.states import TERMINAL
@@ -265,3 +266,29 @@ def test_what_a_cluster_cannot_do_is_refused_naming_field_and_region(lab: Box) -
     assert cluster["reachable"] and cluster["gpus"]["fake"]["total"] == 4, cluster
     nodes = {n["name"] for p in cluster["partitions"] for n in p["nodes"]}
     assert nodes == {"n1", "n2"}
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_s_cluster_section_runs_as_written(slurm_cluster: SlurmCluster) -> None:
+    """Its config block is the daemon's config, and its shell and Python blocks run."""
+    del slurm_cluster
+    text = README.read_text()
+    section = text[text.index("## A Slurm cluster as a region"):text.index("## How it works")]
+    blocks = re.findall(r"^```(toml|sh|python)\n(.*?)^```", section, re.S | re.M)
+    assert [kind for kind, _ in blocks] == ["toml", "sh", "python"], blocks
+    config, shell, python = (code for _, code in blocks)
+    with testing.daemon(cpus=2, memory="8GiB", config=config) as d:
+        env = {**os.environ, SOCKET_ENV: str(d.socket),
+               "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        ran = subprocess.run(["bash", "-euo", "pipefail", "-c", shell], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, f"{ran.stdout[-4000:]}\n---\n{ran.stderr[-4000:]}"
+        assert re.search(r"^on n[12]$", ran.stdout, re.M), ran.stdout
+        assert re.search(r"^gpu [0-9]$", ran.stdout, re.M), ran.stdout
+        assert re.search(r"^cluster +slurm +debug", ran.stdout, re.M), ran.stdout
+        sdk = subprocess.run([sys.executable, "-c", python], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert sdk.returncode == 0 and sdk.stdout.strip() == "Succeeded", \
+            f"{sdk.stdout[-4000:]}\n---\n{sdk.stderr[-4000:]}"
