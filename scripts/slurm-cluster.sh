@@ -53,6 +53,8 @@ SwitchType=switch/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+# A job that asks for no memory gets 500 MB a CPU, not the whole node (Slurm's default).
+DefMemPerCPU=500
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
@@ -105,6 +107,8 @@ up() {
     fi
     if ! running slurmctld; then
         slurmctld -i
+    else
+        scontrol reconfigure >/dev/null 2>&1 || true  # a running one reads the config again
     fi
     for _ in $(seq 50); do ctld_answers && break; sleep 0.2; done
     ctld_answers || { tail -20 "$LOGS/slurmctld.log" >&2; echo "slurmctld did not answer" >&2; exit 1; }

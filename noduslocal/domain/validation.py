@@ -276,7 +276,6 @@ CLUSTER_REFUSED = {
     "volumes": "volumes live on this box; use paths in the workspace (its outputs come back)",
     "checkpoint": "a checkpoint path is kept on this box; write it in the workspace",
     "disk": "a job directory's size is reserved on this box only",
-    "distributed": "gangs in a cluster region are not supported yet",
     "completions": "indexed jobs in a cluster region are not supported yet",
     "parallelism": "indexed jobs in a cluster region are not supported yet",
 }
@@ -288,6 +287,12 @@ def check_cluster_fields(body: Mapping[str, Any], region: str) -> None:
         if body.get(key) not in (None, {}, []):
             raise Unsupported(key, message=f"{key}: not in region {region!r} (a Slurm "
                                            f"cluster): {why}")
+    distributed = body.get("distributed")
+    if isinstance(distributed, Mapping) and distributed.get("transport") not in (None, "auto"):
+        # The transports are one host's NCCL settings; across nodes NCCL picks the fabric.
+        raise Unsupported("distributed.transport", message=f"distributed.transport: not in "
+                          f"region {region!r} (a Slurm cluster): NCCL picks the nodes' "
+                          f"fabric there; leave it auto")
     gpu = parse_gpu(body.get("gpu"))
     if gpu is not None and gpu.min_memory is not None:
         raise Unsupported("gpu", message=f"gpu: a GPU's memory cannot be asked for in region "

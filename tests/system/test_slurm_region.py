@@ -106,6 +106,30 @@ def test_a_second_user_s_job_runs_as_them_and_leaves_no_request(lab: Box) -> Non
     assert denied.returncode != 0 and "who" not in denied.stdout
 
 
+def test_a_gang_runs_one_rank_on_each_node(lab: Box) -> None:
+    """One Slurm job over two nodes, a rank on each started by srun: MASTER_ADDR is the
+    first node with a port chosen there, each rank's exit is recorded, logs by rank."""
+    out = ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "gang",
+                     "--nodes", "2", "--gpus-per-node", "1", "--", "sh", "-c",
+                     "echo rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME at "
+                     "$MASTER_ADDR:$MASTER_PORT gpu $CUDA_VISIBLE_DEVICES"))
+    ranks = re.findall(r"^\[r(\d)\] rank (\d) of 2 on (n[12]) at (\S+):(\d+) gpu (\d)$",
+                       out, re.M)
+    assert sorted(r[0] for r in ranks) == ["0", "1"], out
+    assert all(r[0] == r[1] for r in ranks), out
+    assert {r[2] for r in ranks} == {"n1", "n2"}, out  # one rank on each node
+    assert len({(r[3], r[4]) for r in ranks}) == 1, out  # one rendezvous for both
+    both = ok(lab.cli(ALICE, "job", "logs", "gang", "--rank", "all"))
+    assert "[r0] rank 0" in both and "[r1] rank 1" in both, both
+    assert "rank 1 of 2" in ok(lab.cli(ALICE, "job", "logs", "gang", "--rank", "1"))
+
+    failed = lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "gang-fails",
+                     "--nodes", "2", "--", "sh", "-c", "[ $RANK = 1 ] && exit 3; sleep 300")
+    assert failed.returncode == 3, failed.stderr  # rank 1's end stops rank 0
+    doc = status(lab, ALICE, "gang-fails")
+    assert doc["phase"] == "Failed" and doc["exit_code"] == 3, doc
+
+
 def test_a_job_cannot_make_the_daemon_read_through_a_link(lab: Box) -> None:
     """The job's owner can write its attempt directory (the shim on the node writes as them):
     its logs swapped for links to a root-only file are not followed by the daemon."""

@@ -36,8 +36,6 @@ REFUSED_IN_CLUSTER: list[tuple[str, Any]] = [
     ("disk", "10GiB"),
     ("completions", 4),
     ("parallelism", 2),
-    ("distributed", {"nodes": 2}),
-    ("distributed", {"nodes": 2, "gpus_per_node": 1, "launcher": "Torchrun"}),
 ]
 
 
@@ -60,6 +58,18 @@ def test_what_a_cluster_cannot_run_is_refused_naming_field_and_region(
 def test_indexed_shape_is_refused_in_a_cluster() -> None:
     error = refused({**PLAIN, "region": "cluster", "completions": 8, "parallelism": 2})
     assert type(error) is errors.Unsupported and error.field in ("completions", "parallelism")
+    assert "'cluster'" in error.message
+
+
+def test_a_gang_runs_in_a_cluster_but_not_with_one_host_s_transport() -> None:
+    """A gang is one Slurm job over N nodes; the transports are NCCL settings for one host."""
+    for gang in ({"nodes": 2}, {"nodes": 2, "gpus_per_node": 1, "launcher": "Torchrun"}):
+        spec = parse_create({**PLAIN, "region": "cluster", "distributed": gang},
+                            regions=REGIONS).spec
+        assert spec.gang is not None and spec.gang.nodes == 2 and spec.region == "cluster"
+    error = refused({**PLAIN, "region": "cluster",
+                     "distributed": {"nodes": 2, "transport": "tcp"}})
+    assert type(error) is errors.Unsupported and error.field == "distributed.transport"
     assert "'cluster'" in error.message
 
 
@@ -183,7 +193,7 @@ def test_a_grid_of_one_cluster_region_and_a_template_region() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("image", "python:3.11"), ("disk", "10GiB"), ("checkpoint", "/workspace/ckpt"),
-    ("distributed", {"nodes": 2}), ("completions", 4),
+    ("completions", 4),
 ])
 def test_a_template_field_a_cluster_refuses_fails_the_sweep_at_create(
         field: str, value: Any) -> None:

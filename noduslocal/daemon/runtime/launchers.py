@@ -66,6 +66,7 @@ class RankPlan:
     rank_addr: str  # the address other ranks reach this one at
     job_id: int
     attempt: int
+    one_host: bool = True  # False: ranks on a cluster's nodes (its fabric is NCCL's pick)
 
     def env(self) -> dict[str, str]:
         gang = self.gang
@@ -83,7 +84,7 @@ class RankPlan:
             "NODUS_LAUNCHER": gang.launcher,
             "NODUS_STARTUP_TIMEOUT": f"{gang.startup_timeout:g}",
             "NODUS_GANG": f"{self.job_id}-{self.attempt}",
-            **gang.nccl_env(),
+            **(gang.nccl_env() if self.one_host else {}),
             # The job's own ray.init() finds this gang's cluster, not another on the box.
             **({"RAY_ADDRESS": f"{self.master_addr}:{self.master_port}"}
                if gang.ranks_wait_for_head else {}),

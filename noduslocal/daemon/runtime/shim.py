@@ -788,12 +788,73 @@ CLUSTER_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVIC
                "ZE_AFFINITY_MASK")
 
 
-def run_batch(directory: str) -> None:
+# A gang's rendezvous as the daemon writes it into each rank's request, before the cluster
+# chose nodes: filled in on the nodes (the batch host, the first node, is rank 0's).
+MASTER_ADDR_TOKEN = "@@nodus-master-addr@@"
+MASTER_PORT_TOKEN = "@@nodus-master-port@@"
+RANK_ADDR_TOKEN = "@@nodus-rank-addr@@"
+
+
+def run_gang(directory: str, srun: str, nodes: int) -> None:
+    """A cluster gang's batch script (`shim.py --gang DIR SRUN N`), on its first node: a
+    free port chosen here for rank 0's rendezvous, then one `shim.py --rank DIR` per node
+    started by srun; exits with the first non-zero rank exit (0 when all succeeded)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    import socket  # here: this box's shims, which start a job each, never need it
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    os.environ["NODUS_MASTER_ADDR"] = socket.gethostname()
+    os.environ["NODUS_MASTER_PORT"] = str(port)
+    argv = [srun, f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=0", "--export=ALL", sys.executable, "-I", "-S",
+            os.path.abspath(__file__), "--rank", directory]
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            os.execv(srun, argv)
+        finally:
+            os._exit(127)
+    os.waitpid(pid, 0)
+    codes = []
+    for rank in range(nodes):
+        try:
+            where = directory if rank == 0 else os.path.join(directory, f"rank-{rank}")
+            with open(os.path.join(where, EXIT), "rb") as file:
+                codes.append(json.load(file)["exit_code"])
+        except (OSError, ValueError, KeyError):
+            codes.append(1)
+    code = next((c for c in codes if c != 0), 0)
+    sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
+
+
+def run_rank(directory: str) -> None:
+    """One rank of a cluster gang (`shim.py --rank DIR`, started by srun on its node): the
+    rank's own request, with the rendezvous the gang's first node chose."""
+    import socket  # as in run_gang
+
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    where = directory if rank == 0 else os.path.join(directory, f"rank-{rank}")
+    run_batch(where, {MASTER_ADDR_TOKEN: os.environ.get("NODUS_MASTER_ADDR", ""),
+                      MASTER_PORT_TOKEN: os.environ.get("NODUS_MASTER_PORT", ""),
+                      RANK_ADDR_TOKEN: socket.gethostname()})
+
+
+def _fill(value: str, tokens: dict[str, str]) -> str:
+    for token, text in tokens.items():
+        value = value.replace(token, text)
+    return value
+
+
+def run_batch(directory: str, tokens: dict[str, str] | None = None) -> None:
     """A cluster's batch job (`shim.py --run DIR`), as the job's owner on a compute node:
     the attempt run by a shim in a child of ours, as the spawner would fork it, and our
     exit the job's, for the cluster's own accounting. SIGTERM is ignored here and in the
     shim (`scancel --full` sends it to every process of the job, ours too; the job gets it
-    and its exit is recorded); SIGKILL after the cluster's grace ends us all."""
+    and its exit is recorded); SIGKILL after the cluster's grace ends us all. `tokens`: a
+    gang rank's rendezvous, put where its request has their names."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     path = os.path.join(directory, REQUEST)
     try:
@@ -808,6 +869,9 @@ def run_batch(directory: str) -> None:
     env = dict(req["env"])
     env.update({key: value for key, value in os.environ.items()
                 if key.startswith(CLUSTER_ENV_PREFIXES) or key in CLUSTER_ENV})
+    if tokens:
+        env = {key: _fill(value, tokens) for key, value in env.items()}
+        req["argv"] = [_fill(arg, tokens) for arg in req["argv"]]
     req["env"] = env
     pid = os.fork()
     if pid == 0:
@@ -881,5 +945,9 @@ if __name__ == "__main__":
         exec_in(json.loads(sys.argv[2]))
     elif sys.argv[1:2] == ["--run"]:
         run_batch(sys.argv[2])
+    elif sys.argv[1:2] == ["--gang"]:
+        run_gang(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1:2] == ["--rank"]:
+        run_rank(sys.argv[2])
     else:
         serve()

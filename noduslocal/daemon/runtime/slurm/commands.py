@@ -464,6 +464,12 @@ def _find(tool: str) -> str | None:
     return shutil.which(tool, path=path)
 
 
+def tool_path(tool: str) -> str:
+    """Where TOOL is on this submit host: the path a batch script uses on the nodes (a
+    batch job's PATH is not the user's), which are taken to have Slurm where it is here."""
+    return _find(tool) or tool
+
+
 def _user_name() -> str:
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
@@ -488,7 +494,9 @@ def _as_owner(owner: str | None, tool: str) -> list[str]:
 
 def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
     base = os.environ if env is None else env
-    return {k: v for k, v in base.items() if not k.startswith(_TOOL_VARIABLES)}
+    # SLURM_CONF only says where the cluster's config is: a site may point the daemon there.
+    return {k: v for k, v in base.items()
+            if not k.startswith(_TOOL_VARIABLES) or k == "SLURM_CONF"}
 
 
 async def _run(tool: str, args: Sequence[str], *, owner: str | None = None,

@@ -45,6 +45,7 @@ from noduslocal.daemon.runtime.base import (
     Vanished,
     rank_dir,
 )
+from noduslocal.daemon.runtime.launchers import RankPlan
 from noduslocal.daemon.runtime.shim_request import launch_request
 from noduslocal.daemon.runtime.slurm import commands
 from noduslocal.daemon.runtime.slurm.commands import (
@@ -63,6 +64,7 @@ KIND = "slurm"
 TAG = "noduslocal"
 RECORD_GRACE = 10.0  # seconds an ended job's exit record may take to show on a shared fs
 ADOPT_RETRY = 5.0  # seconds between tries to reach slurmctld while adopting
+SIGNAL_ONCE = 2.0  # seconds in which a signal for one more rank of a gang is not sent again
 # Slurm's states in which the batch script runs, or its node is being set up for it.
 RUNS = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STOPPED", "SIGNALING",
                   "STAGE_OUT"})
@@ -86,12 +88,15 @@ class Watch:
     owner: str
     directory: Path
     running: asyncio.Future[float]
-    ended: asyncio.Future[AttemptState]
+    ends: dict[int, asyncio.Future[AttemptState]]  # by rank: one, or a gang's
     entry: QueueEntry | None = None
     stopping: bool = False  # we cancelled or signalled it
     ended_at: float | None = None  # when Slurm first said it ended without an exit record
-    started: float | None = None
-    notes: list[str] = field(default_factory=list)
+    sent: dict[int, float] = field(default_factory=dict)  # signal -> when we sent it
+
+    @property
+    def done(self) -> bool:
+        return all(end.done() for end in self.ends.values())
 
 
 class SlurmRuntime:
@@ -135,12 +140,12 @@ class SlurmRuntime:
         ref = launch.ref
         job = ref.job
         region = self._region(job)
-        if job.spec.gang is not None or job.spec.indexed is not None:
-            raise LaunchFailed("gangs and indexed jobs do not run in a cluster region yet")
+        if job.spec.indexed is not None:
+            raise LaunchFailed("indexed jobs do not run in a cluster region yet")
         directory = ref.directory
         comment = self._comment(job.id, ref.number)
         await asyncio.to_thread(self._prepare, job, launch, directory)
-        script = self._script(region, directory)
+        script = self._script(region, directory, job)
         options = self._options(job, region, comment, directory)
         try:
             job_id = await commands.submit(job.owner, script, options,
@@ -150,14 +155,14 @@ class SlurmRuntime:
                 raise LaunchFailed(f"Slurm refused the job: {exc.stderr.strip() or exc}") \
                     from None
             # sbatch may have reached slurmctld all the same: never twice, so look first.
-            found = await self._find(comment)
+            found = await self._find(comment, job.owner)
             if found is None:
                 raise NotLaunched(NeverStarted(f"Slurm did not answer ({exc})",
                                                certain=True)) from None
             job_id = found
         log.info("job %s: attempt %d submitted to region %s as Slurm job %d", job.name,
                  ref.number, region.name, job_id)
-        return [self._watch(job, directory, job_id)]
+        return self._watch(job, directory, job_id)
 
     async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
                     stopping: bool) -> list[Rank] | AttemptState:
@@ -167,7 +172,7 @@ class SlurmRuntime:
         while True:
             try:
                 job_id = ids[0] if ids else await self._find(
-                    self._comment(job.id, ref.number))
+                    self._comment(job.id, ref.number), job.owner)
                 break
             except SlurmError as exc:  # slurmctld away: the attempt waits for it
                 self.unreachable = str(exc)
@@ -177,15 +182,19 @@ class SlurmRuntime:
         if job_id is None:  # never submitted (the daemon died before sbatch answered)
             exited = await asyncio.to_thread(read_exit, ref.directory)
             return exited if exited is not None else NeverStarted()
-        rank = self._watch(job, ref.directory, job_id)
+        ranks = self._watch(job, ref.directory, job_id)
         self._watches[job_id].stopping = stopping
-        return [rank]
+        return ranks
 
     async def signal(self, ref: AttemptRef, handle: Handle, sig: int) -> bool:
         job_id = int(handle.ref)
         watch = self._watches.get(job_id)
         if watch is not None:
             watch.stopping = True
+            # A gang's ranks are one Slurm job: the signal for each rank is sent once.
+            if time.monotonic() - watch.sent.get(sig, -SIGNAL_ONCE) < SIGNAL_ONCE:
+                return True
+            watch.sent[sig] = time.monotonic()
         queued = watch is None or not watch.running.done()
         try:
             if sig == signals.SIGKILL or queued:  # a queued job has nothing to signal
@@ -209,8 +218,9 @@ class SlurmRuntime:
     async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
         for handle in handles:
             self._watches.pop(int(handle.ref), None)
-        with contextlib.suppress(FileNotFoundError):  # never started: its secrets go
-            (ref.directory / shim.REQUEST).unlink()
+        for rank in _ranks(ref.job):  # never started: its secrets go
+            with contextlib.suppress(FileNotFoundError):
+                (rank_dir(ref.directory, rank) / shim.REQUEST).unlink()
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
@@ -273,16 +283,28 @@ class SlurmRuntime:
 
     def _prepare(self, job: JobRecord, launch: Launch, directory: Path) -> None:
         """The attempt directory handed to the owner (the shim writes there as them, on a
-        node), and the shim's request in it, readable by the owner alone."""
+        node), and in it each rank's request, readable by the owner alone: a gang's rank
+        R>0 in rank-R/, its rendezvous left for the nodes to fill in."""
         self._install_shim()
-        request = launch_request(self.layout, job, launch.ref.number, launch.secrets,
-                                 directory=directory)
-        for key in ("uid", "gid", "groups"):
-            request.pop(key, None)
-        request["max_log"] = self._max_log()
-        if os.geteuid() == 0:
-            os.chown(directory, job.owner_uid, job.owner_gid)
-        path = directory / shim.REQUEST
+        number = launch.ref.number
+        places = [rank_dir(directory, rank) for rank in _ranks(job)]
+        for rank, where in enumerate(places):
+            where.mkdir(mode=0o700, exist_ok=True)
+            plan = None if job.spec.gang is None else RankPlan(
+                job.spec.gang, rank, shim.MASTER_ADDR_TOKEN, shim.MASTER_PORT_TOKEN,
+                shim.RANK_ADDR_TOKEN, job.id, number, one_host=False)
+            request = launch_request(self.layout, job, number, launch.secrets, plan=plan,
+                                     directory=where)
+            for key in ("uid", "gid", "groups"):
+                request.pop(key, None)
+            request["max_log"] = self._max_log()
+            self._write_request(job, where / shim.REQUEST, request)
+        if os.geteuid() == 0:  # the attempt's directory last: until then the owner has none
+            for where in reversed(places):
+                os.chown(where, job.owner_uid, job.owner_gid)
+
+    @staticmethod
+    def _write_request(job: JobRecord, path: Path, request: dict[str, Any]) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
         try:
@@ -309,18 +331,24 @@ class SlurmRuntime:
             os.rename(tmp, target)
         self._shim = target
 
-    def _script(self, region: SlurmRegion, directory: Path) -> str:
+    def _script(self, region: SlurmRegion, directory: Path, job: JobRecord) -> str:
         assert self._shim is not None
-        return (f"#!/bin/sh\n# noduslocal: the attempt's shim runs the job and records its "
-                f"exit in {directory}\nexec {region.python} -I -S {self._shim} --run "
-                f"{directory}\n")
+        head = (f"#!/bin/sh\n# noduslocal: the attempt's shim runs the job and records its "
+                f"exit in {directory}\n")
+        gang = job.spec.gang
+        if gang is None:
+            return f"{head}exec {region.python} -I -S {self._shim} --run {directory}\n"
+        srun = commands.tool_path("srun")
+        return (f"{head}exec {region.python} -I -S {self._shim} --gang {directory} {srun} "
+                f"{gang.nodes}\n")
 
     def _options(self, job: JobRecord, region: SlurmRegion, comment: str,
                  directory: Path) -> list[str]:
         spec = job.spec
+        nodes = 1 if spec.gang is None else spec.gang.nodes
         options = [f"--job-name={job.name}", f"--comment={comment}", "--output=/dev/null",
                    "--error=/dev/null", f"--chdir={directory}", "--export=NONE",
-                   "--nodes=1", "--ntasks=1",
+                   f"--nodes={nodes}", "--ntasks-per-node=1",
                    # Slurm's own requeue (JobRequeue=1 by default, on a node's failure)
                    # would run the attempt a second time behind the daemon's back: a lost
                    # node is a lost attempt, retried by the job's `retries`.
@@ -333,9 +361,11 @@ class SlurmRuntime:
             # says Timeout) before Slurm would, grace and a minute later.
             limit = spec.timeout + self.live.current.kill_grace + 60
             options.append(f"--time={math.ceil(limit / 60)}")
-        if spec.gpu is not None:
-            gres = region.gres_type(spec.gpu.model)
-            options.append(f"--gpus-per-node={gres + ':' if gres else ''}{spec.gpu.count}")
+        per_node = spec.gang.gpus_per_node if spec.gang is not None else \
+            (spec.gpu.count if spec.gpu is not None else 0)
+        if per_node:
+            gres = region.gres_type(spec.gpu.model if spec.gpu is not None else None)
+            options.append(f"--gpus-per-node={gres + ':' if gres else ''}{per_node}")
         for flag, value in (("partition", region.partition), ("account", region.account),
                             ("qos", region.qos)):
             if value:
@@ -352,24 +382,28 @@ class SlurmRuntime:
     def _transient(exc: SlurmError) -> bool:
         return exc.returncode is None or any(word in exc.stderr for word in TRANSIENT)
 
-    async def _find(self, comment: str) -> int | None:
+    async def _find(self, comment: str, owner: str) -> int | None:
+        """The owner's job with this comment: any user may set their own job's comment to
+        another's tag (scontrol update), so the comment alone names nobody's attempt."""
         entries = await commands.queue(comment)
-        return next((e.job_id for e in entries.values() if e.comment == comment), None)
+        return next((e.job_id for e in entries.values()
+                     if e.comment == comment and e.user == owner), None)
 
     # --- watching ------------------------------------------------------------------------
 
-    def _watch(self, job: JobRecord, directory: Path, job_id: int) -> Rank:
+    def _watch(self, job: JobRecord, directory: Path, job_id: int) -> list[Rank]:
         loop = asyncio.get_running_loop()
         watch = self._watches.get(job_id)
         if watch is None:
             watch = Watch(job_id, job.owner, directory, loop.create_future(),
-                          loop.create_future())
+                          {rank: loop.create_future() for rank in _ranks(job)})
             self._watches[job_id] = watch
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="slurm-poll")
         self._wake.set()
-        return Rank(Handle(KIND, str(job_id), 0, job.spec.region), time.time(),
-                    watch.ended, watch.running)
+        now = time.time()
+        return [Rank(Handle(KIND, str(job_id), rank, job.spec.region), now, end,
+                     watch.running) for rank, end in watch.ends.items()]
 
     def _interval(self) -> float:
         regions = self.live.current.regions.values()
@@ -398,7 +432,7 @@ class SlurmRuntime:
                 await self._wake.wait()
 
     async def _update(self, watch: Watch, entry: QueueEntry | None) -> None:
-        if watch.ended.done():
+        if watch.done:
             return
         if entry is not None:
             watch.entry = entry
@@ -406,36 +440,54 @@ class SlurmRuntime:
             if entry.state in RUNS and not watch.running.done():
                 started = entry.start.timestamp() if entry.start else time.time()
                 watch.running.set_result(started)
+            if len(watch.ends) > 1 and watch.running.done():
+                # A gang's rank may end before the others: its record says so.
+                for rank, end in watch.ends.items():
+                    if not end.done() and (exited := await asyncio.to_thread(
+                            read_exit, rank_dir(watch.directory, rank))) is not None:
+                        end.set_result(exited)
             return
-        exited = await asyncio.to_thread(read_exit, watch.directory)
-        state: AttemptState | None = exited
-        if exited is not None:
-            if entry is not None and entry.state == "OUT_OF_MEMORY":
-                state = Exited(exited.exit_code, exited.signal, exited.started_at,
-                               exited.ended_at, oom_killed=True)
-            elif entry is not None and entry.state == "CANCELLED" and not watch.stopping:
-                # scancel by its owner or an admin, past noduslocal: the command's signal
-                # alone would read as the job's own failure.
-                how = f"killed by signal {exited.signal}" if exited.signal else \
-                    f"exit code {exited.exit_code}"
-                state = Vanished(f"Slurm job {watch.job_id} was cancelled outside "
-                                 f"noduslocal (scancel); its command ended with {how}")
-        else:
-            # On a shared file system the record may show a moment after Slurm's end.
+        left = {rank: end for rank, end in watch.ends.items() if not end.done()}
+        records = {rank: await asyncio.to_thread(read_exit, rank_dir(watch.directory, rank))
+                   for rank in left}
+        fallback: AttemptState | None = None
+        if any(record is None for record in records.values()):
+            # On a shared file system a record may show a moment after Slurm's end.
             now = time.time()
             if watch.ended_at is None:
                 watch.ended_at = now
             if now - watch.ended_at < RECORD_GRACE:
                 return
-            if entry is None:
-                fallback = await self._show(watch.job_id)
-                state = self._without_record(watch, fallback)
+            shown = await self._show(watch.job_id) if entry is None else \
+                {"JobState": entry.state, "NodeList": entry.nodes}
+            fallback = self._without_record(watch, shown)
+        state_now = entry.state if entry is not None else None
+        for rank, end in left.items():
+            record = records[rank]
+            state: AttemptState
+            if record is None:
+                assert fallback is not None
+                state = fallback
             else:
-                state = self._without_record(watch, {"JobState": entry.state,
-                                                     "NodeList": entry.nodes})
-        if not watch.running.done() and isinstance(state, Exited):
-            watch.running.set_result(state.started_at)
-        watch.ended.set_result(state)
+                state = self._with_record(watch, record, state_now)
+            if not watch.running.done() and isinstance(state, Exited):
+                watch.running.set_result(state.started_at)
+            end.set_result(state)
+
+    @staticmethod
+    def _with_record(watch: Watch, exited: Exited, slurm_state: str | None) -> AttemptState:
+        """A recorded exit, as Slurm's end state qualifies it."""
+        if slurm_state == "OUT_OF_MEMORY":
+            return Exited(exited.exit_code, exited.signal, exited.started_at,
+                          exited.ended_at, oom_killed=True)
+        if slurm_state == "CANCELLED" and not watch.stopping:
+            # scancel by its owner or an admin, past noduslocal: the command's signal
+            # alone would read as the job's own failure.
+            how = f"killed by signal {exited.signal}" if exited.signal else \
+                f"exit code {exited.exit_code}"
+            return Vanished(f"Slurm job {watch.job_id} was cancelled outside noduslocal "
+                            f"(scancel); its command ended with {how}")
+        return exited
 
     async def _show(self, job_id: int) -> dict[str, str] | None:
         try:
@@ -470,6 +522,10 @@ class SlurmRuntime:
             return Exited(143, 15, started, now)
         return Vanished(f"Slurm says job {watch.job_id} ended {state}, but its shim recorded "
                         f"no exit (does every node see {watch.directory}?)")
+
+
+def _ranks(job: JobRecord) -> range:
+    return range(1 if job.spec.gang is None else job.spec.gang.nodes)
 
 
 def _gpus_doc(gpus: dict[str, GpuCount]) -> dict[str, dict[str, int]]:
