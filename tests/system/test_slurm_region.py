@@ -130,6 +130,27 @@ def test_a_gang_runs_one_rank_on_each_node(lab: Box) -> None:
     assert doc["phase"] == "Failed" and doc["exit_code"] == 3, doc
 
 
+def test_exec_runs_beside_a_rank_on_its_node_as_the_owner(lab: Box) -> None:
+    alice = lab.user(ALICE)
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "beside", "-d",
+               "--nodes", "2", "--", "sleep", "300"))
+    try:
+        wait_phase(lab, ALICE, "beside", {"Running"})
+        where = {}
+        for rank in ("0", "1"):
+            done = lab.cli(ALICE, "job", "exec", "beside", "--rank", rank, "--", "sh", "-c",
+                           "echo $SLURMD_NODENAME $(id -u) $NODUS_JOB; exit 4")
+            assert done.returncode == 4, done.stderr
+            node, uid, job = done.stdout.split()
+            assert (uid, job) == (str(alice.uid), "beside")
+            where[rank] = node
+        assert sorted(where.values()) == ["n1", "n2"], where
+        denied = lab.cli(BOB, "job", "exec", "beside", "-p", ALICE, "--", "true")
+        assert denied.returncode != 0 and "may not exec" in denied.stderr
+    finally:
+        lab.cli(ALICE, "job", "kill", "beside")
+
+
 def test_a_job_cannot_make_the_daemon_read_through_a_link(lab: Box) -> None:
     """The job's owner can write its attempt directory (the shim on the node writes as them):
     its logs swapped for links to a root-only file are not followed by the daemon."""

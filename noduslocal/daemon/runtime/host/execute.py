@@ -20,8 +20,9 @@ from typing import Any
 
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import read_pid
-from noduslocal.daemon.runtime.base import OUTPUT_LIMIT, ExecResult
-from noduslocal.daemon.runtime.shim import ENV, Masker
+from noduslocal.daemon.runtime.base import ExecResult
+from noduslocal.daemon.runtime.exec_output import supervise
+from noduslocal.daemon.runtime.shim import ENV
 from noduslocal.domain import errors
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
         return ExecResult(code, "", f"noduslocal: cannot execute {command[0]!r}: "
                                     f"{exc.strerror}\n", False)
     try:
-        return await _supervise(proc, launch, timeout)
+        return await supervise(proc, launch.get("mask", ()), timeout)
     finally:
         # Kept while the exec may still run (a cancelled call): should this daemon die,
         # the next one kills it.
@@ -92,31 +93,6 @@ def _entry(launch: dict[str, Any], command: list[str]) -> dict[str, Any]:
             "gid": launch.get("gid"), "groups": launch.get("groups"),
             "no_new_privs": bool(launch.get("no_new_privs")), "cwd": launch["cwd"],
             "argv": command}
-
-
-async def _supervise(proc: asyncio.subprocess.Process, launch: dict[str, Any],
-                     timeout: float) -> ExecResult:
-    mask = [v.encode() for v in launch.get("mask", ())]
-    # Read as it comes and keep at most the limit (plus enough to mask a secret that
-    # crosses it): a command that prints without end must not fill the daemon's memory.
-    keep = OUTPUT_LIMIT + max((len(m) for m in mask), default=0)
-    assert proc.stdout is not None and proc.stderr is not None
-    try:
-        (out, out_more), (err, err_more), _ = await asyncio.wait_for(asyncio.gather(
-            _read_capped(proc.stdout, keep), _read_capped(proc.stderr, keep), proc.wait()),
-            timeout)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        raise errors.WaitTimeout(f"the command did not end within {timeout:g}s; "
-                                 "it was killed") from None
-    truncated = out_more or err_more or len(out) > OUTPUT_LIMIT or len(err) > OUTPUT_LIMIT
-    return ExecResult(
-        proc.returncode if proc.returncode is not None else -1,
-        Masker(mask).feed(out, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
-        Masker(mask).feed(err, final=True)[:OUTPUT_LIMIT].decode("utf-8", "replace"),
-        truncated)
 
 
 @cache
@@ -196,14 +172,3 @@ def _carrying(tokens: set[bytes]) -> list[int]:
         if state not in (b"Z", b"X") and tokens.intersection(environ):
             found.append(int(entry.name))
     return found
-
-
-async def _read_capped(stream: asyncio.StreamReader, keep: int) -> tuple[bytes, bool]:
-    """Up to `keep` bytes of a stream, reading (and dropping) the rest to its end."""
-    data, more = bytearray(), False
-    while chunk := await stream.read(1 << 16):
-        room = keep - len(data)
-        if room > 0:
-            data += chunk[:room]
-        more = more or len(chunk) > room
-    return bytes(data), more

@@ -464,6 +464,25 @@ def _find(tool: str) -> str | None:
     return shutil.which(tool, path=path)
 
 
+def exec_argv(owner: str, job_id: int, node: int, cwd: str,
+              command: Sequence[str]) -> list[str]:
+    """A command run beside a running job, on its NODE-th node (a gang's rank), as OWNER:
+    `srun --jobid --overlap` (one more step in the job's allocation, sharing its CPUs and
+    GPUs rather than waiting for free ones), with the caller's environment exported."""
+    srun = _find("srun")
+    if srun is None:
+        raise SlurmError(["srun"], "srun is not installed (Slurm's client tools are needed "
+                                   "on this host)")
+    return [*_as_owner(owner, "srun"), srun, f"--jobid={job_id}", "--overlap", "--nodes=1",
+            "--ntasks=1", f"--relative={node}", "--export=ALL", f"--chdir={cwd}", "--quiet",
+            "--", *command]
+
+
+def exec_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """ENV without what would change what srun does (see _TOOL_VARIABLES)."""
+    return _environment(env)
+
+
 def tool_path(tool: str) -> str:
     """Where TOOL is on this submit host: the path a batch script uses on the nodes (a
     batch job's PATH is not the user's), which are taken to have Slurm where it is here."""

@@ -45,6 +45,7 @@ from noduslocal.daemon.runtime.base import (
     Vanished,
     rank_dir,
 )
+from noduslocal.daemon.runtime.exec_output import supervise
 from noduslocal.daemon.runtime.launchers import RankPlan
 from noduslocal.daemon.runtime.shim_request import launch_request
 from noduslocal.daemon.runtime.slurm import commands
@@ -224,7 +225,27 @@ class SlurmRuntime:
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
-        raise errors.Unsupported("exec", "beside a job in a cluster region")
+        """Beside the rank on its node, as the owner, with the job's environment and
+        workdir (secrets masked in what comes back). Not recorded for a later daemon as a
+        host exec is: srun's step ends with its srun, and with the job."""
+        job = launch.ref.job
+        job_id = int(handle.ref)
+        watch = self._watches.get(job_id)
+        if watch is None or not watch.running.done() or watch.done:
+            raise errors.Conflict(f"job {job.name!r} does not run in Slurm now; nothing to "
+                                  f"exec beside")
+        request = launch_request(self.layout, job, launch.ref.number, launch.secrets,
+                                 directory=rank_dir(launch.ref.directory, handle.rank))
+        try:
+            argv = commands.exec_argv(job.owner, job_id, handle.rank, request["cwd"],
+                                      command)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, env=commands.exec_environment(request["env"]), cwd="/",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except (SlurmError, OSError) as exc:
+            return ExecResult(126, "", f"noduslocal: cannot run srun: {exc}\n", False)
+        return await supervise(proc, request["mask"], timeout)
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         return rank_dir(directory, rank) / LOG_FILES[stream]
