@@ -318,8 +318,10 @@ def parse_time(text: str) -> datetime | None:
 # A key of scontrol's one-line records: a capitalised word after a space, which may hold
 # "/", ":" and "_" (Socks/Node, AllocNode:Sid, ReqB:S:C:T). Values may hold spaces (OS=,
 # Reason=, Command=) and "=" (TRES=cpu=1,mem=1000M); one with " Key=" in it would be cut
-# there, so the first value of each key wins: only the job's own later, free-text fields
-# (Comment, Command, WorkDir, StdOut) could be cut that way, never the state before them.
+# there, so the first value of each key wins: the job's later free-text fields (Comment,
+# Command, WorkDir, StdOut) cannot forge the state. JobName, before it, can (its owner may
+# rename the job): only the owner's own job is fooled so, whose exit record the owner
+# writes anyway; the runtime reads states from squeue's marked fields first.
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_/:]*)=")
 
 
