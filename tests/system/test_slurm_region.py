@@ -306,6 +306,9 @@ def test_what_a_cluster_cannot_do_is_refused_naming_field_and_region(lab: Box) -
     assert "image" in refused.stderr and "'cluster'" in refused.stderr
     unknown = lab.cli("root", "job", "run", "--region", "mars", "--", "true")
     assert unknown.returncode == 2 and "region" in unknown.stderr
+    checks = json.loads(lab.cli("root", "doctor", "--json").stdout)
+    region = [c for c in checks if c["name"] == "region cluster"]
+    assert region and region[0]["ok"] and "probe job on n" in region[0]["detail"], region
     listed = json.loads(ok(lab.cli("root", "regions", "--json")))
     cluster = next(r for r in listed if r["name"] == "cluster")
     assert cluster["reachable"] and cluster["gpus"]["fake"]["total"] == 4, cluster

@@ -466,6 +466,22 @@ def _find(tool: str) -> str | None:
     return shutil.which(tool, path=path)
 
 
+PROBE_WAIT = 20  # seconds a doctor's probe may wait for a node before it says so
+
+
+async def probe(path: Path, options: Sequence[str] = ()) -> str:
+    """A one-task job (srun, as this daemon's user) that writes its node's name into PATH,
+    which the caller then reads here: whether the nodes see this host's files. Waits at
+    most PROBE_WAIT seconds for a node (--immediate). The node's name; SlurmError when it
+    did not run."""
+    await _run("srun", ["--immediate=" + str(PROBE_WAIT), "--nodes=1", "--ntasks=1",
+                        "--time=1", "--mem=16", "--quiet", "--export=NONE",
+                        "--job-name=noduslocal-probe", *options, "/bin/sh", "-c",
+                        f'echo "$SLURMD_NODENAME" > "{path}"'],
+               timeout=PROBE_WAIT + TIMEOUT)
+    return path.read_text().strip()
+
+
 def exec_argv(owner: str, job_id: int, node: int, cwd: str,
               command: Sequence[str]) -> list[str]:
     """A command run beside a running job, on its NODE-th node (a gang's rank), as OWNER:

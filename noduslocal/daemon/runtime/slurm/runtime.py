@@ -71,6 +71,7 @@ RUNS = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STOPPED", "SIGNALING"
                   "STAGE_OUT"})
 # sbatch's complaints that will not go away by trying again (the job asks for what the
 # cluster does not have or allow): the job fails StartFailed with Slurm's words.
+TOOLS = ("sbatch", "squeue", "scancel", "scontrol", "sinfo", "srun", "runuser")
 TRANSIENT = ("Unable to contact slurm controller", "Socket timed out", "Slurm temporarily",
              "Resource temporarily unavailable", "Connection refused")
 
@@ -251,16 +252,44 @@ class SlurmRuntime:
         return rank_dir(directory, rank) / LOG_FILES[stream]
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
+        """Per region: Slurm's tools here, slurmctld answering, and a probe job on a node
+        writing a file into the data dir that this host then reads (the nodes share it)."""
         del gpus
         found = []
         for name, region in sorted(self.live.current.regions.items()):
-            ok = await commands.ping()
-            found.append(Diagnosis(
-                f"region {name}", ok,
-                f"Slurm answers (scontrol ping){self._where(region)}" if ok else
-                "slurmctld does not answer `scontrol ping` (or Slurm's tools are missing): "
-                "jobs of this region wait"))
+            missing = [tool for tool in TOOLS if shutil.which(commands.tool_path(tool)) is None]
+            if missing:
+                found.append(Diagnosis(f"region {name}", False, f"Slurm's tools are missing "
+                                       f"here: {', '.join(missing)} (install slurm-client; "
+                                       f"this host must be a submit host)"))
+                continue
+            if not await commands.ping():
+                found.append(Diagnosis(f"region {name}", False, "slurmctld does not answer "
+                                       "`scontrol ping`: jobs of this region wait"))
+                continue
+            found.append(await self._probe(name, region))
         return found
+
+    async def _probe(self, name: str, region: SlurmRegion) -> Diagnosis:
+        what = f"region {name}"
+        self._shim_dir.mkdir(mode=0o755, exist_ok=True)
+        path = self._shim_dir / f"probe-{os.getpid()}-{time.monotonic_ns()}"
+        options = [f"--{flag}={value}" for flag, value in (
+            ("partition", region.partition), ("account", region.account),
+            ("qos", region.qos)) if value]
+        try:
+            node = await commands.probe(path, options)
+        except SlurmError as exc:
+            return Diagnosis(what, False, f"Slurm answers, but a probe job did not run "
+                                          f"within {commands.PROBE_WAIT} s: {exc}")
+        except OSError:
+            return Diagnosis(what, False, f"a probe job ran, but its file {path} is not "
+                             f"seen here: the nodes must share the data dir at this path")
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        return Diagnosis(what, True, f"Slurm answers, and a probe job on {node} wrote a file "
+                                     f"this host read{self._where(region)}")
 
     async def regions(self) -> list[dict[str, Any]]:
         found = []
