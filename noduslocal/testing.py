@@ -43,6 +43,7 @@ from noduslocal.daemon.runtime.base import (
     LaunchFailed,
     NeverStarted,
     NotLaunched,
+    Queued,
     Rank,
     Vanished,
     rank_dir,
@@ -347,7 +348,7 @@ class FakeRuntime:
     def wait_reason(self) -> str | None:
         return self.unreachable
 
-    def queue_reason(self, handles: list[Handle]) -> str | None:
+    def queue_reason(self, handles: list[Handle]) -> Queued | None:
         return None  # its launches run at once: nothing waits in a queue of its own
 
     async def regions(self) -> list[dict[str, Any]]:

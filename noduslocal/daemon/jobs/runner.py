@@ -172,7 +172,8 @@ class AttemptRunner:
         # An adopted attempt whose job is Pending was recorded queued before the restart.
         if (not adopted or job.phase == Phase.STARTING) and not all(
                 rank.running.done() for rank in queued if rank.running is not None):
-            why = self.runtime_of(job).queue_reason(attempt.handles) or "queued"
+            queued = self.runtime_of(job).queue_reason(attempt.handles)
+            why = queued.why if queued is not None else "queued"
             await self.store.write(lambda c: job_writes.attempt_queued(
                 c, job.id, attempt.number, time.time(), attempt.handles, why))
         starts = []

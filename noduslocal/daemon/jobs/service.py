@@ -33,7 +33,7 @@ from noduslocal.daemon.jobs.indexed_run import (
 )
 from noduslocal.daemon.jobs.runner import AttemptRunner
 from noduslocal.daemon.jobs.stops import Stopper
-from noduslocal.daemon.runtime.base import ExecResult, Runtime
+from noduslocal.daemon.runtime.base import ExecResult, Queued, Runtime
 from noduslocal.daemon.scheduler.capacity import Request
 from noduslocal.daemon.scheduler.estimate import estimate_start
 from noduslocal.daemon.scheduler.gang_estimate import gang_topology
@@ -271,13 +271,18 @@ class JobService:
     def wait_reason(self, job_id: int) -> str | None:
         if (pause := self.dispatch.retry_hold(job_id)) is not None:
             return pause
-        if (attempt := self.board.active.get(job_id)) is not None:
-            # Launched, and waiting in its runtime's own queue (a cluster's): its word.
-            runtime = self.runtimes.get(attempt.job.spec.runtime)
-            return None if runtime is None else runtime.queue_reason(attempt.handles)
+        if (queued := self._queued(job_id)) is not None:
+            return queued.why
         if (why := self.queue.wait_reason(job_id)) is not None and self._is_cell(job_id):
             return f"blocked on capacity: {why}"  # released by its sweep, waiting its turn
         return why or self._sweep_wait_reason(job_id)
+
+    def _queued(self, job_id: int) -> Queued | None:
+        """A launched attempt waiting in its runtime's own queue (a cluster's), as it says."""
+        if (attempt := self.board.active.get(job_id)) is None:
+            return None
+        runtime = self.runtimes.get(attempt.job.spec.runtime)
+        return None if runtime is None else runtime.queue_reason(attempt.handles)
 
     def job_label(self, job_id: int) -> str | None:
         """`project/name` of a job that runs or waits, for messages about it."""
@@ -333,7 +338,11 @@ class JobService:
         and p90, from its expected_duration, else from the owner's earlier runs of the same
         image and command), and why it waits now."""
         now = time.time()
-        if job.phase == Phase.PENDING:
+        if job.phase == Phase.PENDING and (queued := self._queued(job.id)) is not None:
+            start_at = queued.start_at  # Slurm's own estimate (squeue --start's)
+            start_why = queued.why if start_at is not None else \
+                f"{queued.why}; Slurm gives no start estimate yet"
+        elif job.phase == Phase.PENDING:
             start = estimate_start(self.queue, job.id, now, self.job_label)
             start_at, start_why = start.at, start.why
         elif job.phase in (Phase.STARTING, Phase.RUNNING):

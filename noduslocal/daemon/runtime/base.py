@@ -174,6 +174,15 @@ class Launch:
                         ref.number)
 
 
+@dataclass(frozen=True)
+class Queued:
+    """A launched attempt waiting in its runtime's own queue: why, in the runtime's words,
+    and when the runtime expects it to start (None: it does not say)."""
+
+    why: str
+    start_at: float | None = None
+
+
 class LaunchFailed(RuntimeError):
     """The attempt cannot run (a bad image, a refused start); the message is for the user
     and the job fails StartFailed."""
@@ -193,7 +202,7 @@ class Runtime(Protocol):
     def wait_reason(self) -> str | None:
         """Why new attempts cannot be launched now (a queue hold), or None."""
 
-    def queue_reason(self, handles: list[Handle]) -> str | None:
+    def queue_reason(self, handles: list[Handle]) -> Queued | None:
         """Why a launched attempt still waits in the runtime's own queue (a cluster's
         scheduler), where it is and when it may start; None for one that is not queued."""
 

@@ -27,6 +27,7 @@ from noduslocal.daemon.runtime.base import (
     LaunchFailed,
     NeverStarted,
     NotLaunched,
+    Queued,
     Rank,
     rank_dir,
 )
@@ -75,7 +76,7 @@ class DockerRuntime:
             return None
         return f"dockerd unreachable: {self.engine.unavailable_reason}"
 
-    def queue_reason(self, handles: list[Handle]) -> str | None:
+    def queue_reason(self, handles: list[Handle]) -> Queued | None:
         return None  # launched here means running: this runtime has no queue of its own
 
     async def regions(self) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from noduslocal.daemon.runtime.base import (
     Launch,
     LaunchFailed,
     NotLaunched,
+    Queued,
     Rank,
     rank_dir,
 )
@@ -96,7 +97,7 @@ class HostRuntime:
     def wait_reason(self) -> str | None:
         return None
 
-    def queue_reason(self, handles: list[Handle]) -> str | None:
+    def queue_reason(self, handles: list[Handle]) -> Queued | None:
         return None  # launched here means running: this runtime has no queue of its own
 
     async def regions(self) -> list[dict[str, Any]]:

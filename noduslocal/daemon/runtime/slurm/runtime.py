@@ -41,6 +41,7 @@ from noduslocal.daemon.runtime.base import (
     LaunchFailed,
     NeverStarted,
     NotLaunched,
+    Queued,
     Rank,
     Vanished,
     rank_dir,
@@ -123,19 +124,20 @@ class SlurmRuntime:
     def wait_reason(self) -> str | None:
         return None if self.unreachable is None else f"Slurm unreachable: {self.unreachable}"
 
-    def queue_reason(self, handles: list[Handle]) -> str | None:
+    def queue_reason(self, handles: list[Handle]) -> Queued | None:
         for handle in handles:
             watch = self._watches.get(int(handle.ref))
             if watch is None or watch.running.done():
                 continue
             entry = watch.entry
             if entry is None:
-                return f"submitted to Slurm as job {watch.job_id}"
+                return Queued(f"submitted to Slurm as job {watch.job_id}")
             why = f"queued in Slurm ({entry.reason or entry.state}), job {watch.job_id} on " \
                   f"partition {entry.partition}"
-            if entry.start is not None:
-                why += f", expected to start by {iso(entry.start.timestamp())}"
-            return why
+            start = entry.start.timestamp() if entry.start is not None else None
+            if start is not None:
+                why += f", expected to start by {iso(start)}"
+            return Queued(why, start)
         return None
 
     async def launch(self, launch: Launch) -> list[Rank]:
