@@ -21,9 +21,11 @@ def queue(as_json: bool) -> None:
     if not doc["pending"]:
         click.echo("nothing pending")
         return
+    # A job bound for a cluster region has no place in this box's order: its region instead.
     output.print_table(
         ("#", "NAME", "PROJECT", "OWNER", "GPUS", "PRIO", "WHY", "ETA"),
-        [(e["place"] + 1, e["name"], e["project"], e["owner"],
+        [(e["place"] + 1 if e["place"] is not None else e.get("region") or "-", e["name"],
+          e["project"], e["owner"],
           (f"{e['gpu']['count']} x {e['gpu']['type'] or 'GPU'}" if e["gpu"] else ""),
           e["priority"] or "", e["hold"] or "", e["eta"] or "") for e in doc["pending"]])
     if (more := doc.get("total", 0) - len(doc["pending"])) > 0:

@@ -184,6 +184,8 @@ def test_a_job_waiting_in_slurm_says_slurm_s_reason(lab: Box,
                          r"debug", seen["hold"]), seen["hold"]
         listed = ok(lab.cli("root", "job", "list"))
         assert re.search(r"behind .*queued in Slurm", listed), listed
+        queue = ok(lab.cli("root", "queue"))
+        assert re.search(r"cluster +behind .*queued in Slurm", queue), queue
         estimate = lab.daemon.client().estimate_job("behind", "root")
         assert "queued in Slurm" in estimate["start_basis"], estimate  # Slurm's, not ours
     finally:

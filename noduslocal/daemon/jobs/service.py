@@ -316,22 +316,34 @@ class JobService:
 
     def queue_page(self, limit: int) -> tuple[int, list[dict[str, Any]]]:
         """How many wait, and the first `limit` places of the last pass's order (what the
-        wait reasons describe), not a fresh sort of everything."""
+        wait reasons describe), not a fresh sort of everything; then the jobs that wait
+        for a cluster region (in its lane here, or in the cluster's own queue), which
+        have no place in this box's order."""
         waiting = [r for r in self.queue.last_order() if r.job_id in self.queue]
         entries = []
         for place, request in enumerate(waiting[:limit]):
             job = self.dispatch.pending.get(request.job_id)
             if job is not None:
-                entries.append({
-                    "place": place, "name": job.name, "project": job.project,
-                    "owner": job.owner,
-                    "gpu": None if job.spec.gpu is None else job.spec.gpu.to_wire(),
-                    "cpu": job.spec.cpu_m / 1000, "priority": job.spec.priority,
-                    "expected_duration": job.spec.expected_duration,
-                    "hold": self.queue.wait_reason(job.id),
-                    "eta": iso(self.queue.etas.get(job.id)),
-                    "created_at": iso(job.created_at)})
-        return len(waiting), entries
+                entries.append({**self._queue_entry(job), "place": place,
+                                "eta": iso(self.queue.etas.get(job.id))})
+        elsewhere = [job for job in self.dispatch.pending.values()
+                     if self.dispatch.lanes.waits(job.id)]
+        elsewhere += [attempt.job for job_id, attempt in self.board.active.items()
+                      if self._queued(job_id) is not None]
+        elsewhere.sort(key=lambda job: job.created_at)
+        for job in elsewhere[:max(0, limit - len(entries))]:
+            queued = self._queued(job.id)
+            entries.append({**self._queue_entry(job), "place": None,
+                            "eta": iso(queued.start_at if queued is not None else None)})
+        return len(waiting) + len(elsewhere), entries
+
+    def _queue_entry(self, job: JobRecord) -> dict[str, Any]:
+        return {"name": job.name, "project": job.project, "owner": job.owner,
+                "region": job.spec.region,
+                "gpu": None if job.spec.gpu is None else job.spec.gpu.to_wire(),
+                "cpu": job.spec.cpu_m / 1000, "priority": job.spec.priority,
+                "expected_duration": job.spec.expected_duration,
+                "hold": self.wait_reason(job.id), "created_at": iso(job.created_at)}
 
     async def estimate(self, job: JobRecord) -> dict[str, Any]:
         """When the job should start (a simulation of the queue), what it should cost (p50

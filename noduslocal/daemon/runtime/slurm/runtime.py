@@ -532,6 +532,11 @@ class SlurmRuntime:
         if slurm_state == "OUT_OF_MEMORY":
             return Exited(exited.exit_code, exited.signal, exited.started_at,
                           exited.ended_at, oom_killed=True)
+        if slurm_state == "PREEMPTED":
+            # Slurm took its nodes for other work: the command's signal is no failure of
+            # its own. Queued again, and no retry is spent.
+            return NeverStarted(f"Slurm preempted job {watch.job_id} (no retry is spent)",
+                                certain=True)
         if slurm_state == "CANCELLED" and not watch.stopping:
             # scancel by its owner or an admin, past noduslocal: the command's signal
             # alone would read as the job's own failure.
@@ -560,7 +565,7 @@ class SlurmRuntime:
         if state == "OUT_OF_MEMORY":
             return Exited(137, 9, started, now, oom_killed=True)
         if state == "PREEMPTED":
-            return NeverStarted(f"Slurm preempted job {watch.job_id}; no retry is spent",
+            return NeverStarted(f"Slurm preempted job {watch.job_id} (no retry is spent)",
                                 certain=True)
         if state == "CANCELLED":
             if watch.stopping:
