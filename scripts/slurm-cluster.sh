@@ -15,6 +15,7 @@ CONF_DIR=/etc/slurm
 STATE=/var/spool/slurmctld
 LOGS=/var/log/slurm
 NODES=(n1 n2)
+CHANGED=
 
 log() { printf '\033[1m== %s\033[0m\n' "$*"; }
 
@@ -31,6 +32,8 @@ configure() {
     local host
     host=$(hostname -s)
     mkdir -p "$CONF_DIR" "$STATE" "$LOGS" /var/spool/slurmd /run/munge
+    local before=
+    [ -f "$CONF_DIR/slurm.conf" ] && before=$(md5sum <"$CONF_DIR/slurm.conf")
     cat >"$CONF_DIR/slurm.conf" <<EOF
 # Written by noduslocal's scripts/slurm-cluster.sh: a test cluster on one host.
 ClusterName=noduslocal-test
@@ -64,9 +67,17 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 GresTypes=gpu
+# A job of partition "urgent" cancels (preempts) jobs of "debug" on the nodes it needs.
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 NodeName=n[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-17002] CPUs=4 RealMemory=8000 Gres=gpu:fake:2 State=UNKNOWN
-PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=n[1-2] MaxTime=INFINITE State=UP PriorityTier=10
 EOF
+    # Some settings (PreemptType) take a restart of slurmctld, not a reconfigure.
+    if [ -n "$before" ] && [ "$before" != "$(md5sum <"$CONF_DIR/slurm.conf")" ]; then
+        CHANGED=1
+    fi
     local i
     for i in 0 1 2 3; do
         [ -e "/dev/fakegpu$i" ] || mknod "/dev/fakegpu$i" c 1 3
@@ -105,10 +116,13 @@ up() {
     if ! running munged; then
         runuser -u munge -- munged
     fi
+    if running slurmctld && [ -n "$CHANGED" ]; then
+        log "the config changed: restarting slurmctld"
+        pkill -TERM -x slurmctld || true
+        for _ in $(seq 50); do running slurmctld || break; sleep 0.2; done
+    fi
     if ! running slurmctld; then
         slurmctld -i
-    else
-        scontrol reconfigure >/dev/null 2>&1 || true  # a running one reads the config again
     fi
     for _ in $(seq 50); do ctld_answers && break; sleep 0.2; done
     ctld_answers || { tail -20 "$LOGS/slurmctld.log" >&2; echo "slurmctld did not answer" >&2; exit 1; }

@@ -217,6 +217,27 @@ def test_kill_and_cancel_leave_nothing_in_slurm(lab: Box,
         subprocess.run(["scancel", *fillers], check=False)
 
 
+def test_a_job_slurm_preempts_runs_again_without_spending_a_retry(lab: Box) -> None:
+    """A job of the higher-priority partition "urgent" takes both nodes: ours, in "debug",
+    is cancelled by Slurm (PREEMPTED) and queued again by the daemon, no retry spent."""
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "preempted", "-d",
+               "--", "sh", "-c", "echo attempt $NODUS_ATTEMPT; sleep 6"))
+    wait_phase(lab, ALICE, "preempted", {"Running"})
+    urgent = ok(subprocess.run(
+        ["sbatch", "--parsable", "--partition=urgent", "--exclusive", "--nodes=2",
+         "--output=/dev/null", "--wrap", "sleep 2"], capture_output=True, text=True,
+        timeout=60)).strip()
+    try:
+        final = wait_phase(lab, ALICE, "preempted", set(TERMINAL), timeout=90)
+    finally:
+        subprocess.run(["scancel", urgent], check=False)
+    assert final["phase"] == "Succeeded", final
+    assert (final["attempts"], final["retries_used"]) == (2, 0), final
+    attempts = json.loads(ok(lab.cli(ALICE, "job", "attempts", "preempted", "--json")))
+    assert "preempted" in json.dumps(attempts[0] if isinstance(attempts, list) else attempts)
+    assert "attempt 2" in ok(lab.cli(ALICE, "job", "logs", "preempted"))
+
+
 def end_events(lab: Box, name: str, project: str) -> list[dict[str, Any]]:
     lines = ok(lab.cli("root", "events", "--job", name, "-p", project, "--json"))
     events = [json.loads(line) for line in lines.splitlines() if line.strip()]

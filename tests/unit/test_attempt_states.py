@@ -17,7 +17,7 @@ from noduslocal.daemon.jobs.attempt import (
     recorded_life,
 )
 from noduslocal.daemon.jobs.outcomes import outcome_of
-from noduslocal.daemon.runtime.base import Exited, NeverStarted
+from noduslocal.daemon.runtime.base import Exited, NeverStarted, Preempted
 from noduslocal.daemon.scheduler.queue import Request
 from noduslocal.domain.jobs import JobRecord, JobSpec
 from noduslocal.domain.states import AttemptPhase, IllegalTransition, Phase, Reason
@@ -122,3 +122,16 @@ def test_a_launched_shim_that_found_no_room_never_started_the_job() -> None:
     refused = outcome_of(NeverStarted("no room", certain=True), attempt(Life.RUNNING))
     assert (refused.attempt_phase, refused.job_phase, refused.reason, refused.spend_retry) == (
         AttemptPhase.NOT_STARTED, Phase.PENDING, Reason.REQUEUED, False)
+
+
+def test_a_preempted_attempt_runs_again_without_a_retry_unless_it_was_being_stopped() -> None:
+    """A cluster's scheduler took the attempt's nodes (Slurm's PREEMPTED): lost, but the
+    job is queued again with its retries untouched; a stop we asked for still wins."""
+    running = attempt(Life.RUNNING)
+    preempted = outcome_of(Preempted("Slurm preempted job 7"), running)
+    assert (preempted.attempt_phase, preempted.job_phase, preempted.reason) == (
+        AttemptPhase.LOST, Phase.PENDING, Reason.PREEMPTED)
+    assert not preempted.spend_retry and "Slurm preempted job 7" in (preempted.message or "")
+    stopping = outcome_of(Preempted("Slurm preempted job 7"),
+                          attempt(Life.STOP_ASKED, stop=Reason.CANCELLED))
+    assert stopping.job_phase == Phase.CANCELLED

@@ -8,7 +8,13 @@ from __future__ import annotations
 import signal
 
 from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife
-from noduslocal.daemon.runtime.base import AttemptState, Exited, NeverStarted, Vanished
+from noduslocal.daemon.runtime.base import (
+    AttemptState,
+    Exited,
+    NeverStarted,
+    Preempted,
+    Vanished,
+)
 from noduslocal.daemon.store.job_writes import Outcome
 from noduslocal.domain.states import AttemptPhase, Phase, Reason
 from noduslocal.domain.units import fmt_bytes
@@ -102,6 +108,9 @@ def outcome_of(state: AttemptState, attempt: Attempt) -> Outcome:
         return Outcome(AttemptPhase.NOT_STARTED, Phase.PENDING, Reason.REQUEUED,
                        f"{state.detail or 'the daemon stopped before the process ran'}; "
                        "queued again")
+    if isinstance(state, Preempted) and stop is None:
+        return Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.PREEMPTED,
+                       f"{state.detail or 'preempted'}; queued again, no retry spent")
     if stop is not None:  # vanished while we were stopping it: that is what we asked for
         phase = (PAUSES[stop][0] if stop in PAUSES
                  else Phase.CANCELLED if stop == Reason.CANCELLED else Phase.FAILED)

@@ -47,6 +47,12 @@ class Vanished:
 
 
 @dataclass(frozen=True)
+class Preempted(Vanished):
+    """Lost to the runtime's own scheduler, which took its resources for other work (a
+    cluster's preemption): no fault of the job's, so it is queued again without a retry."""
+
+
+@dataclass(frozen=True)
 class NeverStarted:
     """No shim or container ran this attempt, and none ever will (for a shim we left an
     `abandoned` marker). `certain`: the runtime knows it although it launched the attempt

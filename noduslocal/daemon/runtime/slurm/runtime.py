@@ -41,6 +41,7 @@ from noduslocal.daemon.runtime.base import (
     LaunchFailed,
     NeverStarted,
     NotLaunched,
+    Preempted,
     Queued,
     Rank,
     Vanished,
@@ -534,9 +535,8 @@ class SlurmRuntime:
                           exited.ended_at, oom_killed=True)
         if slurm_state == "PREEMPTED":
             # Slurm took its nodes for other work: the command's signal is no failure of
-            # its own. Queued again, and no retry is spent.
-            return NeverStarted(f"Slurm preempted job {watch.job_id} (no retry is spent)",
-                                certain=True)
+            # its own (queued again, no retry spent).
+            return Preempted(f"Slurm preempted job {watch.job_id}")
         if slurm_state == "CANCELLED" and not watch.stopping:
             # scancel by its owner or an admin, past noduslocal: the command's signal
             # alone would read as the job's own failure.
@@ -565,8 +565,8 @@ class SlurmRuntime:
         if state == "OUT_OF_MEMORY":
             return Exited(137, 9, started, now, oom_killed=True)
         if state == "PREEMPTED":
-            return NeverStarted(f"Slurm preempted job {watch.job_id} (no retry is spent)",
-                                certain=True)
+            return Preempted(f"Slurm preempted job {watch.job_id}") if ran else NeverStarted(
+                f"Slurm preempted job {watch.job_id} before it started", certain=True)
         if state == "CANCELLED":
             if watch.stopping:
                 return Exited(137, 9, started, now) if ran else NeverStarted(
