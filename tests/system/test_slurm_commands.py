@@ -271,7 +271,7 @@ def test_cluster_info_and_ping() -> None:
     assert debug.default and debug.state == "UP"
     assert [n.name for n in debug.nodes] == ["n1", "n2"]
     for node in debug.nodes:
-        assert (node.cpus, node.memory_mb, node.partitions) == (4, 8000, ("debug",))
+        assert (node.cpus, node.memory_mb, node.partitions) == (4, 8000, ("debug", "urgent"))
         assert node.usable, node.state
         gpus = node.gpus["fake"]
         assert gpus.total == 2 and 0 <= gpus.used <= 2 and gpus.free == 2 - gpus.used
