@@ -20,6 +20,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -44,6 +45,7 @@ from noduslocal.daemon.runtime.slurm.runtime import TAG, daemon_tag
 
 TERMINAL = {"Succeeded", "Failed", "Cancelled"}
 TICK = os.sysconf("SC_CLK_TCK")
+SPY_RATE = 200  # py-spy's samples a second
 SQUEUE_EVERY = 0.1  # seconds between the sbatch side's squeue reads (its end's resolution)
 CONFIG = '[regions.cluster]\nruntime = "slurm"\npartition = "debug"\n'
 
@@ -193,6 +195,16 @@ def mem_options(mem: str | None) -> list[str]:
     return [f"--mem={mem}"] if mem else []
 
 
+def py_spy() -> str:
+    """py-spy beside this interpreter, or on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("--py-spy: no py-spy beside this python or on PATH (pip install "
+                         "py-spy)")
+    return found
+
+
 def _binary(mem: str | None) -> str | None:
     """Slurm's --mem=1G (binary units) as noduslocal writes it (1GiB)."""
     if mem is None:
@@ -292,8 +304,8 @@ def run_noduslocal(n: int, mem: str | None, poll: float | None, ids: set[int],
             if spy_to is not None:
                 spy_to.mkdir(parents=True, exist_ok=True)
                 spy = subprocess.Popen(
-                    [str(Path(sys.executable).parent / "py-spy"), "record", "-p",
-                     str(d.proc.pid), "-r", "200", "--nonblocking", "-f", "raw", "-o",
+                    [py_spy(), "record", "-p",
+                     str(d.proc.pid), "-r", str(SPY_RATE), "--nonblocking", "-f", "raw", "-o",
                      str(spy_to / f"daemon-{label}.txt")],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
@@ -422,27 +434,48 @@ def partition_cpus(partition: str) -> int:
 # --- the report -------------------------------------------------------------------------------
 
 
-def spy_top(path: Path, top: int = 12) -> list[dict[str, str]]:
-    """py-spy's collapsed stacks: the frames with the most samples on top (own) and
-    anywhere in the stack (inclusive)."""
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    total = 0
+# Leaves of py-spy's stacks that are waits, not work: the event loop's select, idle pool
+# threads, aiosqlite's idle connection thread, the child watcher's waitpid, and an anyio
+# thread whose leaf is native code (watchfiles' watcher blocked in Rust, one per running
+# job): py-spy cannot tell those from running code.
+_WAITS = ("EpollSelector.select", "_worker (concurrent/futures/thread.py:81)",
+          "_connection_worker_thread (aiosqlite/core.py:59)", "WorkerThread.run (anyio",
+          "_do_waitpid", "Condition.wait", "Queue.get", "Event.wait")
+
+
+def _ours(frame: str) -> bool:
+    # py-spy shortens paths: the Slurm runtime's two modules show as bare file names.
+    where = frame.rpartition(" (")[2]
+    return (where.startswith("noduslocal/") and not where.startswith("noduslocal/daemon/main")
+            ) or where.startswith(("runtime.py", "commands.py"))
+
+
+def spy_top(path: Path, rate: int, top: int = 12) -> list[dict[str, str]]:
+    """py-spy's collapsed stacks, waits left out: the busy samples by their innermost frame
+    of noduslocal's own code and by their leaf."""
+    ours: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    busy = idle = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
+        if not count.isdigit() or not stack:
             continue
-        frames = [re.sub(r"\s+\(/.*?([^/]+/[^/]+\.py)", r" (\1", f) for f in stack.split(";")]
-        total += int(count)
-        own[frames[-1]] += int(count)
-        for frame in set(frames):
-            inclusive[frame] += int(count)
-    rows = [{"own": str(c), "own %": f"{100 * c / total:.0f}", "frame": f[:110]}
-            for f, c in own.most_common(top)]
-    rows += [{"own": "", "own %": "", "frame": ""}]
-    rows += [{"own": f"incl {c}", "own %": f"{100 * c / total:.0f}", "frame": f[:110]}
-             for f, c in inclusive.most_common(top + 8)]
-    print(f"{path.name}: {total} samples at 200/s while busy")
+        frames = stack.split(";")
+        if any(w in frames[-1] for w in _WAITS):
+            idle += int(count)
+            continue
+        busy += int(count)
+        leaves[frames[-1]] += int(count)
+        own = [f for f in frames if _ours(f)]
+        ours[own[-1] if own else "(no frame of noduslocal: the event loop, aiohttp)"] += \
+            int(count)
+    print(f"{path.name}: {busy} busy samples ({1000 * busy / rate:.0f} ms at {rate}/s), "
+          f"{idle} waiting")
+    rows = [{"ms": f"{1000 * c / rate:.0f}", "innermost noduslocal frame / leaf": f[:120]}
+            for f, c in ours.most_common(top)]
+    rows.append({"ms": "--", "innermost noduslocal frame / leaf": "leaves:"})
+    rows += [{"ms": f"{1000 * c / rate:.0f}", "innermost noduslocal frame / leaf": f[:120]}
+             for f, c in leaves.most_common(top)]
     return rows
 
 
@@ -524,7 +557,7 @@ def main() -> None:
     if args.spy is not None:
         for path in sorted(args.spy.glob("daemon-*.txt")):
             print()
-            print(table(spy_top(path)))
+            print(table(spy_top(path, SPY_RATE)))
 
 
 if __name__ == "__main__":
