@@ -4,7 +4,10 @@ alternating order over R repeats: wall from the first submit to the last end, th
 CPU per Slurm job, slurmctld's CPU, and slurmctld's RPCs (sdiag) each side caused.
 
     .venv/bin/python scripts/bench/slurm_region.py [REPEATS] [--jobs N] [--mem 1G|none]
-        [--poll S] [--py-spy DIR]                  target: noduslocal within 1.2x of sbatch
+        [--poll S] [--export-none] [--py-spy DIR]  target: noduslocal within 1.2x of sbatch
+
+--export-none adds plain sbatch with the daemon's --export=NONE as a third side; the
+numbers and what they say are in docs/benchmarks.md ("Slurm region").
 
 Needs the test cluster (scripts/slurm-cluster.sh up) and root (slurmctld's /proc stat).
 Both sides ask for --mem (1G by default): the test cluster has no DefMemPerNode, so a job
