@@ -31,7 +31,8 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture(scope="module")
 def lab(slurm_cluster: SlurmCluster) -> Iterator[Box]:
-    with open_box(config=slurm_cluster.config) as box:
+    # A long kill grace: a stop's TERM must end a job by itself, not the KILL after it.
+    with open_box(config='kill_grace = "120s"\n' + slurm_cluster.config) as box:
         yield box
 
 
@@ -195,6 +196,17 @@ def test_a_job_waiting_in_slurm_says_slurm_s_reason(lab: Box,
 
 def test_kill_and_cancel_leave_nothing_in_slurm(lab: Box,
                                                slurm_cluster: SlurmCluster) -> None:
+    # The job runs in a session of its own: the TERM of a cancel reaches it all the same
+    # (it used to wait out the kill grace, then die by SIGKILL, its trap never run).
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "graceful", "-d", "--",
+               "sh", "-c", "trap 'echo got TERM; exit 0' TERM; echo ready; "
+               "sleep 300 & wait"))
+    wait_until(lambda: "ready" in lab.cli(ALICE, "job", "logs", "graceful").stdout,
+               "the job's trap set", DEADLINE)
+    ok(lab.cli(ALICE, "job", "cancel", "graceful"))
+    assert wait_phase(lab, ALICE, "graceful", set(TERMINAL))["phase"] == "Cancelled"
+    assert "got TERM" in ok(lab.cli(ALICE, "job", "logs", "graceful"))
+
     ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "long", "-d", "--",
                "sleep", "300"))
     wait_phase(lab, ALICE, "long", {"Running"})

@@ -817,6 +817,9 @@ def run_gang(directory: str, srun: str, nodes: int) -> None:
             os.execv(srun, argv)
         finally:
             os._exit(127)
+    # srun passes a signal on to every rank (whose shims pass it to their jobs).
+    for forwarded in FORWARDED:
+        signal.signal(forwarded, lambda sig, _frame: os.kill(pid, sig))
     os.waitpid(pid, 0)
     codes = []
     for rank in range(nodes):
@@ -842,6 +845,22 @@ def run_rank(directory: str) -> None:
                       RANK_ADDR_TOKEN: socket.gethostname()})
 
 
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGQUIT)
+
+
+def _forward(directory: str, sig: int) -> None:
+    """SIG to the job's process group, while pid.json names the group's leader as the job
+    that started then (never a reused id); nothing before the job started."""
+    try:
+        with open(os.path.join(directory, PID), "rb") as file:
+            pid = json.load(file)
+        if start_ticks(pid["pgid"]) == pid.get("start_ticks"):
+            os.killpg(pid["pgid"], sig)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+
+
 def _fill(value: str, tokens: dict[str, str]) -> str:
     for token, text in tokens.items():
         value = value.replace(token, text)
@@ -855,7 +874,10 @@ def run_batch(directory: str, tokens: dict[str, str] | None = None) -> None:
     shim (`scancel --full` sends it to every process of the job, ours too; the job gets it
     and its exit is recorded); SIGKILL after the cluster's grace ends us all. `tokens`: a
     gang rank's rendezvous, put where its request has their names."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The job runs in a session of its own, which Slurm's `scancel --signal --full` does
+    # not reach: the batch script (we) passes each such signal on to the job's group.
+    for forwarded in FORWARDED:
+        signal.signal(forwarded, lambda sig, _frame: _forward(directory, sig))
     path = os.path.join(directory, REQUEST)
     try:
         with open(path, "rb") as file:

@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 KIND = "slurm"
 TAG = "noduslocal"
 RECORD_GRACE = 10.0  # seconds an ended job's exit record may take to show on a shared fs
+STOPPED_GRACE = 1.0  # the same for a job we cancelled or killed
 ADOPT_RETRY = 5.0  # seconds between tries to reach slurmctld while adopting
 SIGNAL_ONCE = 2.0  # seconds in which a signal for one more rank of a gang is not sent again
 # Slurm's states in which the batch script runs, or its node is being set up for it.
@@ -202,7 +203,12 @@ class SlurmRuntime:
             watch.sent[sig] = time.monotonic()
         queued = watch is None or not watch.running.done()
         try:
-            if sig == signals.SIGKILL or queued:  # a queued job has nothing to signal
+            if queued:  # nothing to signal: it leaves the queue
+                await commands.cancel(ref.job.owner, job_id)
+            elif sig == signals.SIGKILL:
+                # KILL to every process at once (the shims ignore the TERM a plain scancel
+                # sends first, and would hold the job for KillWait), then the job's end.
+                await commands.cancel(ref.job.owner, job_id, signal="KILL", full=True)
                 await commands.cancel(ref.job.owner, job_id)
             else:
                 await commands.cancel(ref.job.owner, job_id,
@@ -400,7 +406,12 @@ class SlurmRuntime:
         spec = job.spec
         nodes = 1 if spec.gang is None else spec.gang.nodes
         options = [f"--job-name={job.name}", f"--comment={comment}", "--output=/dev/null",
-                   "--error=/dev/null", f"--chdir={directory}", "--export=NONE",
+                   "--error=/dev/null", f"--chdir={directory}",
+                   # ALL of sbatch's few variables (_tool_env), never NONE: in 22.05 NONE
+                   # makes slurmd run the owner's login shell on the node before each job
+                   # (up to 2 s; scripts/bench/slurm_region.py), and the shim builds the
+                   # job's environment from its request anyway.
+                   "--export=ALL",
                    f"--nodes={nodes}", "--ntasks-per-node=1",
                    # Slurm's own requeue (JobRequeue=1 by default, on a node's failure)
                    # would run the attempt a second time behind the daemon's back: a lost
@@ -427,7 +438,8 @@ class SlurmRuntime:
 
     @staticmethod
     def _tool_env(job: JobRecord) -> dict[str, str]:
-        """What sbatch runs with (the job gets none of it: --export=NONE)."""
+        """What sbatch runs with, and so the batch script's environment (--export=ALL):
+        the job gets none of it (its own comes from its request, Slurm's from the node)."""
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                 "USER": job.owner, "LOGNAME": job.owner}
 
@@ -509,7 +521,9 @@ class SlurmRuntime:
             now = time.time()
             if watch.ended_at is None:
                 watch.ended_at = now
-            if now - watch.ended_at < RECORD_GRACE:
+            # One we stopped was most likely killed with its shim (scancel's SIGKILL), or
+            # never ran: no record is coming, and a cancel should not take 10 s to show.
+            if now - watch.ended_at < (STOPPED_GRACE if watch.stopping else RECORD_GRACE):
                 return
             shown = await self._show(watch.job_id) if entry is None else \
                 {"JobState": entry.state, "NodeList": entry.nodes}
