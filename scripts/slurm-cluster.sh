@@ -54,6 +54,8 @@ TaskPlugin=task/none
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/backfill
+# Backfill (and the start estimates it makes) every 2 s, not 30: tests wait for it.
+SchedulerParameters=bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # A job that asks for no memory gets 500 MB a CPU, not the whole node (Slurm's default).

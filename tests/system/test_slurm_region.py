@@ -258,10 +258,10 @@ def end_events(lab: Box, name: str, project: str) -> list[dict[str, Any]]:
 
 def test_a_daemon_killed_mid_job_adopts_it_and_records_its_end_once(lab: Box) -> None:
     ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "adopted", "-d", "--",
-               "sh", "-c", "sleep 4; echo finished; exit 5"))
+               "sh", "-c", "sleep 2; echo finished; exit 5"))
     wait_phase(lab, ALICE, "adopted", {"Running"})
     lab.daemon.kill()
-    time.sleep(5)  # the job ends while no daemon watches it
+    time.sleep(3)  # the job ends while no daemon watches it
     lab.daemon.start()
     final = wait_phase(lab, ALICE, "adopted", set(TERMINAL))
     assert final["phase"] == "Failed" and final["exit_code"] == 5, final
@@ -269,7 +269,7 @@ def test_a_daemon_killed_mid_job_adopts_it_and_records_its_end_once(lab: Box) ->
     assert len(end_events(lab, "adopted", ALICE)) == 1
 
     ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "adopted-running",
-               "-d", "--", "sh", "-c", "sleep 6"))
+               "-d", "--", "sh", "-c", "sleep 4"))
     wait_phase(lab, ALICE, "adopted-running", {"Running"})
     lab.daemon.kill()
     lab.daemon.start()  # while the job still runs: watched again, ends once
