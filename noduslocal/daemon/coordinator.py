@@ -80,7 +80,8 @@ class Lifecycle:
         self.stopper = Stopper(live, store, self.board, runtimes, self.background)
         self.dispatch = Dispatch(store, self.queue, self.board, self.accounting, self.stopper,
                                  self.background, on_start=self._run,
-                                 lanes=ClusterLanes(lambda region: submit_cap(live, region)))
+                                 lanes=ClusterLanes(lambda region: submit_cap(live, region),
+                                                    self.queue.held_users.get))
         self.admission = Admission(live, store, capacity, self.dispatch, self.background)
         self.reports = SweepReports(store, settings.region, self.accounting,
                                     lambda job_id: self.jobs.running_cost(job_id),

@@ -249,3 +249,26 @@ def test_a_job_pushed_twice_waits_once() -> None:
     for job in range(3, 8):
         lanes.push(job, "cluster", ALICE)
     assert lanes.take() == [3, 4, 5, 6, 7]  # all five places are free again
+
+
+def test_an_admin_hold_keeps_that_users_cluster_jobs_back_and_says_so() -> None:
+    """`admin hold USER` holds the user's whole queue: their cluster jobs too (they were
+    submitted to Slurm all the same), while another user's go on."""
+    holds: dict[int, str] = {ALICE: "your queue is held by admin root: quota"}
+    lanes = ClusterLanes(lambda region: 10, holds.get)
+    lanes.push(1, "cluster", ALICE)
+    lanes.push(2, "cluster", BOB)
+    assert lanes.take() == [2]
+    assert lanes.wait_reason(1) == "your queue is held by admin root: quota"
+    del holds[ALICE]
+    assert lanes.take() == [1]
+
+
+def test_a_new_priority_moves_a_waiting_job_within_its_own_lane() -> None:
+    lanes = capped(cluster=1)
+    for job in (1, 2, 3):
+        lanes.push(job, "cluster", ALICE)
+    lanes.push(4, "cluster", BOB)
+    lanes.reprioritize(3, 50)
+    lanes.reprioritize(99, 50)  # not waiting here: nothing happens
+    assert lanes.take() == [3, 4]  # ALICE's 3 first now; BOB's turn is his all the same

@@ -64,6 +64,7 @@ class UserAdmin:
         await self.store.write(lambda c: resources.set_priority(c, job.id, priority))
         if (req := self.queue.request(job.id)) is not None:
             self.queue.replace(replace(req, priority=priority))
+        self.dispatch.lanes.reprioritize(job.id, priority)  # one bound for a cluster
         capacity = self.queue.capacity
         if job.id in capacity.running:
             req, until = capacity.running[job.id]

@@ -14,11 +14,14 @@ Lane = tuple[str, int]  # (region, owner uid)
 
 
 class ClusterLanes:
-    def __init__(self, cap: Callable[[str], int | None]) -> None:
+    def __init__(self, cap: Callable[[str], int | None],
+                 held: Callable[[int], str | None] = lambda uid: None) -> None:
         """`cap(region)`: the most jobs one user may have submitted there at once (read
         each pass: a reloaded config applies at the next); None: the region is no longer
-        configured, and its jobs wait until it is again."""
+        configured, and its jobs wait until it is again. `held(uid)`: why an admin holds
+        that user's queue (`admin hold`), or None; a held user's jobs are not submitted."""
         self._cap = cap
+        self._held_user = held
         self._waiting: dict[Lane, list[tuple[int, int]]] = {}  # heap of (-priority, id)
         self._turns: deque[Lane] = deque()  # lanes with waiting jobs, the next one first
         self._submitted: Counter[Lane] = Counter()
@@ -59,7 +62,8 @@ class ClusterLanes:
             lane = self._turns[0]
             self._turns.rotate(-1)
             cap = self._cap(lane[0])
-            if lane in blocked or cap is None or self._submitted[lane] >= cap:
+            if (lane in blocked or cap is None or self._submitted[lane] >= cap
+                    or self._held_user(lane[1]) is not None):
                 blocked.add(lane)
                 continue
             _, job_id = heapq.heappop(self._waiting[lane])
@@ -84,6 +88,13 @@ class ClusterLanes:
             if not self._submitted[lane]:
                 del self._submitted[lane]
 
+    def reprioritize(self, job_id: int, priority: int) -> None:
+        """A waiting job's new priority: its place in its lane (other lanes are not its)."""
+        lane = self._lane_of.get(job_id)
+        if lane is not None:
+            self.remove(job_id)
+            self.push(job_id, lane[0], lane[1], priority)
+
     def waits(self, job_id: int) -> bool:
         return job_id in self._lane_of
 
@@ -94,6 +105,8 @@ class ClusterLanes:
         cap = self._cap(lane[0])
         if cap is None:
             return f"region {lane[0]!r} is not configured any more; it waits until it is"
+        if (held := self._held_user(lane[1])) is not None:
+            return held
         if self._submitted[lane] >= cap:
             return (f"{self._submitted[lane]} of your jobs are submitted to region "
                     f"{lane[0]!r}, the most one user may (max_submitted_per_user = {cap})")
