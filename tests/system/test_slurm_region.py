@@ -101,7 +101,7 @@ def test_a_second_user_s_job_runs_as_them_and_leaves_no_request(lab: Box) -> Non
     out = ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "who", "--",
                      "sh", "-c", "echo uid=$(id -u) gid=$(id -g) home=$HOME"))
     assert f"uid={alice.uid} gid={alice.gid} home={alice.home}" in out, out
-    attempts = list(lab.daemon.data_dir.glob("jobs/*/attempt-1/request.json"))
+    attempts = list(lab.daemon.data_dir.glob("jobs/*/cluster-*/request.json"))
     assert attempts == [], attempts
     denied = lab.cli(BOB, "job", "logs", "who", "-p", ALICE)
     assert denied.returncode != 0 and "who" not in denied.stdout
@@ -153,15 +153,19 @@ def test_exec_runs_beside_a_rank_on_its_node_as_the_owner(lab: Box) -> None:
 
 
 def test_a_job_cannot_make_the_daemon_read_through_a_link(lab: Box) -> None:
-    """The job's owner can write its attempt directory (the shim on the node writes as them):
-    its logs swapped for links to a root-only file are not followed by the daemon."""
-    script = ("echo swapping; cd ../attempt-$NODUS_ATTEMPT && "
+    """The job's owner can write its node directory (the shim on the node writes there as
+    them): its logs swapped for links to a root-only file are not followed by the daemon,
+    and the attempt directory beside it, where the daemon itself writes, is not theirs."""
+    script = ("echo swapping; cd ../cluster-$NODUS_ATTEMPT-0 && "
               "for f in output.log stderr.log stdout.log; "
-              "do rm -f $f; ln -s /etc/shadow $f; done; ls -l output.log >&2")
+              "do rm -f $f; ln -s /etc/shadow $f; done; "
+              "ln -s /etc/passwd ../attempt-$NODUS_ATTEMPT/merged.log 2>/dev/null "
+              "&& echo PLANTED >&2; true")
     ok(lab.cli(BOB, "job", "run", "--region", "cluster", "--name", "links", "--",
                "sh", "-c", script))
-    swapped = lab.daemon.data_dir.glob("jobs/*/attempt-*/output.log")
+    swapped = lab.daemon.data_dir.glob("jobs/*/cluster-*-0/output.log")
     assert any(p.is_symlink() for p in swapped), "the job did not swap its log"
+    assert not any(p.is_symlink() for p in lab.daemon.data_dir.glob("jobs/*/attempt-*/*"))
     for extra in ((), ("--stderr",), ("--tail", "5")):
         logs = lab.cli(BOB, "job", "logs", "links", *extra)
         assert "root:" not in logs.stdout + logs.stderr, extra
@@ -360,7 +364,9 @@ def test_the_readme_s_cluster_section_runs_as_written(slurm_cluster: SlurmCluste
     """Its config block is the daemon's config, and its shell and Python blocks run."""
     del slurm_cluster
     text = README.read_text()
-    section = text[text.index("## A Slurm cluster as a region"):text.index("## How it works")]
+    section = text[text.index("## A Slurm cluster as a region"):]
+    if (end := section.find("\n## ", 1)) >= 0:
+        section = section[:end]
     blocks = re.findall(r"^```(toml|sh|python)\n(.*?)^```", section, re.S | re.M)
     assert [kind for kind, _ in blocks] == ["toml", "sh", "python"], blocks
     config, shell, python = (code for _, code in blocks)

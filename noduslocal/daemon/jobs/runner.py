@@ -176,6 +176,10 @@ class AttemptRunner:
             why = queued.why if queued is not None else "queued"
             await self.store.write(lambda c: job_writes.attempt_queued(
                 c, job.id, attempt.number, time.time(), attempt.handles, why))
+        if attempt.stop_reason is not None:
+            # Asked for while it was being submitted (nothing to signal then): it may wait
+            # in the cluster's queue for hours, so it is stopped there now, not once it runs.
+            await self.stopper.send_stop(attempt)
         starts = []
         for rank in ranks:
             if rank.running is None:

@@ -9,12 +9,13 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import math
 import os
 import signal
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.files.plain import NotPlain, read_plain
+from noduslocal.daemon.files.plain import read_plain
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverStarted, Vanished
 
@@ -28,20 +29,31 @@ def _read_json(path: Path, owner: int | None = None) -> dict[str, Any] | None:
     that uid owns counts."""
     try:
         data = json.loads(read_plain(path, RECORD_MAX, owner))
-    except (FileNotFoundError, NotPlain, ValueError):
+    except (OSError, ValueError):  # absent, a link or FIFO, or unreadable (ESTALE, EIO)
         return None
     return data if isinstance(data, dict) else None
 
 
+def _number(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool) and (
+        kind is int or math.isfinite(value))
+
+
 def read_exit(directory: Path) -> Exited | None:
+    """The rank's exit record; None when there is none, and when it is not one a shim wrote
+    (a cluster job's owner can write their node directory): the end is then Slurm's word."""
     data = _read_json(directory / shim.EXIT)
     if data is None:
         return None
+    code, sig = data.get("exit_code"), data.get("signal")
+    started, ended = data.get("started_at"), data.get("ended_at")
+    if not (_number(code, int) and (sig is None or _number(sig, int))
+            and _number(started, (int, float)) and _number(ended, (int, float))):
+        return None
     # As docker's OOMKilled is read (docker/end.py): the OOM killer took a process of the
     # rank's cgroup, and the job did not exit 0 (one that outlived the kill of a child did).
-    oom = bool(data.get("oom_killed")) and data["exit_code"] != 0
-    return Exited(data["exit_code"], data.get("signal"), data["started_at"], data["ended_at"],
-                  oom_killed=oom)
+    oom = bool(data.get("oom_killed")) and code != 0
+    return Exited(code, sig, float(started), float(ended), oom_killed=oom)
 
 
 def read_pid(directory: Path) -> dict[str, Any] | None:

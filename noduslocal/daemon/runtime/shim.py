@@ -795,10 +795,16 @@ MASTER_PORT_TOKEN = "@@nodus-master-port@@"
 RANK_ADDR_TOKEN = "@@nodus-rank-addr@@"
 
 
-def run_gang(directory: str, srun: str, nodes: int) -> None:
-    """A cluster gang's batch script (`shim.py --gang DIR SRUN N`), on its first node: a
-    free port chosen here for rank 0's rendezvous, then one `shim.py --rank DIR` per node
-    started by srun; exits with the first non-zero rank exit (0 when all succeeded)."""
+# A cluster attempt's rank R keeps its request, records and logs in this directory of the
+# job's, beside the attempt's (the owner's; the attempt directory itself is the daemon's).
+NODE_DIR = "cluster-{attempt}-{rank}"
+
+
+def run_gang(template: str, srun: str, nodes: int) -> None:
+    """A cluster gang's batch script (`shim.py --gang TEMPLATE SRUN N`), on its first node:
+    a free port chosen here for rank 0's rendezvous, then one `shim.py --rank TEMPLATE` per
+    node started by srun (TEMPLATE: each rank's directory, with "{rank}" for its number);
+    exits with the first non-zero rank exit (0 when all succeeded)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import socket  # here: this box's shims, which start a job each, never need it
 
@@ -807,9 +813,12 @@ def run_gang(directory: str, srun: str, nodes: int) -> None:
         port = probe.getsockname()[1]
     os.environ["NODUS_MASTER_ADDR"] = socket.gethostname()
     os.environ["NODUS_MASTER_PORT"] = str(port)
+    # 22.05's srun no longer takes the job's CPUs per task from its environment: say it.
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "1")
     argv = [srun, f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=0", "--export=ALL", sys.executable, "-I", "-S",
-            os.path.abspath(__file__), "--rank", directory]
+            f"--cpus-per-task={cpus}", "--kill-on-bad-exit=0", "--export=ALL",
+            sys.executable, "-I", "-S",
+            os.path.abspath(__file__), "--rank", template]
     pid = os.fork()
     if pid == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -824,8 +833,7 @@ def run_gang(directory: str, srun: str, nodes: int) -> None:
     codes = []
     for rank in range(nodes):
         try:
-            where = directory if rank == 0 else os.path.join(directory, f"rank-{rank}")
-            with open(os.path.join(where, EXIT), "rb") as file:
+            with open(os.path.join(template.format(rank=rank), EXIT), "rb") as file:
                 codes.append(json.load(file)["exit_code"])
         except (OSError, ValueError, KeyError):
             codes.append(1)
@@ -833,16 +841,16 @@ def run_gang(directory: str, srun: str, nodes: int) -> None:
     sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
 
 
-def run_rank(directory: str) -> None:
-    """One rank of a cluster gang (`shim.py --rank DIR`, started by srun on its node): the
-    rank's own request, with the rendezvous the gang's first node chose."""
+def run_rank(template: str) -> None:
+    """One rank of a cluster gang (`shim.py --rank TEMPLATE`, started by srun on its node):
+    the rank's own request, with the rendezvous the gang's first node chose."""
     import socket  # as in run_gang
 
     rank = int(os.environ.get("SLURM_PROCID", "0"))
-    where = directory if rank == 0 else os.path.join(directory, f"rank-{rank}")
-    run_batch(where, {MASTER_ADDR_TOKEN: os.environ.get("NODUS_MASTER_ADDR", ""),
-                      MASTER_PORT_TOKEN: os.environ.get("NODUS_MASTER_PORT", ""),
-                      RANK_ADDR_TOKEN: socket.gethostname()})
+    run_batch(template.format(rank=rank),
+              {MASTER_ADDR_TOKEN: os.environ.get("NODUS_MASTER_ADDR", ""),
+               MASTER_PORT_TOKEN: os.environ.get("NODUS_MASTER_PORT", ""),
+               RANK_ADDR_TOKEN: socket.gethostname()})
 
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
@@ -870,10 +878,10 @@ def _fill(value: str, tokens: dict[str, str]) -> str:
 def run_batch(directory: str, tokens: dict[str, str] | None = None) -> None:
     """A cluster's batch job (`shim.py --run DIR`), as the job's owner on a compute node:
     the attempt run by a shim in a child of ours, as the spawner would fork it, and our
-    exit the job's, for the cluster's own accounting. SIGTERM is ignored here and in the
-    shim (`scancel --full` sends it to every process of the job, ours too; the job gets it
-    and its exit is recorded); SIGKILL after the cluster's grace ends us all. `tokens`: a
-    gang rank's rendezvous, put where its request has their names."""
+    exit the job's, for the cluster's own accounting. A TERM (and the like) that reaches us
+    is passed on to the job's session, which Slurm's signals do not reach; the shim ignores
+    it, and records the job's end; SIGKILL after the cluster's grace ends us all. `tokens`:
+    a gang rank's rendezvous, put where its request has their names."""
     # The job runs in a session of its own, which Slurm's `scancel --signal --full` does
     # not reach: the batch script (we) passes each such signal on to the job's group.
     for forwarded in FORWARDED:
@@ -897,6 +905,10 @@ def run_batch(directory: str, tokens: dict[str, str] | None = None) -> None:
     req["env"] = env
     pid = os.fork()
     if pid == 0:
+        # Only the batch process passes signals on (the job would get each twice); the
+        # job's own child sets them back to their defaults before it runs the command.
+        for forwarded in FORWARDED:
+            signal.signal(forwarded, signal.SIG_IGN)
         run_shim(req, durable=True)
     os.waitpid(pid, 0)
     try:

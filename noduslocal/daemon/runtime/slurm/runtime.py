@@ -1,7 +1,9 @@
 """The Slurm runtime: each attempt of a job in a cluster region is one batch job, submitted
 with sbatch as the job's owner and tagged with a comment that names this daemon, the job
 and the attempt (so a restarted daemon finds it); its payload is the shim (`shim.py --run`)
-on the node, which writes logs and the exit record into the attempt directory on the file
+on the node, which writes logs and the exit record into its node directory
+(`cluster-N-R/` beside the attempt directory, the only place there the owner may write: the
+attempt directory stays the daemon's own, where it writes a gang's merged log) on the file
 system the nodes share. One squeue read a poll for every job says which are queued, which
 run and which ended; Slurm's end state covers what no exit record says (a lost node, a
 cancel before the start, the memory limit).
@@ -16,6 +18,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal as signals
 import socket
@@ -45,7 +48,6 @@ from noduslocal.daemon.runtime.base import (
     Queued,
     Rank,
     Vanished,
-    rank_dir,
 )
 from noduslocal.daemon.runtime.exec_output import supervise
 from noduslocal.daemon.runtime.launchers import RankPlan
@@ -68,6 +70,7 @@ TAG = "noduslocal"
 RECORD_GRACE = 10.0  # seconds an ended job's exit record may take to show on a shared fs
 STOPPED_GRACE = 1.0  # the same for a job we cancelled or killed
 ADOPT_RETRY = 5.0  # seconds between tries to reach slurmctld while adopting
+PROBE_EVERY = 60.0  # seconds a doctor's probe job result stands for its region
 SIGNAL_ONCE = 2.0  # seconds in which a signal for one more rank of a gang is not sent again
 # Slurm's states in which the batch script runs, or its node is being set up for it.
 RUNS = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STOPPED", "SIGNALING",
@@ -120,6 +123,8 @@ class SlurmRuntime:
         self._wake = asyncio.Event()
         self.unreachable: str | None = None  # why the last squeue failed, while it does
         self._closing = False
+        self._probe_lock = asyncio.Lock()
+        self._probes: dict[str, tuple[float, Diagnosis]] = {}  # region -> (when, result)
 
     # --- the protocol ------------------------------------------------------------------
 
@@ -160,8 +165,9 @@ class SlurmRuntime:
             if not self._transient(exc):
                 raise LaunchFailed(f"Slurm refused the job: {exc.stderr.strip() or exc}") \
                     from None
-            # sbatch may have reached slurmctld all the same: never twice, so look first.
-            found = await self._find(comment, job.owner)
+            # sbatch may have reached slurmctld all the same: never twice, so look first,
+            # for as long as Slurm does not answer (a job it took must not run unwatched).
+            found = await self._find_patiently(comment, job.owner, job.name)
             if found is None:
                 raise NotLaunched(NeverStarted(f"Slurm did not answer ({exc})",
                                                certain=True)) from None
@@ -175,18 +181,10 @@ class SlurmRuntime:
         ref = launch.ref
         job = ref.job
         ids = [int(h.ref) for h in recorded if h.runtime == KIND]
-        while True:
-            try:
-                job_id = ids[0] if ids else await self._find(
-                    self._comment(job.id, ref.number), job.owner)
-                break
-            except SlurmError as exc:  # slurmctld away: the attempt waits for it
-                self.unreachable = str(exc)
-                log.warning("job %s: cannot ask Slurm about its attempt (%s); trying again",
-                            job.name, exc)
-                await asyncio.sleep(ADOPT_RETRY)
+        job_id = ids[0] if ids else await self._find_patiently(
+            self._comment(job.id, ref.number), job.owner, job.name)
         if job_id is None:  # never submitted (the daemon died before sbatch answered)
-            exited = await asyncio.to_thread(read_exit, ref.directory)
+            exited = await asyncio.to_thread(read_exit, node_dir(ref.directory, 0))
             return exited if exited is not None else NeverStarted()
         ranks = self._watch(job, ref.directory, job_id)
         self._watches[job_id].stopping = stopping
@@ -197,10 +195,10 @@ class SlurmRuntime:
         watch = self._watches.get(job_id)
         if watch is not None:
             watch.stopping = True
-            # A gang's ranks are one Slurm job: the signal for each rank is sent once.
+            # A gang's ranks are one Slurm job: the signal for each rank is sent once
+            # (once it was: a failed scancel is tried again at the next ask).
             if time.monotonic() - watch.sent.get(sig, -SIGNAL_ONCE) < SIGNAL_ONCE:
                 return True
-            watch.sent[sig] = time.monotonic()
         queued = watch is None or not watch.running.done()
         try:
             if queued:  # nothing to signal: it leaves the queue
@@ -218,6 +216,8 @@ class SlurmRuntime:
             log.warning("job %s: scancel of Slurm job %d failed: %s", ref.job.name, job_id,
                         exc)
             return False
+        if watch is not None:
+            watch.sent[sig] = time.monotonic()
         self._wake.set()
         return True
 
@@ -231,7 +231,7 @@ class SlurmRuntime:
             self._watches.pop(int(handle.ref), None)
         for rank in _ranks(ref.job):  # never started: its secrets go
             with contextlib.suppress(FileNotFoundError):
-                (rank_dir(ref.directory, rank) / shim.REQUEST).unlink()
+                (node_dir(ref.directory, rank) / shim.REQUEST).unlink()
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
@@ -245,12 +245,13 @@ class SlurmRuntime:
             raise errors.Conflict(f"job {job.name!r} does not run in Slurm now; nothing to "
                                   f"exec beside")
         request = launch_request(self.layout, job, launch.ref.number, launch.secrets,
-                                 directory=rank_dir(launch.ref.directory, handle.rank))
+                                 directory=node_dir(launch.ref.directory, handle.rank))
         try:
             argv = commands.exec_argv(job.owner, job_id, handle.rank, request["cwd"],
                                       command)
             proc = await asyncio.create_subprocess_exec(
-                *argv, env=commands.exec_environment(request["env"]), cwd="/",
+                *argv, env={**commands.exec_environment(request["env"]), **_slurm_conf()},
+                cwd="/",
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except (SlurmError, OSError) as exc:
@@ -258,7 +259,7 @@ class SlurmRuntime:
         return await supervise(proc, request["mask"], timeout)
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
-        return rank_dir(directory, rank) / LOG_FILES[stream]
+        return node_dir(directory, rank) / LOG_FILES[stream]
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         """Per region: Slurm's tools here, slurmctld answering, and a probe job on a node
@@ -276,8 +277,19 @@ class SlurmRuntime:
                 found.append(Diagnosis(f"region {name}", False, "slurmctld does not answer "
                                        "`scontrol ping`: jobs of this region wait"))
                 continue
-            found.append(await self._probe(name, region))
+            found.append(await self._probe_once(name, region))
         return found
+
+    async def _probe_once(self, name: str, region: SlurmRegion) -> Diagnosis:
+        """A probe job at most once a PROBE_EVERY per region, one at a time: anyone may
+        run doctor, and each probe is a job in the cluster submitted as the daemon's user."""
+        async with self._probe_lock:
+            last = self._probes.get(name)
+            if last is not None and time.monotonic() - last[0] < PROBE_EVERY:
+                return last[1]
+            found = await self._probe(name, region)
+            self._probes[name] = (time.monotonic(), found)
+            return found
 
     async def _probe(self, name: str, region: SlurmRegion) -> Diagnosis:
         what = f"region {name}"
@@ -346,7 +358,7 @@ class SlurmRuntime:
         R>0 in rank-R/, its rendezvous left for the nodes to fill in."""
         self._install_shim()
         number = launch.ref.number
-        places = [rank_dir(directory, rank) for rank in _ranks(job)]
+        places = [node_dir(directory, rank) for rank in _ranks(job)]
         for rank, where in enumerate(places):
             where.mkdir(mode=0o700, exist_ok=True)
             plan = None if job.spec.gang is None else RankPlan(
@@ -358,8 +370,8 @@ class SlurmRuntime:
                 request.pop(key, None)
             request["max_log"] = self._max_log()
             self._write_request(job, where / shim.REQUEST, request)
-        if os.geteuid() == 0:  # the attempt's directory last: until then the owner has none
-            for where in reversed(places):
+        if os.geteuid() == 0:  # each node directory once its request is in
+            for where in places:
                 os.chown(where, job.owner_uid, job.owner_gid)
 
     @staticmethod
@@ -395,18 +407,20 @@ class SlurmRuntime:
         head = (f"#!/bin/sh\n# noduslocal: the attempt's shim runs the job and records its "
                 f"exit in {directory}\n")
         gang = job.spec.gang
+        python, payload = shlex.quote(region.python), shlex.quote(str(self._shim))
         if gang is None:
-            return f"{head}exec {region.python} -I -S {self._shim} --run {directory}\n"
-        srun = commands.tool_path("srun")
-        return (f"{head}exec {region.python} -I -S {self._shim} --gang {directory} {srun} "
-                f"{gang.nodes}\n")
+            return (f"{head}exec {python} -I -S {payload} --run "
+                    f"{shlex.quote(str(node_dir(directory, 0)))}\n")
+        srun = shlex.quote(commands.tool_path("srun"))
+        return (f"{head}exec {python} -I -S {payload} --gang "
+                f"{shlex.quote(_node_template(directory))} {srun} {gang.nodes}\n")
 
     def _options(self, job: JobRecord, region: SlurmRegion, comment: str,
                  directory: Path) -> list[str]:
         spec = job.spec
         nodes = 1 if spec.gang is None else spec.gang.nodes
         options = [f"--job-name={job.name}", f"--comment={comment}", "--output=/dev/null",
-                   "--error=/dev/null", f"--chdir={directory}",
+                   "--error=/dev/null", f"--chdir={node_dir(directory, 0)}",
                    # ALL of sbatch's few variables (_tool_env), never NONE: in 22.05 NONE
                    # makes slurmd run the owner's login shell on the node before each job
                    # (up to 2 s; scripts/bench/slurm_region.py), and the shim builds the
@@ -441,11 +455,22 @@ class SlurmRuntime:
         """What sbatch runs with, and so the batch script's environment (--export=ALL):
         the job gets none of it (its own comes from its request, Slurm's from the node)."""
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-                "USER": job.owner, "LOGNAME": job.owner}
+                "USER": job.owner, "LOGNAME": job.owner, **_slurm_conf()}
 
     @staticmethod
     def _transient(exc: SlurmError) -> bool:
         return exc.returncode is None or any(word in exc.stderr for word in TRANSIENT)
+
+    async def _find_patiently(self, comment: str, owner: str, name: str) -> int | None:
+        """_find, tried again while slurmctld is away (the attempt waits for it)."""
+        while True:
+            try:
+                return await self._find(comment, owner)
+            except SlurmError as exc:
+                self.unreachable = str(exc)
+                log.warning("job %s: cannot ask Slurm about its attempt (%s); trying again",
+                            name, exc)
+                await asyncio.sleep(ADOPT_RETRY)
 
     async def _find(self, comment: str, owner: str) -> int | None:
         """The owner's job with this comment: any user may set their own job's comment to
@@ -477,6 +502,7 @@ class SlurmRuntime:
     async def _poll(self) -> None:
         while not self._closing:
             if self._watches:
+                watched = list(self._watches.values())  # a later one may not be listed yet
                 try:
                     entries = await commands.queue(self.prefix)
                 except SlurmError as exc:
@@ -488,8 +514,12 @@ class SlurmRuntime:
                     if self.unreachable is not None:
                         log.info("Slurm answers again")
                     self.unreachable = None
-                    for watch in list(self._watches.values()):
-                        await self._update(watch, entries.get(watch.job_id))
+                    for watch in watched:
+                        try:
+                            await self._update(watch, entries.get(watch.job_id))
+                        except Exception:  # one job's trouble never stops the others' poll
+                            log.exception("Slurm job %d: reading its state failed",
+                                          watch.job_id)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval())
@@ -502,6 +532,7 @@ class SlurmRuntime:
         if entry is not None:
             watch.entry = entry
         if entry is not None and not entry.ended:
+            watch.ended_at = None  # listed as live: any grace for its record starts over
             if entry.state in RUNS and not watch.running.done():
                 started = entry.start.timestamp() if entry.start else time.time()
                 watch.running.set_result(started)
@@ -509,11 +540,11 @@ class SlurmRuntime:
                 # A gang's rank may end before the others: its record says so.
                 for rank, end in watch.ends.items():
                     if not end.done() and (exited := await asyncio.to_thread(
-                            read_exit, rank_dir(watch.directory, rank))) is not None:
+                            read_exit, node_dir(watch.directory, rank))) is not None:
                         end.set_result(exited)
             return
         left = {rank: end for rank, end in watch.ends.items() if not end.done()}
-        records = {rank: await asyncio.to_thread(read_exit, rank_dir(watch.directory, rank))
+        records = {rank: await asyncio.to_thread(read_exit, node_dir(watch.directory, rank))
                    for rank in left}
         fallback: AttemptState | None = None
         if any(record is None for record in records.values()):
@@ -525,8 +556,13 @@ class SlurmRuntime:
             # never ran: no record is coming, and a cancel should not take 10 s to show.
             if now - watch.ended_at < (STOPPED_GRACE if watch.stopping else RECORD_GRACE):
                 return
-            shown = await self._show(watch.job_id) if entry is None else \
-                {"JobState": entry.state, "NodeList": entry.nodes}
+            if entry is None:
+                try:
+                    shown = await commands.show_job(watch.job_id)
+                except SlurmError:
+                    return  # Slurm did not answer: asked again at the next poll
+            else:
+                shown = {"JobState": entry.state, "NodeList": entry.nodes}
             fallback = self._without_record(watch, shown)
         state_now = entry.state if entry is not None else None
         for rank, end in left.items():
@@ -543,7 +579,9 @@ class SlurmRuntime:
 
     @staticmethod
     def _with_record(watch: Watch, exited: Exited, slurm_state: str | None) -> AttemptState:
-        """A recorded exit, as Slurm's end state qualifies it."""
+        """A recorded exit, as Slurm's end state qualifies it (an exit 0 stands as it is)."""
+        if exited.exit_code == 0 and exited.signal is None:
+            return exited
         if slurm_state == "OUT_OF_MEMORY":
             return Exited(exited.exit_code, exited.signal, exited.started_at,
                           exited.ended_at, oom_killed=True)
@@ -559,12 +597,6 @@ class SlurmRuntime:
             return Vanished(f"Slurm job {watch.job_id} was cancelled outside noduslocal "
                             f"(scancel); its command ended with {how}")
         return exited
-
-    async def _show(self, job_id: int) -> dict[str, str] | None:
-        try:
-            return await commands.show_job(job_id)
-        except SlurmError:
-            return None
 
     @staticmethod
     def _without_record(watch: Watch, shown: dict[str, str] | None) -> AttemptState:
@@ -593,6 +625,24 @@ class SlurmRuntime:
             return Exited(143, 15, started, now)
         return Vanished(f"Slurm says job {watch.job_id} ended {state}, but its shim recorded "
                         f"no exit (does every node see {watch.directory}?)")
+
+
+def _slurm_conf() -> dict[str, str]:
+    """The cluster's config where the daemon was pointed at it (SLURM_CONF), for each tool."""
+    conf = os.environ.get("SLURM_CONF")
+    return {"SLURM_CONF": conf} if conf else {}
+
+
+def node_dir(directory: Path, rank: int) -> Path:
+    """Where rank RANK of the attempt in DIRECTORY keeps its request, pid and exit records
+    and logs: the owner's directory beside the attempt's (shim.NODE_DIR), in the job's
+    directory, which only the daemon may write."""
+    return Path(_node_template(directory).format(rank=rank))
+
+
+def _node_template(directory: Path) -> str:
+    number = directory.name.removeprefix("attempt-")
+    return str(directory.parent / shim.NODE_DIR.format(attempt=number, rank="{rank}"))
 
 
 def _ranks(job: JobRecord) -> range:
