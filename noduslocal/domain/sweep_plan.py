@@ -143,6 +143,11 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...],
     # What a cluster's cells may not ask for: the template as its profile fills it, and
     # every GPU of the grid (each is paired with every region of the grid).
     merged, _ = with_profile(with_command, profiles or {})
+    if clusters and body.get("max_cost") is not None:
+        region = sorted(clusters)[0]
+        raise Unsupported("max_cost", message=f"max_cost: not with cells in region {region!r} "
+                          f"(a Slurm cluster): their cost is not metered here, so the budget "
+                          f"would never see them")
     for region in sorted(clusters):
         check_cluster_fields(merged, region)
         for gpu in gpus.values():

@@ -276,6 +276,8 @@ CLUSTER_REFUSED = {
     "volumes": "volumes live on this box; use paths in the workspace (its outputs come back)",
     "checkpoint": "a checkpoint path is kept on this box; write it in the workspace",
     "disk": "a job directory's size is reserved on this box only",
+    "max_cost": "a job's cost is metered from this box's GPUs; a cluster's time is Slurm's "
+                "to account",
     "completions": "indexed jobs in a cluster region are not supported yet",
     "parallelism": "indexed jobs in a cluster region are not supported yet",
 }

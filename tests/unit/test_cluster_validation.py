@@ -36,6 +36,7 @@ REFUSED_IN_CLUSTER: list[tuple[str, Any]] = [
     ("disk", "10GiB"),
     ("completions", 4),
     ("parallelism", 2),
+    ("max_cost", 5.0),
 ]
 
 
@@ -240,3 +241,12 @@ def test_a_grid_gpu_with_memory_fails_a_sweep_with_cluster_cells() -> None:
     error = sweep_refused({"template": {**PLAIN, "region": "cluster"},
                            "grid": {"gpu": ["H100", {"count": 1, "min_memory": "40GiB"}]}})
     assert type(error) is errors.Unsupported and error.field == "grid.gpu"
+
+
+def test_a_sweep_budget_is_refused_when_cells_run_in_a_cluster() -> None:
+    """Their cost is not metered here: the budget would never see them."""
+    error = sweep_refused({"template": PLAIN, "max_cost": 10.0,
+                           "grid": {"region": ["local", "cluster"]}})
+    assert type(error) is errors.Unsupported and error.field == "max_cost"
+    assert "'cluster'" in error.message
+    assert len(sweep({"template": PLAIN, "max_cost": 10.0, "grid": {"region": ["local"]}})) == 1
