@@ -70,6 +70,7 @@ TAG = "noduslocal"
 RECORD_GRACE = 10.0  # seconds an ended job's exit record may take to show on a shared fs
 STOPPED_GRACE = 1.0  # the same for a job we cancelled or killed
 ADOPT_RETRY = 5.0  # seconds between tries to reach slurmctld while adopting
+SUBMITTING = 8  # sbatch processes at once
 PROBE_EVERY = 60.0  # seconds a doctor's probe job result stands for its region
 SIGNAL_ONCE = 2.0  # seconds in which a signal for one more rank of a gang is not sent again
 # Slurm's states in which the batch script runs, or its node is being set up for it.
@@ -124,6 +125,7 @@ class SlurmRuntime:
         self.unreachable: str | None = None  # why the last squeue failed, while it does
         self._closing = False
         self._probe_lock = asyncio.Lock()
+        self._submitting = asyncio.Semaphore(SUBMITTING)
         self._probes: dict[str, tuple[float, Diagnosis]] = {}  # region -> (when, result)
 
     # --- the protocol ------------------------------------------------------------------
@@ -159,16 +161,21 @@ class SlurmRuntime:
         script = self._script(region, directory, job)
         options = self._options(job, region, comment, directory)
         try:
-            job_id = await commands.submit(job.owner, script, options,
-                                           env=self._tool_env(job))
+            # A few sbatch at once: one user's thousand released cells must not hold up
+            # another's submission, nor flood slurmctld.
+            async with self._submitting:
+                job_id = await commands.submit(job.owner, script, options,
+                                               env=self._tool_env(job))
         except SlurmError as exc:
             if not self._transient(exc):
+                await asyncio.to_thread(self._forget_requests, ref)
                 raise LaunchFailed(f"Slurm refused the job: {exc.stderr.strip() or exc}") \
                     from None
             # sbatch may have reached slurmctld all the same: never twice, so look first,
             # for as long as Slurm does not answer (a job it took must not run unwatched).
             found = await self._find_patiently(comment, job.owner, job.name)
             if found is None:
+                await asyncio.to_thread(self._forget_requests, ref)
                 raise NotLaunched(NeverStarted(f"Slurm did not answer ({exc})",
                                                certain=True)) from None
             job_id = found
@@ -229,7 +236,12 @@ class SlurmRuntime:
     async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
         for handle in handles:
             self._watches.pop(int(handle.ref), None)
-        for rank in _ranks(ref.job):  # never started: its secrets go
+        self._forget_requests(ref)
+
+    @staticmethod
+    def _forget_requests(ref: AttemptRef) -> None:
+        """The requests of ranks that never started, with the secrets they hold."""
+        for rank in _ranks(ref.job):
             with contextlib.suppress(FileNotFoundError):
                 (node_dir(ref.directory, rank) / shim.REQUEST).unlink()
 
@@ -515,8 +527,11 @@ class SlurmRuntime:
                         log.info("Slurm answers again")
                     self.unreachable = None
                     for watch in watched:
+                        entry = entries.get(watch.job_id)
+                        if entry is not None and entry.user != watch.owner:
+                            entry = None  # a reused id (slurmctld's state reset): not ours
                         try:
-                            await self._update(watch, entries.get(watch.job_id))
+                            await self._update(watch, entry)
                         except Exception:  # one job's trouble never stops the others' poll
                             log.exception("Slurm job %d: reading its state failed",
                                           watch.job_id)
