@@ -182,9 +182,12 @@ class Box:
 
 
 @contextlib.contextmanager
-def open_box(config: str | None = None) -> Iterator[Box]:
-    """Two users (nlalice, nlbob) in the socket group, a library they can import and a
-    daemon run by root (with CONFIG): removed again at the end."""
+def open_box(config: str | None = None, names: tuple[str, str] = (ALICE, BOB),
+             keep_group: bool = False) -> Iterator[Box]:
+    """Two users (NAMES, nlalice and nlbob by default) in the socket group, a library they
+    can import and a daemon run by root (with CONFIG): removed again at the end, the
+    socket group too unless KEEP_GROUP (a box beside another, in a process of its own,
+    must not take the group from under the other's users)."""
     if os.geteuid() != 0:
         unavailable("needs root: creates Unix users and runs commands as them")
     for tool in ("groupadd", "groupdel", "useradd", "userdel", "usermod", "gpasswd",
@@ -200,7 +203,7 @@ def open_box(config: str | None = None) -> Iterator[Box]:
     lib = Path(tempfile.mkdtemp(prefix="nl-lib-", dir="/tmp"))
     daemon: testing.Daemon | None = None
     try:
-        for name in (ALICE, BOB):
+        for name in names:
             if user_exists(name):  # left over from an interrupted run: start afresh
                 run("userdel", "-r", name, check=False)
             if user_exists(name):
@@ -215,10 +218,11 @@ def open_box(config: str | None = None) -> Iterator[Box]:
         copy_tree(Path(pathspec.__file__).parent, lib / "pathspec")  # for --upload
         (lib / "nl_raw.py").write_text(RAW_HTTP)
         open_up(lib)
-        probe = run("runuser", "-u", BOB, "--", "env", "-i", f"PYTHONPATH={lib}",
-                     SYSTEM_PYTHON, "-c", "import noduslocal.cli.main", check=False)
+        probe = run("runuser", "-u", names[1], "--", "env", "-i", f"PYTHONPATH={lib}",
+                    SYSTEM_PYTHON, "-c", "import noduslocal.cli.main", check=False)
         if probe.returncode != 0:
-            raise AssertionError(f"{BOB} cannot import the CLI from {lib}:\n{probe.stderr}")
+            raise AssertionError(f"{names[1]} cannot import the CLI from {lib}:\n"
+                                 f"{probe.stderr}")
 
         daemon = testing.Daemon(cpus=4, memory="8GiB", config=config)
         daemon.start()
@@ -230,6 +234,6 @@ def open_box(config: str | None = None) -> Iterator[Box]:
         for user in users:
             with contextlib.suppress(Exception):
                 run("userdel", "-r", user.name, check=False)
-        if made_socket_group:
+        if made_socket_group and not keep_group:
             with contextlib.suppress(Exception):
                 run("groupdel", SOCKET_GROUP, check=False)

@@ -27,7 +27,7 @@ from noduslocal.daemon.runtime.slurm import commands
 from noduslocal.daemon.runtime.slurm.commands import ExitCode, QueueEntry, SlurmError
 from tests.conftest import SlurmCluster
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slurm]
 
 OWNER = "nlslurmcmd"
 # Beside other tests' jobs: a CPU and 100 MB each (without --mem a job takes a whole node's

@@ -24,15 +24,20 @@ from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.domain.states import TERMINAL
 from noduslocal.testing import wait_until
 from tests.conftest import SlurmCluster
-from tests.system.lab import ALICE, BOB, DEADLINE, Box, open_box
+from tests.system.lab import DEADLINE, Box, open_box
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slurm]
+
+# Users of their own: scripts/test.sh runs this module beside the other system tests,
+# whose multi-user box has nlalice and nlbob.
+ALICE, BOB = "nlsalice", "nlsbob"
 
 
 @pytest.fixture(scope="module")
 def lab(slurm_cluster: SlurmCluster) -> Iterator[Box]:
     # A long kill grace: a stop's TERM must end a job by itself, not the KILL after it.
-    with open_box(config='kill_grace = "120s"\n' + slurm_cluster.config) as box:
+    with open_box(config='kill_grace = "120s"\n' + slurm_cluster.config, names=(ALICE, BOB),
+                  keep_group=True) as box:
         yield box
 
 
