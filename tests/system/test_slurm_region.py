@@ -212,6 +212,9 @@ def test_kill_and_cancel_leave_nothing_in_slurm(lab: Box,
                "sleep 300 & wait"))
     wait_until(lambda: "ready" in lab.cli(ALICE, "job", "logs", "graceful").stdout,
                "the job's trap set", DEADLINE)
+    # Running as the daemon sees it (a job it has not yet seen start is cancelled as a
+    # queued one: scancel, whose TERM Slurm follows with KILL after KillWait).
+    wait_phase(lab, ALICE, "graceful", {"Running"})
     ok(lab.cli(ALICE, "job", "cancel", "graceful"))
     assert wait_phase(lab, ALICE, "graceful", set(TERMINAL))["phase"] == "Cancelled"
     assert "got TERM" in ok(lab.cli(ALICE, "job", "logs", "graceful"))
