@@ -135,13 +135,12 @@ class Dispatch:
         """The attempt holds nothing any more: its share goes to the next pass."""
         for timer in attempt.timers:
             timer.cancel()
-        if self.board.occupies(attempt) and attempt.job.spec.region is not None:
+        if self.board.occupies(attempt):
             del self.board.active[attempt.job.id]
-            self.lanes.give(attempt.job.id)  # it held none of this box's capacity
-            self.run_pass()
-        elif self.board.occupies(attempt):
-            del self.board.active[attempt.job.id]
-            self.queue.stopping.discard(attempt.job.id)
-            self.accounting.charge(attempt.request)
-            self.queue.capacity.give(attempt.request)
+            if attempt.job.spec.region is not None:
+                self.lanes.give(attempt.job.id)  # it held none of this box's capacity
+            else:
+                self.queue.stopping.discard(attempt.job.id)
+                self.accounting.charge(attempt.request)
+                self.queue.capacity.give(attempt.request)
             self.run_pass()

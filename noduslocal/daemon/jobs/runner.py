@@ -165,13 +165,13 @@ class AttemptRunner:
         ended before that without having run (cancelled, or lost, in the queue). A rank
         that ran and ended between two looks at the queue started when its exit says.
         `adopted`: after a restart (the job's record then says whether it was queued)."""
-        queued = [rank for rank in ranks if rank.running is not None]
-        if not queued:
+        waits = [rank.running for rank in ranks if rank.running is not None]
+        if not waits:
             return float(min(rank.started_at for rank in ranks))
         job = attempt.job
         # An adopted attempt whose job is Pending was recorded queued before the restart.
         if (not adopted or job.phase == Phase.STARTING) and not all(
-                rank.running.done() for rank in queued if rank.running is not None):
+                running.done() for running in waits):
             queued = self.runtime_of(job).queue_reason(attempt.handles)
             why = queued.why if queued is not None else "queued"
             await self.store.write(lambda c: job_writes.attempt_queued(

@@ -326,15 +326,16 @@ class JobService:
             if job is not None:
                 entries.append({**self._queue_entry(job), "place": place,
                                 "eta": iso(self.queue.etas.get(job.id))})
-        elsewhere = [job for job in self.dispatch.pending.values()
-                     if self.dispatch.lanes.waits(job.id)]
-        elsewhere += [attempt.job for job_id, attempt in self.board.active.items()
-                      if self._queued(job_id) is not None]
-        elsewhere.sort(key=lambda job: job.created_at)
-        for job in elsewhere[:max(0, limit - len(entries))]:
-            queued = self._queued(job.id)
-            entries.append({**self._queue_entry(job), "place": None,
-                            "eta": iso(queued.start_at if queued is not None else None)})
+        # (job, Slurm's start estimate): in a lane here, or in the cluster's queue.
+        elsewhere: list[tuple[JobRecord, float | None]] = [
+            (job, None) for job in self.dispatch.pending.values()
+            if self.dispatch.lanes.waits(job.id)]
+        for job_id, attempt in self.board.active.items():
+            if (queued := self._queued(job_id)) is not None:
+                elsewhere.append((attempt.job, queued.start_at))
+        elsewhere.sort(key=lambda pair: pair[0].created_at)
+        for job, start_at in elsewhere[:max(0, limit - len(entries))]:
+            entries.append({**self._queue_entry(job), "place": None, "eta": iso(start_at)})
         return len(waiting) + len(elsewhere), entries
 
     def _queue_entry(self, job: JobRecord) -> dict[str, Any]:

@@ -830,15 +830,18 @@ def run_gang(template: str, srun: str, nodes: int) -> None:
     for forwarded in FORWARDED:
         signal.signal(forwarded, lambda sig, _frame: os.kill(pid, sig))
     os.waitpid(pid, 0)
-    codes = []
-    for rank in range(nodes):
-        try:
-            with open(os.path.join(template.format(rank=rank), EXIT), "rb") as file:
-                codes.append(json.load(file)["exit_code"])
-        except (OSError, ValueError, KeyError):
-            codes.append(1)
-    code = next((c for c in codes if c != 0), 0)
-    sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
+    codes = [_recorded_code(template.format(rank=rank)) for rank in range(nodes)]
+    sys.exit(next((code for code in codes if code != 0), 0))
+
+
+def _recorded_code(directory: str) -> int:
+    """The exit code a shim recorded in DIRECTORY, as a batch script's status (1: none)."""
+    try:
+        with open(os.path.join(directory, EXIT), "rb") as file:
+            code = json.load(file)["exit_code"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+    return code if isinstance(code, int) and 0 <= code < 256 else 1
 
 
 def run_rank(template: str) -> None:
@@ -911,12 +914,7 @@ def run_batch(directory: str, tokens: dict[str, str] | None = None) -> None:
             signal.signal(forwarded, signal.SIG_IGN)
         run_shim(req, durable=True)
     os.waitpid(pid, 0)
-    try:
-        with open(os.path.join(directory, EXIT), "rb") as file:
-            code = json.load(file)["exit_code"]
-    except (OSError, ValueError, KeyError):
-        code = 1
-    sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
+    sys.exit(_recorded_code(directory))
 
 
 def exec_in(spec: dict) -> None:

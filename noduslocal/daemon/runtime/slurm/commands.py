@@ -531,9 +531,12 @@ def _as_owner(owner: str | None, tool: str) -> list[str]:
 
 def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
     base = os.environ if env is None else env
-    # SLURM_CONF only says where the cluster's config is: a site may point the daemon there.
-    return {k: v for k, v in base.items()
-            if not k.startswith(_TOOL_VARIABLES) or k == "SLURM_CONF"}
+    found = {k: v for k, v in base.items() if not k.startswith(_TOOL_VARIABLES)}
+    # SLURM_CONF only says where the cluster's config is: a site may point the daemon
+    # there, and every tool it runs (as whoever, with whatever env) must read that one.
+    if conf := os.environ.get("SLURM_CONF"):
+        found["SLURM_CONF"] = conf
+    return found
 
 
 async def _run(tool: str, args: Sequence[str], *, owner: str | None = None,

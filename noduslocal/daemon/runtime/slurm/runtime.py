@@ -262,8 +262,7 @@ class SlurmRuntime:
             argv = commands.exec_argv(job.owner, job_id, handle.rank, request["cwd"],
                                       command)
             proc = await asyncio.create_subprocess_exec(
-                *argv, env={**commands.exec_environment(request["env"]), **_slurm_conf()},
-                cwd="/",
+                *argv, env=commands.exec_environment(request["env"]), cwd="/",
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except (SlurmError, OSError) as exc:
@@ -467,7 +466,7 @@ class SlurmRuntime:
         """What sbatch runs with, and so the batch script's environment (--export=ALL):
         the job gets none of it (its own comes from its request, Slurm's from the node)."""
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-                "USER": job.owner, "LOGNAME": job.owner, **_slurm_conf()}
+                "USER": job.owner, "LOGNAME": job.owner}
 
     @staticmethod
     def _transient(exc: SlurmError) -> bool:
@@ -640,12 +639,6 @@ class SlurmRuntime:
             return Exited(143, 15, started, now)
         return Vanished(f"Slurm says job {watch.job_id} ended {state}, but its shim recorded "
                         f"no exit (does every node see {watch.directory}?)")
-
-
-def _slurm_conf() -> dict[str, str]:
-    """The cluster's config where the daemon was pointed at it (SLURM_CONF), for each tool."""
-    conf = os.environ.get("SLURM_CONF")
-    return {"SLURM_CONF": conf} if conf else {}
 
 
 def node_dir(directory: Path, rank: int) -> Path:
