@@ -75,15 +75,18 @@ class SlurmCluster:
         subprocess.run([str(self.script), "up"], check=True, capture_output=True,
                        timeout=120)
 
-    def restart_controller(self, down_for: float = 0.0) -> None:
+    def restart_controller(self, down_for: float = 0.0, forget: bool = False) -> None:
         """slurmctld stopped (SIGTERM: it saves its state), away for DOWN_FOR seconds, and
-        started again; returns once it answers."""
+        started again; returns once it answers. FORGET: started with -c, which drops every
+        job it held (a controller whose state was lost)."""
         subprocess.run(["pkill", "-TERM", "-x", "slurmctld"], check=False)
         deadline = time.monotonic() + 30
         while subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0:
             assert time.monotonic() < deadline, "slurmctld did not stop"
             time.sleep(0.1)
         time.sleep(down_for)
+        if forget:
+            subprocess.run(["slurmctld", "-c", "-i"], check=True, timeout=60)
         self.up()
 
     def queue(self) -> list[list[str]]:

@@ -184,13 +184,17 @@ class Recovery:
         job = attempt.job
         try:
             launch = await self.runner.launch_of(attempt)
-            if job.spec.indexed is not None:  # adopts what runs, then goes on with the rest
+            indexed = self.runner.indexed
+            array = job.spec.indexed is not None and indexed.array_runtime(job) is not None
+            if job.spec.indexed is not None and not array:
+                # adopts what runs, then goes on with the rest
                 await self.runner.watch(attempt, last.started_at or time.time(),
-                                        until=self.runner.indexed.run(attempt, launch, True))
+                                        until=indexed.run(attempt, launch, True))
                 return
-            found = await self.runner.runtime_of(job).adopt(
-                launch, attempt.handles, recorded_running=attempt.launched,
-                stopping=attempt.stop_reason is not None)
+            found = await (indexed.adopt(attempt, launch) if array else
+                           self.runner.runtime_of(job).adopt(
+                               launch, attempt.handles, recorded_running=attempt.launched,
+                               stopping=attempt.stop_reason is not None))
             if not isinstance(found, list):
                 if isinstance(found, NeverStarted) and await asyncio.to_thread(
                         drop_torn_workspace, self.layout, job.id):
@@ -198,7 +202,7 @@ class Recovery:
                                 "it is made again for the next attempt", job.name)
                 await self.runner.finish(attempt, found)
                 return
-            await self._watch_adopted(attempt, last, found)
+            await self._watch_adopted(attempt, last, found, array)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -206,7 +210,8 @@ class Recovery:
             await self.runner.give_up(attempt, f"the daemon could not adopt it: {exc}")
 
     async def _watch_adopted(self, attempt: Attempt, last: AttemptRecord,
-                             ranks: list[Rank]) -> None:
+                             ranks: list[Rank], array: bool = False) -> None:
+        """`array`: the ranks are an indexed job's indexes in one array of the runtime's."""
         job = attempt.job
         recorded_running = attempt.launched
         self.runner.take(attempt, ranks)
@@ -221,7 +226,8 @@ class Recovery:
             started = now
             await self.store.write(lambda c, at=started: job_writes.attempt_running(
                 c, job.id, attempt.number, at, attempt.handles))
-        await self.runner.watch(attempt, started)
+        await self.runner.watch(attempt, started, until=self.runner.indexed.follow(
+            attempt, ranks) if array else None)
 
 
 def drop_torn_workspace(layout: JobLayout, job_id: int) -> bool:

@@ -278,8 +278,6 @@ CLUSTER_REFUSED = {
     "disk": "a job directory's size is reserved on this box only",
     "max_cost": "a job's cost is metered from this box's GPUs; a cluster's time is Slurm's "
                 "to account",
-    "completions": "indexed jobs in a cluster region are not supported yet",
-    "parallelism": "indexed jobs in a cluster region are not supported yet",
 }
 
 

@@ -157,6 +157,106 @@ def test_exec_runs_beside_a_rank_on_its_node_as_the_owner(lab: Box) -> None:
         lab.cli(ALICE, "job", "kill", "beside")
 
 
+def test_an_indexed_job_is_one_job_array(lab: Box, slurm_cluster: SlurmCluster) -> None:
+    """completions=4, parallelism=2: one sbatch --array=0-3%2; each task is told its index
+    (NODUS_INDEX is SLURM_ARRAY_TASK_ID) and gets one index's GPU; logs and status by
+    index; exec beside an index runs in its task."""
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "array", "-d",
+               "--completions", "4", "--parallelism", "2", "--gpus", "1", "--", "sh", "-c",
+               "echo index $NODUS_INDEX task $SLURM_ARRAY_TASK_ID of $NODUS_COMPLETIONS "
+               "gpus=$CUDA_VISIBLE_DEVICES; sleep 3"))
+    wait_phase(lab, ALICE, "array", {"Running"})
+    rows = ours(lab, slurm_cluster)
+    ids = {row[0].split("_", 1)[0] for row in rows}
+    assert len(ids) == 1, rows  # one Slurm job: the array
+    running = [row for row in rows if row[1] == "RUNNING"]
+    assert 1 <= len(running) <= 2, rows
+    task = running[0][0].split("_", 1)[1]
+    beside = lab.cli(ALICE, "job", "exec", "array", "--index", task, "--", "sh", "-c",
+                     "echo $NODUS_INDEX $SLURM_JOB_ID $(id -u)")
+    own = ok(subprocess.run(["squeue", "-h", "-j", running[0][0], "-o", "%A"],
+                            capture_output=True, text=True, timeout=60)).strip()
+    assert beside.stdout.split() == [task, own, str(lab.user(ALICE).uid)], \
+        (beside.stdout, beside.stderr)
+    final = wait_phase(lab, ALICE, "array", set(TERMINAL))
+    assert final["phase"] == "Succeeded", final
+    assert final["indexes"]["succeeded"] == 4, final["indexes"]
+    for index in range(4):
+        out = ok(lab.cli(ALICE, "job", "logs", "array", "--index", str(index)))
+        assert re.search(rf"^index {index} task {index} of 4 gpus=[0-9]$", out, re.M), out
+    assert ours(lab, slurm_cluster) == []
+
+
+def test_an_index_that_fails_ends_the_array_and_stops_the_rest(
+        lab: Box, slurm_cluster: SlurmCluster) -> None:
+    """Index 1 exits 7: the job fails with its code, the array's running task is stopped
+    and the waiting ones leave Slurm's queue."""
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "array-fails", "-d",
+               "--completions", "6", "--parallelism", "2", "--", "sh", "-c",
+               "echo ran $NODUS_INDEX; [ $NODUS_INDEX = 1 ] && exit 7; sleep 300"))
+    final = wait_phase(lab, ALICE, "array-fails", set(TERMINAL))
+    assert (final["phase"], final["exit_code"]) == ("Failed", 7), final
+    assert final["indexes"]["failed"] == [1], final["indexes"]
+    wait_until(lambda: ours(lab, slurm_cluster) == [], "the array is still in squeue",
+               DEADLINE)
+    assert "ran 1" in ok(lab.cli(ALICE, "job", "logs", "array-fails", "--index", "1"))
+
+
+def test_a_lost_index_is_retried_without_the_ones_that_succeeded(
+        lab: Box, slurm_cluster: SlurmCluster) -> None:
+    """Index 3's task is cancelled in Slurm behind the daemon's back: the attempt is lost,
+    and its retry is an array of index 3 alone."""
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "array-retry", "-d",
+               "--completions", "4", "--parallelism", "2", "--retries", "1", "--", "sh", "-c",
+               "echo ran $NODUS_INDEX in $NODUS_ATTEMPT; "
+               "if [ $NODUS_INDEX = 3 ] && [ $NODUS_ATTEMPT = 1 ]; then sleep 300; fi"))
+
+    def index_3_runs() -> bool:
+        return any(row[0].endswith("_3") and row[1] == "RUNNING"
+                   for row in ours(lab, slurm_cluster))
+
+    wait_until(index_3_runs, "index 3 never ran", DEADLINE)
+    task = next(row[0] for row in ours(lab, slurm_cluster) if row[0].endswith("_3"))
+    subprocess.run(["scancel", task], check=True, timeout=60)
+    final = wait_phase(lab, ALICE, "array-retry", set(TERMINAL))
+    assert final["phase"] == "Succeeded" and final["attempts"] == 2, final
+    assert final["indexes"]["succeeded"] == 4, final["indexes"]
+    # The only indexed job of this module with a second attempt: which indexes each ran.
+    [second] = lab.daemon.data_dir.glob("jobs/*/attempt-2/indexes.json")
+    first = second.parent.parent / "attempt-1" / "indexes.json"
+    assert [sorted(json.loads(j.read_text())["slots"]) for j in (first, second)] == [
+        ["0", "1", "2", "3"], ["3"]]
+    assert "ran 3 in 2" in ok(lab.cli(ALICE, "job", "logs", "array-retry", "--index", "3"))
+    assert "ran 0 in 1" in ok(lab.cli(ALICE, "job", "logs", "array-retry", "--index", "0"))
+
+
+def test_killing_an_array_leaves_nothing_in_slurm(lab: Box, slurm_cluster: SlurmCluster
+                                                   ) -> None:
+    ok(lab.cli(BOB, "job", "run", "--region", "cluster", "--name", "array-kill", "-d",
+               "--completions", "5", "--parallelism", "1", "--", "sleep", "300"))
+    wait_phase(lab, BOB, "array-kill", {"Running"})
+    ok(lab.cli(BOB, "job", "kill", "array-kill"))
+    final = wait_phase(lab, BOB, "array-kill", set(TERMINAL))
+    assert final["phase"] in ("Cancelled", "Failed"), final
+    wait_until(lambda: ours(lab, slurm_cluster) == [], "the array is still in squeue",
+               DEADLINE)
+
+
+def test_a_daemon_killed_during_an_array_adopts_it(lab: Box) -> None:
+    ok(lab.cli(ALICE, "job", "run", "--region", "cluster", "--name", "array-adopt", "-d",
+               "--completions", "4", "--parallelism", "2", "--", "sh", "-c",
+               "sleep 2; echo done $NODUS_INDEX"))
+    wait_phase(lab, ALICE, "array-adopt", {"Running"})
+    lab.daemon.kill()
+    time.sleep(3)  # the first two end while no daemon watches
+    lab.daemon.start()
+    final = wait_phase(lab, ALICE, "array-adopt", set(TERMINAL))
+    assert final["phase"] == "Succeeded" and final["attempts"] == 1, final
+    assert final["indexes"]["succeeded"] == 4, final["indexes"]
+    assert len(end_events(lab, "array-adopt", ALICE)) == 1
+    assert "done 3" in ok(lab.cli(ALICE, "job", "logs", "array-adopt", "--index", "3"))
+
+
 def test_a_job_cannot_make_the_daemon_read_through_a_link(lab: Box) -> None:
     """The job's owner can write its node directory (the shim on the node writes there as
     them): its logs swapped for links to a root-only file are not followed by the daemon,
@@ -303,6 +403,21 @@ def test_a_job_cancelled_in_slurm_while_the_daemon_was_away_ends_lost(
     assert (final["phase"], final["reason"]) == ("Failed", "Lost"), \
         (final["phase"], final["reason"], final["message"])
     assert "cancelled outside noduslocal" in (final.get("message") or ""), final["message"]
+
+
+def test_a_job_slurm_forgot_while_the_daemon_was_away_ends_lost_saying_so(
+        lab: Box, slurm_cluster: SlurmCluster) -> None:
+    """The daemon is killed, and slurmctld loses its state (started with -c): the job's
+    record is gone, and slurmd ends what ran without one. The restarted daemon says so."""
+    ok(lab.cli(BOB, "job", "run", "--region", "cluster", "--name", "forgotten", "-d", "--",
+               "sleep", "300"))
+    wait_phase(lab, BOB, "forgotten", {"Running"})
+    lab.daemon.kill()
+    slurm_cluster.restart_controller(forget=True)
+    lab.daemon.start()
+    final = wait_phase(lab, BOB, "forgotten", set(TERMINAL))
+    assert (final["phase"], final["reason"]) == ("Failed", "Lost"), final
+    assert "no record of job" in (final.get("message") or ""), final["message"]
 
 
 def test_a_restart_of_slurmctld_loses_nothing(lab: Box, slurm_cluster: SlurmCluster) -> None:

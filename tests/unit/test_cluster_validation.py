@@ -1,6 +1,6 @@
 """A job or a sweep cell bound for a cluster region (a Slurm runtime) at create: what the
-cluster cannot run (image, volumes, checkpoint, disk, indexed and gang shapes, a GPU's
-memory) is refused with one line naming the field and the region, whether the body, its
+cluster cannot run (image, volumes, checkpoint, disk, max_cost, a gang's transport, a
+GPU's memory) is refused with one line naming the field and the region, whether the body, its
 profile or a sweep's grid asks for it; a plain command with its resources is taken, and
 this box's region is stored as None."""
 
@@ -34,8 +34,6 @@ REFUSED_IN_CLUSTER: list[tuple[str, Any]] = [
     ("checkpoint", "/workspace/ckpt"),
     ("checkpoint", {"path": "/ckpt", "volume": "ckpts"}),
     ("disk", "10GiB"),
-    ("completions", 4),
-    ("parallelism", 2),
     ("max_cost", 5.0),
 ]
 
@@ -44,22 +42,25 @@ REFUSED_IN_CLUSTER: list[tuple[str, Any]] = [
 def test_what_a_cluster_cannot_run_is_refused_naming_field_and_region(
         field: str, value: Any) -> None:
     body = {**PLAIN, field: value}
-    if field == "parallelism":
-        body["completions"] = None  # only parallelism is asked for
     error = refused({**body, "region": "cluster"})
     assert type(error) is errors.Unsupported
     assert error.field == field
     assert error.message.startswith(f"{field}: ") and "'cluster'" in error.message
     assert CLUSTER_REFUSED[field] in error.message  # and why
-    local = {**body, "completions": 4} if field == "parallelism" else body
     if field not in ("volumes", "checkpoint"):  # a volume must exist: the daemon's check
-        assert parse_create({**local, "region": "local"}, regions=REGIONS).spec.region is None
+        assert parse_create({**body, "region": "local"}, regions=REGIONS).spec.region is None
 
 
-def test_indexed_shape_is_refused_in_a_cluster() -> None:
-    error = refused({**PLAIN, "region": "cluster", "completions": 8, "parallelism": 2})
-    assert type(error) is errors.Unsupported and error.field in ("completions", "parallelism")
-    assert "'cluster'" in error.message
+def test_an_indexed_job_runs_in_a_cluster_as_on_this_box() -> None:
+    """An indexed job is one Slurm job array there; its outputs still name their index."""
+    spec = parse_create({**PLAIN, "region": "cluster", "completions": 8, "parallelism": 2,
+                         "gpu": "2"}, regions=REGIONS).spec
+    assert spec.indexed is not None and spec.region == "cluster"
+    assert (spec.indexed.completions, spec.indexed.parallelism) == (8, 2)
+    assert spec.gpu is not None and spec.gpu.count == 4  # two indexes' GPUs together
+    error = refused({**PLAIN, "region": "cluster", "completions": 3,
+                     "outputs": {"model": "out/model.pt"}})
+    assert error.field == "outputs.model"
 
 
 def test_a_gang_runs_in_a_cluster_but_not_with_one_host_s_transport() -> None:
@@ -194,7 +195,7 @@ def test_a_grid_of_one_cluster_region_and_a_template_region() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("image", "python:3.11"), ("disk", "10GiB"), ("checkpoint", "/workspace/ckpt"),
-    ("completions", 4),
+    ("max_cost", 4.0),
 ])
 def test_a_template_field_a_cluster_refuses_fails_the_sweep_at_create(
         field: str, value: Any) -> None:

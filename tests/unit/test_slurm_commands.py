@@ -480,6 +480,33 @@ def test_show_job_of_an_array_picks_the_record_with_the_id_asked_for() -> None:
     assert parse_show_job("", 279) is None
 
 
+def test_show_job_of_an_array_task_is_its_own_record_or_the_waiting_tasks_one() -> None:
+    started = parse_show_job(SHOW_ARRAY, 279, task=0)
+    assert started is not None and (started["JobId"], started["JobState"]) == ("283",
+                                                                             "RUNNING")
+    for task in (1, 2, 3):  # not started: the array's own record holds them
+        waiting = parse_show_job(SHOW_ARRAY, 279, task=task)
+        assert waiting is not None and waiting["JobState"] == "PENDING"
+    assert parse_show_job(SHOW_ARRAY, 279, task=4) is None
+    assert parse_show_job(SHOW_ARRAY, 283, task=0) is None  # 283 is a task, not an array
+
+
+@pytest.mark.parametrize(("text", "tasks"), [
+    ("3", {3}), ("2-5%2", {2, 3, 4, 5}), ("[0,4-8:2]", {0, 4, 6, 8}), ("0,2,5,7%2", {0, 2, 5, 7}),
+    ("N/A", set()), ("", set()),
+])
+def test_array_tasks_as_slurm_writes_them(text: str, tasks: set[int]) -> None:
+    assert commands.array_tasks(text) == tasks
+
+
+def test_array_spec_packs_runs_of_indexes_as_ranges() -> None:
+    assert commands.array_spec([0, 1, 2, 3], 2) == "0-3%2"
+    assert commands.array_spec([9, 0, 1, 2, 5, 7, 8], 3) == "0-2,5,7-9%3"
+    assert commands.array_spec([4], 1) == "4%1"
+    spec = commands.array_spec(range(0, 1000, 2), 4)
+    assert commands.array_tasks(spec) == set(range(0, 1000, 2))
+
+
 def test_show_job_keeps_a_comment_with_newlines_in_its_record() -> None:
     job = parse_show_job(SHOW_COMMENT, 280)
     assert job is not None

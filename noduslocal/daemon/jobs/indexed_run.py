@@ -3,7 +3,8 @@ in a share of the job's GPUs (a slot); the first that fails stops the rest and e
 attempt; indexes that succeeded in an earlier attempt are not run again; after a restart
 the running ones are adopted and the rest go on. Each index's outputs are collected as it
 ends. The attempt directory's `indexes.json` says which index started in which slot and
-how each ended.
+how each ended. A runtime whose scheduler runs indexes itself (a Slurm job array) gets them
+all in one launch, and its ranks' ends are recorded the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.runtime.base import (
+    ArrayRuntime,
     AttemptState,
     Exited,
     Launch,
@@ -31,6 +33,7 @@ from noduslocal.daemon.runtime.base import (
     NotLaunched,
     Rank,
     Runtime,
+    Vanished,
     failed,
     rank_dir,
 )
@@ -176,6 +179,78 @@ class IndexedRun:
             attempt.stop_landed()  # stopped (cancel, suspend) between indexes: as asked
         now = time.time()
         return Exited(143 if todo else 0, None, now, now)
+
+    # --- as one array of the runtime's own ----------------------------------------------
+
+    def array_runtime(self, job: JobRecord) -> ArrayRuntime | None:
+        """The job's runtime when it runs an indexed job's indexes itself, else None."""
+        runtime = self.runtimes[job.spec.runtime]
+        return runtime if isinstance(runtime, ArrayRuntime) else None
+
+    async def submit(self, attempt: Attempt, launch: Launch) -> list[Rank]:
+        """Every index not yet succeeded (in an earlier attempt) as one array, recorded in
+        the journal as started first (a restart then looks for the array)."""
+        runtime = self.array_runtime(attempt.job)
+        assert runtime is not None and attempt.job.spec.indexed is not None
+        directory = attempt.ref.directory
+        journal = _load(directory)
+        done = succeeded(self.layout, attempt.job, attempt.number)
+        indexes = [i for i in range(attempt.job.spec.indexed.completions) if i not in done]
+        for index in indexes:
+            journal["slots"][index] = 0
+            journal["dirs"][index] = runtime.index_place(directory, index)
+        self._save(directory, journal)
+        return await runtime.launch_array(launch, indexes)
+
+    async def adopt(self, attempt: Attempt, launch: Launch) -> list[Rank] | AttemptState:
+        """After a restart: the array's indexes whose end the journal lacks, watched again,
+        or what became of the array (never submitted)."""
+        runtime = self.array_runtime(attempt.job)
+        assert runtime is not None
+        journal = _load(attempt.ref.directory)
+        left = sorted(i for i in journal["slots"] if i not in journal["ends"])
+        if not left:
+            return []
+        return await runtime.adopt_array(launch, left, attempt.handles,
+                                         stopping=attempt.stop_reason is not None)
+
+    async def follow(self, attempt: Attempt, ranks: list[Rank]) -> AttemptState:
+        """Until every index of the array ended: each end recorded and its outputs
+        collected as it comes; the first failure stops the rest and is the attempt's end.
+        An index that never started because of that (or of a stop) did not run: it is
+        left to the next attempt."""
+        directory = attempt.ref.directory
+        journal = _load(directory)
+        decider: AttemptState | None = None
+        if journal["failed"]:  # decided before a restart
+            code = journal["ends"].get(journal["failed"][0])
+            now = time.time()
+            decider = Exited(code, None, now, now) if isinstance(code, int) else \
+                Vanished("an index was lost before the daemon restarted")
+        running = {rank.ended: rank.handle.rank for rank in ranks}
+        unrun = 0
+        while running:
+            ended, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for end in ended:
+                index, state = running.pop(end), end.result()
+                if isinstance(state, NeverStarted) and (
+                        decider is not None or attempt.stop_reason is not None):
+                    journal["slots"].pop(index, None)
+                    journal["dirs"].pop(index, None)
+                    self._save(directory, journal)
+                    unrun += 1
+                    continue
+                verdict = await self._ended(attempt, journal, index, state)
+                if verdict is not None and decider is None:
+                    decider = verdict
+                    if running:
+                        await self.stopper.stop_ranks(attempt)
+        if decider is not None:
+            return decider
+        if unrun and attempt.life is AttemptLife.STOP_ASKED:
+            attempt.stop_landed()  # stopped (cancel, suspend) before these started: as asked
+        now = time.time()
+        return Exited(143 if unrun else 0, None, now, now)
 
     @staticmethod
     def _fresh_dir(attempt: Attempt, journal: dict[str, Any], index: int) -> None:

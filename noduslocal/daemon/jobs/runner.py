@@ -128,7 +128,8 @@ class AttemptRunner:
                 await self.give_up(attempt, str(exc))
                 return
             launch = await self.launch_of(attempt)
-            if job.spec.indexed is not None:
+            array = job.spec.indexed is not None and self.indexed.array_runtime(job) is not None
+            if job.spec.indexed is not None and not array:
                 try:
                     await self.watch(attempt, time.time(),
                                      until=self.indexed.run(attempt, launch))
@@ -136,7 +137,8 @@ class AttemptRunner:
                     await self.give_up(attempt, str(exc))
                 return
             try:
-                ranks = await self.runtime_of(job).launch(launch)
+                ranks = await (self.indexed.submit(attempt, launch) if array
+                               else self.runtime_of(job).launch(launch))
             except NotLaunched as exc:
                 await self.finish(attempt, exc.state)
                 return
@@ -151,7 +153,8 @@ class AttemptRunner:
             # Not awaited here: the writer keeps order, so this commits before the end does.
             running = self.store.write(lambda c: job_writes.attempt_running(
                 c, job.id, attempt.number, now, attempt.handles))
-            await self.watch(attempt, now, running)
+            await self.watch(attempt, now, running,
+                             until=self.indexed.follow(attempt, ranks) if array else None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -167,7 +170,7 @@ class AttemptRunner:
         `adopted`: after a restart (the job's record then says whether it was queued)."""
         waits = [rank.running for rank in ranks if rank.running is not None]
         if not waits:
-            return float(min(rank.started_at for rank in ranks))
+            return float(min((rank.started_at for rank in ranks), default=time.time()))
         job = attempt.job
         # An adopted attempt whose job is Pending was recorded queued before the restart.
         if (not adopted or job.phase == Phase.STARTING) and not all(

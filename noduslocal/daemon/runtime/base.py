@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from noduslocal.daemon.gpus.model import Gpu, job_env
 from noduslocal.daemon.runtime.launchers import RankPlan
@@ -242,6 +242,24 @@ class Runtime(Protocol):
     async def regions(self) -> list[dict[str, Any]]:
         """The cluster regions this runtime submits to, as `noduslocal regions` shows them
         (partitions, nodes, GPUs by type and how many are free); none for this box's."""
+
+
+@runtime_checkable
+class ArrayRuntime(Runtime, Protocol):
+    """A runtime whose scheduler runs an indexed job's indexes itself (a Slurm job array):
+    one launch for all of them, at most `parallelism` at once; each rank is an index."""
+
+    async def launch_array(self, launch: Launch, indexes: list[int]) -> list[Rank]:
+        """Submit INDEXES as one array (LaunchFailed, NotLaunched)."""
+
+    async def adopt_array(self, launch: Launch, indexes: list[int], recorded: list[Handle],
+                          stopping: bool) -> list[Rank] | AttemptState:
+        """After a restart: ranks for INDEXES (the ones not known to have ended), or what
+        the whole array became (NeverStarted: it was never submitted)."""
+
+    @staticmethod
+    def index_place(directory: Path, index: int) -> str:
+        """Where an index of the attempt in DIRECTORY keeps its logs, relative to it."""
 
 
 def rank_dir(directory: Path, rank: int, indexed: bool = False) -> Path:

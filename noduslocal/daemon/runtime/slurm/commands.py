@@ -165,27 +165,32 @@ async def queue(comment_prefix: str = "", *, ended: bool = True,
     return parse_queue(out, end, comment_prefix)
 
 
-async def show_job(job_id: int, *, timeout: float = TIMEOUT) -> dict[str, str] | None:
-    """`scontrol show job` of one job as its keys and values (JobState, ExitCode "3:0",
-    Reason, NodeList, BatchHost, ...); None once Slurm no longer knows the job."""
+async def show_job(job_id: int, task: int | None = None, *,
+                   timeout: float = TIMEOUT) -> dict[str, str] | None:
+    """`scontrol show job` of one job (or of task TASK of the array JOB_ID) as its keys and
+    values (JobState, ExitCode "3:0", Reason, NodeList, BatchHost, ...); None once Slurm no
+    longer knows it."""
+    name = str(job_id) if task is None else f"{job_id}_{task}"
     try:
-        out = await _run("scontrol", ["--oneliner", "show", "job", str(job_id)],
-                         timeout=timeout)
+        out = await _run("scontrol", ["--oneliner", "show", "job", name], timeout=timeout)
     except SlurmError as exc:
         if "Invalid job id" in exc.stderr:
             return None
         raise
-    return parse_show_job(out, job_id)
+    return parse_show_job(out, job_id, task)
 
 
 async def cancel(owner: str, job_id: int, signal: str | None = None, full: bool = False, *,
-                 timeout: float = TIMEOUT) -> None:
+                 pending: bool = False, timeout: float = TIMEOUT) -> None:
     """scancel as OWNER: the job ends (SIGTERM, SIGKILL after KillWait) or, with SIGNAL, is
-    sent that signal only (`--full`: the batch script too, not only its steps). Quiet for a
+    sent that signal only (`--full`: the batch script too, not only its steps). PENDING:
+    only what still waits in the queue ends (an array's tasks not started yet). Quiet for a
     job that has already ended."""
     args = [f"--signal={signal}"] if signal else []
     if full:
         args.append("--full")
+    if pending:
+        args.append("--state=PENDING")
     try:
         await _run("scancel", [*args, str(job_id)], owner=owner, timeout=timeout)
     except SlurmError as exc:
@@ -341,14 +346,49 @@ def _records(text: str, first_key: str) -> list[str]:
     return [r for r in re.split(rf"\n(?={first_key}=)", text.strip()) if r.strip()]
 
 
-def parse_show_job(text: str, job_id: int) -> dict[str, str] | None:
+def parse_show_job(text: str, job_id: int, task: int | None = None) -> dict[str, str] | None:
     """The record of JOB_ID in `scontrol --oneliner show job J` (an array's id lists all
-    its tasks; its own record is the one with its id)."""
+    its tasks; its own record is the one with its id), or of task TASK of the array JOB_ID:
+    the task's own record, or the array's record of the tasks that never started, whose
+    ArrayTaskId is a range holding TASK."""
     for record in _records(text, "JobId"):
         fields = parse_keyvalues(record)
-        if fields.get("JobId") == str(job_id):
+        if task is None:
+            if fields.get("JobId") == str(job_id):
+                return fields
+        elif fields.get("ArrayJobId") == str(job_id) and task in array_tasks(
+                fields.get("ArrayTaskId", "")):
             return fields
     return None
+
+
+def array_tasks(text: str) -> set[int]:
+    """The task ids of an array range as Slurm writes it ("3", "2-5%2", "[0,4-6:2]")."""
+    tasks: set[int] = set()
+    for part in text.strip("[]").split("%", 1)[0].split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        try:
+            tasks.update(range(int(first), int(last or first) + 1, int(step or 1)))
+        except ValueError:
+            continue
+    return tasks
+
+
+def array_spec(tasks: Iterable[int], at_once: int) -> str:
+    """sbatch's --array for TASKS, at most AT_ONCE running: runs of ids as ranges
+    ("0-3,7,9-12%2")."""
+    ordered = sorted(set(tasks))
+    runs: list[str] = []
+    start = prev = ordered[0]
+    for task in [*ordered[1:], None]:
+        if task is not None and task == prev + 1:
+            prev = task
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if task is not None:
+            start = prev = task
+    return f"{','.join(runs)}%{at_once}"
 
 
 def parse_start_estimates(text: str) -> dict[int, datetime | None]:

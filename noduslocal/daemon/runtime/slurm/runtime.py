@@ -95,6 +95,7 @@ class Watch:
 
     job_id: int
     owner: str
+    comment: str  # the attempt's tag: a record under the id without it is not ours
     directory: Path
     running: asyncio.Future[float]
     ends: dict[int, asyncio.Future[AttemptState]]  # by rank: one, or a gang's
@@ -102,6 +103,11 @@ class Watch:
     stopping: bool = False  # we cancelled or signalled it
     ended_at: float | None = None  # when Slurm first said it ended without an exit record
     sent: dict[int, float] = field(default_factory=dict)  # signal -> when we sent it
+    # A job array (an indexed job's attempt): `ends` by index; each task's own job id once
+    # it started, and since when each ended one has had no exit record.
+    array: bool = False
+    tasks: dict[int, int] = field(default_factory=dict)
+    gone_since: dict[int, float] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -150,16 +156,55 @@ class SlurmRuntime:
         return None
 
     async def launch(self, launch: Launch) -> list[Rank]:
+        job = launch.ref.job
+        if job.spec.indexed is not None:  # IndexedRun submits those with launch_array
+            raise LaunchFailed("an indexed job runs in a Slurm region as one job array")
+        region = self._region(job)
+        ranks = list(_ranks(job))
+        await asyncio.to_thread(self._prepare, launch, ranks)
+        script = self._script(region, launch.ref.directory, job)
+        options = self._options(job, region, self._comment(job.id, launch.ref.number),
+                                launch.ref.directory)
+        job_id = await self._submit(launch.ref, script, options, ranks)
+        return self._watch(launch.ref, job_id, ranks)
+
+    async def launch_array(self, launch: Launch, indexes: list[int]) -> list[Rank]:
+        """An indexed job's attempt as one job array of INDEXES (the rest succeeded in an
+        earlier attempt), at most `parallelism` running: each task is one index, which it
+        learns from SLURM_ARRAY_TASK_ID; its rank is its index."""
+        job = launch.ref.job
+        indexed = job.spec.indexed
+        assert indexed is not None
+        region = self._region(job)
+        directory = launch.ref.directory
+        await asyncio.to_thread(self._prepare, launch, indexes)
+        script = self._script(region, directory, job)
+        options = self._options(job, region, self._comment(job.id, launch.ref.number),
+                                directory)
+        options.append(f"--array={commands.array_spec(indexes, indexed.parallelism)}")
+        job_id = await self._submit(launch.ref, script, options, indexes)
+        return self._watch(launch.ref, job_id, indexes, array=True)
+
+    async def adopt_array(self, launch: Launch, indexes: list[int], recorded: list[Handle],
+                          stopping: bool) -> list[Rank] | AttemptState:
+        """After a restart: the job array of the attempt, watched for INDEXES (those whose
+        end the journal lacks); NeverStarted when it was never submitted."""
         ref = launch.ref
         job = ref.job
-        region = self._region(job)
-        if job.spec.indexed is not None:
-            raise LaunchFailed("indexed jobs do not run in a cluster region yet")
-        directory = ref.directory
+        ids = [int(h.ref) for h in recorded if h.runtime == KIND]
+        job_id = ids[0] if ids else await self._find_patiently(
+            self._comment(job.id, ref.number), job.owner, job.name)
+        if job_id is None:
+            return NeverStarted()
+        ranks = self._watch(ref, job_id, indexes, array=True)
+        self._watches[job_id].stopping = stopping
+        return ranks
+
+    async def _submit(self, ref: AttemptRef, script: str, options: list[str],
+                      ranks: list[int]) -> int:
+        """The Slurm job id of the attempt submitted, or LaunchFailed, NotLaunched."""
+        job = ref.job
         comment = self._comment(job.id, ref.number)
-        await asyncio.to_thread(self._prepare, job, launch, directory)
-        script = self._script(region, directory, job)
-        options = self._options(job, region, comment, directory)
         try:
             # A few sbatch at once: one user's thousand released cells must not hold up
             # another's submission, nor flood slurmctld.
@@ -168,20 +213,23 @@ class SlurmRuntime:
                                                env=self._tool_env(job))
         except SlurmError as exc:
             if not self._transient(exc):
-                await asyncio.to_thread(self._forget_requests, ref)
-                raise LaunchFailed(f"Slurm refused the job: {exc.stderr.strip() or exc}") \
-                    from None
+                await asyncio.to_thread(self._forget_requests, ref.directory, ranks)
+                said = exc.stderr.strip() or str(exc)
+                if "array specification" in said:
+                    said += " (an indexed job's indexes are array task ids: each must be " \
+                            "below the cluster's MaxArraySize, `scontrol show config`)"
+                raise LaunchFailed(f"Slurm refused the job: {said}") from None
             # sbatch may have reached slurmctld all the same: never twice, so look first,
             # for as long as Slurm does not answer (a job it took must not run unwatched).
             found = await self._find_patiently(comment, job.owner, job.name)
             if found is None:
-                await asyncio.to_thread(self._forget_requests, ref)
+                await asyncio.to_thread(self._forget_requests, ref.directory, ranks)
                 raise NotLaunched(NeverStarted(f"Slurm did not answer ({exc})",
                                                certain=True)) from None
             job_id = found
         log.info("job %s: attempt %d submitted to region %s as Slurm job %d", job.name,
-                 ref.number, region.name, job_id)
-        return self._watch(job, directory, job_id)
+                 ref.number, job.spec.region, job_id)
+        return job_id
 
     async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
                     stopping: bool) -> list[Rank] | AttemptState:
@@ -193,7 +241,7 @@ class SlurmRuntime:
         if job_id is None:  # never submitted (the daemon died before sbatch answered)
             exited = await asyncio.to_thread(read_exit, node_dir(ref.directory, 0))
             return exited if exited is not None else NeverStarted()
-        ranks = self._watch(job, ref.directory, job_id)
+        ranks = self._watch(ref, job_id, list(_ranks(job)))
         self._watches[job_id].stopping = stopping
         return ranks
 
@@ -210,7 +258,13 @@ class SlurmRuntime:
         try:
             if queued:  # nothing to signal: it leaves the queue
                 await commands.cancel(ref.job.owner, job_id)
-            elif sig == signals.SIGKILL:
+                return self._sent(watch, sig)
+            if watch is not None and watch.array:
+                # An array's tasks not started yet leave the queue, and the running ones
+                # get the signal (one for the whole array would reach each waiting task
+                # as it starts).
+                await commands.cancel(ref.job.owner, job_id, pending=True)
+            if sig == signals.SIGKILL:
                 # KILL to every process at once (the shims ignore the TERM a plain scancel
                 # sends first, and would hold the job for KillWait), then the job's end.
                 await commands.cancel(ref.job.owner, job_id, signal="KILL", full=True)
@@ -223,6 +277,9 @@ class SlurmRuntime:
             log.warning("job %s: scancel of Slurm job %d failed: %s", ref.job.name, job_id,
                         exc)
             return False
+        return self._sent(watch, sig)
+
+    def _sent(self, watch: Watch | None, sig: int) -> bool:
         if watch is not None:
             watch.sent[sig] = time.monotonic()
         self._wake.set()
@@ -236,14 +293,14 @@ class SlurmRuntime:
     async def release(self, ref: AttemptRef, handles: list[Handle]) -> None:
         for handle in handles:
             self._watches.pop(int(handle.ref), None)
-        self._forget_requests(ref)
+        self._forget_requests(ref.directory, sorted({h.rank for h in handles}))
 
     @staticmethod
-    def _forget_requests(ref: AttemptRef) -> None:
-        """The requests of ranks that never started, with the secrets they hold."""
-        for rank in _ranks(ref.job):
+    def _forget_requests(directory: Path, ranks: list[int]) -> None:
+        """The requests of ranks (indexes) that never started, with the secrets they hold."""
+        for rank in ranks:
             with contextlib.suppress(FileNotFoundError):
-                (node_dir(ref.directory, rank) / shim.REQUEST).unlink()
+                (node_dir(directory, rank) / shim.REQUEST).unlink()
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
@@ -257,10 +314,16 @@ class SlurmRuntime:
             raise errors.Conflict(f"job {job.name!r} does not run in Slurm now; nothing to "
                                   f"exec beside")
         request = launch_request(self.layout, job, launch.ref.number, launch.secrets,
-                                 directory=node_dir(launch.ref.directory, handle.rank))
+                                 directory=node_dir(launch.ref.directory, handle.rank),
+                                 rank_env=launch.index_env())
+        # An array's task is a job of its own, of one node.
+        target, node = (watch.tasks.get(handle.rank), 0) if watch.array else \
+            (job_id, handle.rank)
+        if target is None:
+            raise errors.Conflict(f"job {job.name!r}: its index {handle.rank} does not run "
+                                  f"in Slurm now; nothing to exec beside")
         try:
-            argv = commands.exec_argv(job.owner, job_id, handle.rank, request["cwd"],
-                                      command)
+            argv = commands.exec_argv(job.owner, target, node, request["cwd"], command)
             proc = await asyncio.create_subprocess_exec(
                 *argv, env=commands.exec_environment(request["env"]), cwd="/",
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -270,7 +333,15 @@ class SlurmRuntime:
         return await supervise(proc, request["mask"], timeout)
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
+        if not directory.name.startswith("attempt-"):  # an index's own (index_place)
+            return directory / LOG_FILES[stream]
         return node_dir(directory, rank) / LOG_FILES[stream]
+
+    @staticmethod
+    def index_place(directory: Path, index: int) -> str:
+        """Where an index of the attempt in DIRECTORY runs, relative to it: its node
+        directory beside it."""
+        return os.path.relpath(node_dir(directory, index), directory)
 
     async def diagnose(self, gpus: bool) -> list[Diagnosis]:
         """Per region: Slurm's tools here, slurmctld answering, and a probe job on a node
@@ -363,20 +434,22 @@ class SlurmRuntime:
     def _where(region: SlurmRegion) -> str:
         return f"; partition {region.partition}" if region.partition else ""
 
-    def _prepare(self, job: JobRecord, launch: Launch, directory: Path) -> None:
-        """The attempt directory handed to the owner (the shim writes there as them, on a
-        node), and in it each rank's request, readable by the owner alone: a gang's rank
-        R>0 in rank-R/, its rendezvous left for the nodes to fill in."""
+    def _prepare(self, launch: Launch, ranks: list[int]) -> None:
+        """Each rank's node directory (an array's: each index's), the owner's, with its
+        request in it, readable by the owner alone: a gang rank's rendezvous left for the
+        nodes to fill in, an index told its index."""
         self._install_shim()
-        number = launch.ref.number
-        places = [node_dir(directory, rank) for rank in _ranks(job)]
-        for rank, where in enumerate(places):
+        job, number, directory = launch.ref.job, launch.ref.number, launch.ref.directory
+        indexed = job.spec.indexed
+        places = [node_dir(directory, rank) for rank in ranks]
+        for rank, where in zip(ranks, places, strict=True):
             where.mkdir(mode=0o700, exist_ok=True)
             plan = None if job.spec.gang is None else RankPlan(
                 job.spec.gang, rank, shim.MASTER_ADDR_TOKEN, shim.MASTER_PORT_TOKEN,
                 shim.RANK_ADDR_TOKEN, job.id, number, one_host=False)
             request = launch_request(self.layout, job, number, launch.secrets, plan=plan,
-                                     directory=where)
+                                     directory=where,
+                                     rank_env=indexed.env(rank) if indexed else None)
             for key in ("uid", "gid", "groups"):
                 request.pop(key, None)
             request["max_log"] = self._max_log()
@@ -419,6 +492,10 @@ class SlurmRuntime:
                 f"exit in {directory}\n")
         gang = job.spec.gang
         python, payload = shlex.quote(region.python), shlex.quote(str(self._shim))
+        if job.spec.indexed is not None:  # a task of the array: its index's directory
+            before, after = _node_template(directory).split("{rank}", 1)
+            where = f'{shlex.quote(before)}"$SLURM_ARRAY_TASK_ID"{shlex.quote(after)}'
+            return f"{head}exec {python} -I -S {payload} --run {where}\n"
         if gang is None:
             return (f"{head}exec {python} -I -S {payload} --run "
                     f"{shlex.quote(str(node_dir(directory, 0)))}\n")
@@ -450,8 +527,10 @@ class SlurmRuntime:
             # says Timeout) before Slurm would, grace and a minute later.
             limit = spec.timeout + self.live.current.kill_grace + 60
             options.append(f"--time={math.ceil(limit / 60)}")
+        # An indexed job's GPUs are its `parallelism` indexes' together: a task gets one's.
         per_node = spec.gang.gpus_per_node if spec.gang is not None else \
-            (spec.gpu.count if spec.gpu is not None else 0)
+            (spec.gpu.count // (spec.indexed.parallelism if spec.indexed else 1)
+             if spec.gpu is not None else 0)
         if per_node:
             gres = region.gres_type(spec.gpu.model if spec.gpu is not None else None)
             options.append(f"--gpus-per-node={gres + ':' if gres else ''}{per_node}")
@@ -487,17 +566,20 @@ class SlurmRuntime:
         """The owner's job with this comment: any user may set their own job's comment to
         another's tag (scontrol update), so the comment alone names nobody's attempt."""
         entries = await commands.queue(comment)
-        return next((e.job_id for e in entries.values()
+        return next((e.array_job_id or e.job_id for e in entries.values()
                      if e.comment == comment and e.user == owner), None)
 
     # --- watching ------------------------------------------------------------------------
 
-    def _watch(self, job: JobRecord, directory: Path, job_id: int) -> list[Rank]:
+    def _watch(self, ref: AttemptRef, job_id: int, ranks: list[int],
+               array: bool = False) -> list[Rank]:
         loop = asyncio.get_running_loop()
+        job = ref.job
         watch = self._watches.get(job_id)
         if watch is None:
-            watch = Watch(job_id, job.owner, directory, loop.create_future(),
-                          {rank: loop.create_future() for rank in _ranks(job)})
+            watch = Watch(job_id, job.owner, self._comment(job.id, ref.number),
+                          ref.directory, loop.create_future(),
+                          {rank: loop.create_future() for rank in ranks}, array=array)
             self._watches[job_id] = watch
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="slurm-poll")
@@ -525,12 +607,18 @@ class SlurmRuntime:
                     if self.unreachable is not None:
                         log.info("Slurm answers again")
                     self.unreachable = None
+                    tasks = _array_tasks(entries)
                     for watch in watched:
                         entry = entries.get(watch.job_id)
-                        if entry is not None and entry.user != watch.owner:
+                        if entry is not None and not _ours(watch, entry):
                             entry = None  # a reused id (slurmctld's state reset): not ours
                         try:
-                            await self._update(watch, entry)
+                            if watch.array:
+                                await self._update_array(watch, entry, {
+                                    index: task for index, task in tasks.get(
+                                        watch.job_id, {}).items() if _ours(watch, task)})
+                            else:
+                                await self._update(watch, entry)
                         except Exception:  # one job's trouble never stops the others' poll
                             log.exception("Slurm job %d: reading its state failed",
                                           watch.job_id)
@@ -572,12 +660,12 @@ class SlurmRuntime:
                 return
             if entry is None:
                 try:
-                    shown = await commands.show_job(watch.job_id)
+                    shown = _shown_ours(watch, await commands.show_job(watch.job_id))
                 except SlurmError:
                     return  # Slurm did not answer: asked again at the next poll
             else:
                 shown = {"JobState": entry.state, "NodeList": entry.nodes}
-            fallback = self._without_record(watch, shown)
+            fallback = self._without_record(watch, shown, watch.running.done())
         state_now = entry.state if entry is not None else None
         for rank, end in left.items():
             record = records[rank]
@@ -587,6 +675,57 @@ class SlurmRuntime:
                 state = fallback
             else:
                 state = self._with_record(watch, record, state_now)
+            if not watch.running.done() and isinstance(state, Exited):
+                watch.running.set_result(state.started_at)
+            end.set_result(state)
+
+    async def _update_array(self, watch: Watch, entry: QueueEntry | None,
+                            tasks: dict[int, QueueEntry]) -> None:
+        """A job array's indexes: TASKS, the records of the ones that started (by index);
+        ENTRY, the array's own record, which stands for the tasks not started (pending, or
+        cancelled before their start) unless it is itself one started task."""
+        rest = entry if entry is not None and entry.array_task_id is None else None
+        waiting = [t for t in tasks.values() if not t.ended]
+        if rest is not None and not rest.ended:
+            waiting.append(rest)
+        queued = [t for t in waiting if t.state not in RUNS]
+        watch.entry = queued[0] if queued else watch.entry
+        now = time.time()
+        for index, end in watch.ends.items():
+            if end.done():
+                continue
+            task = tasks.get(index)
+            if task is None and rest is not None and index in commands.array_tasks(
+                    rest.array_task or ""):
+                task = rest  # one of the tasks still waiting
+            elif task is None and rest is not None and rest.ended and rest.array_task is None:
+                task = rest  # the waiting ones were cancelled together (ArrayTaskID N/A)
+            if task is not None and not task.ended:
+                watch.gone_since.pop(index, None)
+                if task.state in RUNS:
+                    watch.tasks[index] = task.job_id
+                    if not watch.running.done():
+                        watch.running.set_result(task.start.timestamp() if task.start
+                                                 else now)
+                continue
+            record = await asyncio.to_thread(read_exit, node_dir(watch.directory, index))
+            if record is not None:
+                state = self._with_record(watch, record, task.state if task else None)
+            else:
+                since = watch.gone_since.setdefault(index, now)
+                if now - since < (STOPPED_GRACE if watch.stopping else RECORD_GRACE):
+                    continue
+                if task is not None:
+                    shown: dict[str, str] | None = {"JobState": task.state,
+                                                    "NodeList": task.nodes}
+                else:
+                    try:
+                        shown = _shown_ours(watch, await commands.show_job(watch.job_id,
+                                                                           index))
+                    except SlurmError:
+                        continue  # Slurm did not answer: asked again at the next poll
+                state = self._without_record(watch, shown, index in watch.tasks, f"task "
+                                             f"{index} of ")
             if not watch.running.done() and isinstance(state, Exited):
                 watch.running.set_result(state.started_at)
             end.set_result(state)
@@ -613,31 +752,33 @@ class SlurmRuntime:
         return exited
 
     @staticmethod
-    def _without_record(watch: Watch, shown: dict[str, str] | None) -> AttemptState:
-        """What the attempt became when its shim recorded no exit: Slurm's word for it."""
+    def _without_record(watch: Watch, shown: dict[str, str] | None, ran: bool,
+                        what: str = "") -> AttemptState:
+        """What the attempt (WHAT: "task 3 of ", an array's index) became when its shim
+        recorded no exit, Slurm's word for it; RAN: Slurm was seen to run it."""
+        job = f"{what}job {watch.job_id}"
         if shown is None:
-            return Vanished(f"Slurm has no record of job {watch.job_id} any more, and its "
-                            f"shim recorded no exit")
+            return Vanished(f"Slurm has no record of {job} any more, and its shim recorded "
+                            f"no exit")
         state = shown.get("JobState", "UNKNOWN").split()[0]
-        ran = watch.running.done()
         now = time.time()
-        started = watch.running.result() if ran else now
+        started = watch.running.result() if watch.running.done() else now
         if state == "OUT_OF_MEMORY":
             return Exited(137, 9, started, now, oom_killed=True)
         if state == "PREEMPTED":
-            return Preempted(f"Slurm preempted job {watch.job_id}") if ran else NeverStarted(
-                f"Slurm preempted job {watch.job_id} before it started", certain=True)
+            return Preempted(f"Slurm preempted {job}") if ran else NeverStarted(
+                f"Slurm preempted {job} before it started", certain=True)
         if state == "CANCELLED":
             if watch.stopping:
                 return Exited(137, 9, started, now) if ran else NeverStarted(
-                    f"Slurm job {watch.job_id} cancelled before it started", certain=True)
-            return Vanished(f"Slurm job {watch.job_id} was cancelled outside noduslocal")
+                    f"Slurm {job} cancelled before it started", certain=True)
+            return Vanished(f"Slurm {job} was cancelled outside noduslocal")
         if state in ("NODE_FAIL", "BOOT_FAIL"):
-            return Vanished(f"Slurm lost node {shown.get('NodeList') or '?'} of job "
-                            f"{watch.job_id} ({state})")
+            return Vanished(f"Slurm lost node {shown.get('NodeList') or '?'} of {job} "
+                            f"({state})")
         if state == "TIMEOUT":
             return Exited(143, 15, started, now)
-        return Vanished(f"Slurm says job {watch.job_id} ended {state}, but its shim recorded "
+        return Vanished(f"Slurm says {job} ended {state}, but its shim recorded "
                         f"no exit (does every node see {watch.directory}?)")
 
 
@@ -651,6 +792,29 @@ def node_dir(directory: Path, rank: int) -> Path:
 def _node_template(directory: Path) -> str:
     number = directory.name.removeprefix("attempt-")
     return str(directory.parent / shim.NODE_DIR.format(attempt=number, rank="{rank}"))
+
+
+def _ours(watch: Watch, entry: QueueEntry) -> bool:
+    """Whether a record under the watched id is the attempt's: its owner's, with its tag
+    (after slurmctld lost its state, ids are given again, to anyone's jobs)."""
+    return entry.user == watch.owner and entry.comment == watch.comment
+
+
+def _shown_ours(watch: Watch, shown: dict[str, str] | None) -> dict[str, str] | None:
+    """scontrol's record, if it is the attempt's (see _ours); None as for no record."""
+    if shown is None or shown.get("Comment") != watch.comment or \
+            shown.get("UserId", "").split("(", 1)[0] != watch.owner:
+        return None
+    return shown
+
+
+def _array_tasks(entries: dict[int, QueueEntry]) -> dict[int, dict[int, QueueEntry]]:
+    """The records of started array tasks, by array and index."""
+    found: dict[int, dict[int, QueueEntry]] = {}
+    for entry in entries.values():
+        if entry.array_job_id is not None and entry.array_task_id is not None:
+            found.setdefault(entry.array_job_id, {})[entry.array_task_id] = entry
+    return found
 
 
 def _ranks(job: JobRecord) -> range:
