@@ -501,6 +501,7 @@ def test_the_readme_s_cluster_section_runs_as_written(slurm_cluster: SlurmCluste
         assert ran.returncode == 0, f"{ran.stdout[-4000:]}\n---\n{ran.stderr[-4000:]}"
         assert re.search(r"^on n[12]$", ran.stdout, re.M), ran.stdout
         assert re.search(r"^gpu [0-9]$", ran.stdout, re.M), ran.stdout
+        assert re.search(r"^shard 3 of 4$", ran.stdout, re.M), ran.stdout
         assert re.search(r"^cluster +slurm +debug", ran.stdout, re.M), ran.stdout
         sdk = subprocess.run([sys.executable, "-c", python], env=env, capture_output=True,
                              text=True, timeout=300)
