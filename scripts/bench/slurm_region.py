@@ -44,7 +44,7 @@ from common import pct, table
 
 import noduslocal as nodus
 from noduslocal import testing
-from noduslocal.daemon.runtime.slurm.runtime import TAG, daemon_tag
+from noduslocal.daemon.runtime.slurm.runtime import TAG, daemon_tag, node_dir
 
 TERMINAL = {"Succeeded", "Failed", "Cancelled"}
 TICK = os.sysconf("SC_CLK_TCK")
@@ -282,7 +282,9 @@ def shim_times(data_dir: Path) -> dict[str, tuple[float, float]]:
     for record in data_dir.glob("jobs/*/job.json"):
         try:
             name = json.loads(record.read_text())["name"]
-            exit_ = json.loads((record.parent / "attempt-1" / "exit.json").read_text())
+            # The shim on the node writes in the owner's node directory, beside the attempt's.
+            where = node_dir(record.parent / "attempt-1", 0)
+            exit_ = json.loads((where / "exit.json").read_text())
         except (OSError, ValueError, KeyError):
             continue
         found[name] = (exit_["started_at"], exit_["ended_at"])
