@@ -15,6 +15,7 @@ from noduslocal.domain import errors
 COMMANDS = {
     "admin": "noduslocal.cli.admin:admin",
     "daemon": "noduslocal.cli.daemon:daemon",
+    "dashboard": "noduslocal.cli.dashboard:dashboard",
     "doctor": "noduslocal.cli.doctor:doctor",
     "du": "noduslocal.cli.retention:du",
     "gc": "noduslocal.cli.retention:gc",
