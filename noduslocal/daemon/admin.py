@@ -265,6 +265,10 @@ class AdminService:
     async def user_report(self) -> list[dict[str, Any]]:
         return await self.users.report()
 
+    async def own_report(self, uid: int, name: str) -> dict[str, Any]:
+        """One user's row of the report (`GET /v1/me`): their own use and limits."""
+        return (await self.users.report(only=(uid, name)))[0]
+
     async def hold_user(self, uid: int, name: str, by: str, reason: str | None) -> None:
         await self.users.hold_user(uid, name, by, reason)
 

@@ -64,6 +64,15 @@ async def info(request: web.Request) -> web.Response:
     })
 
 
+@routes.get("/v1/me")
+async def me(request: web.Request) -> web.Response:
+    """The caller's own use and limits: jobs running and waiting, GPUs held, fair-share
+    GPU-hours, the limits that apply (the row an admin sees in `admin users`)."""
+    caller: Caller = request["caller"]
+    row = await request.app[SERVICES].admin.own_report(caller.uid, caller.name)
+    return web.json_response({"kind": "Me", **row})
+
+
 @routes.get("/v1/regions")
 async def regions(request: web.Request) -> web.Response:
     """Where jobs may run: this box, then each configured cluster region with its

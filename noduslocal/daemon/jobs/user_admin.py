@@ -73,9 +73,10 @@ class UserAdmin:
                  extra={"job": f"{job.project}/{job.name}"})
         self.dispatch.kick()
 
-    async def report(self) -> list[dict[str, Any]]:
+    async def report(self, only: tuple[int, str] | None = None) -> list[dict[str, Any]]:
         """Each user who has work here or a hold: what they run, hold and wait for, their
-        fair-share use, and the limits that apply to them."""
+        fair-share use, and the limits that apply to them. ONLY (uid, name): that user's
+        row alone, with or without work here."""
         names = await reports.owner_names(self.store)
         holds = await reports.user_holds(self.store)
         pending: dict[int, int] = {}
@@ -83,6 +84,9 @@ class UserAdmin:
             pending[req.owner_uid] = pending.get(req.owner_uid, 0) + 1
         by_user = self.queue.capacity.by_user
         uids = sorted({*names, *holds, *pending, *by_user})
+        if only is not None:
+            uids = [only[0]]
+            names.setdefault(only[0], only[1])
         settings = self.live.current
         out = []
         for uid in uids:
