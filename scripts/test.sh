@@ -69,6 +69,12 @@ if needs system && [ "$(id -u)" = 0 ]; then
     command -v parallel >/dev/null || apt_install parallel
 fi
 
+# The dashboard's tests drive Debian's chromium (Playwright, from the test extra, downloads
+# no browser of its own).
+if needs system && [ "$(id -u)" = 0 ]; then
+    command -v chromium >/dev/null || apt_install chromium
+fi
+
 # Container tests need a docker engine and two images built here (no registry is reachable).
 if needs system; then
     docker_up() { docker info >/dev/null 2>&1; }
@@ -139,17 +145,17 @@ if [ "$TIER" = all ] && [ $# = 0 ]; then
         .venv/bin/python -m pytest -q -p no:cacheprovider
         exit 0
     fi
-    # The Slurm region's tests (marker slurm) mostly wait on the cluster's scheduler and
-    # touch nothing the other system tests do (their own users, their own daemon): a third
-    # process beside them.
+    # The Slurm region's tests (marker slurm) mostly wait on the cluster's scheduler, and the
+    # dashboard's (marker browser) on a browser and running jobs; both touch nothing the other
+    # system tests do (their own users, their own daemon): a third process beside them.
     system_log=$(mktemp /tmp/noduslocal-system-tests.XXXXXX)
     slurm_log=$(mktemp /tmp/noduslocal-slurm-tests.XXXXXX)
     log "pytest tests/system in the background (its report follows; log: $system_log)"
-    .venv/bin/python -m pytest -q -p no:cacheprovider -m "not slurm" tests/system \
+    .venv/bin/python -m pytest -q -p no:cacheprovider -m "not slurm and not browser" tests/system \
         >"$system_log" 2>&1 &
     system_pid=$!
-    log "pytest -m slurm tests/system in the background (log: $slurm_log)"
-    .venv/bin/python -m pytest -q -p no:cacheprovider -m slurm tests/system \
+    log "pytest -m 'slurm or browser' tests/system in the background (log: $slurm_log)"
+    .venv/bin/python -m pytest -q -p no:cacheprovider -m "slurm or browser" tests/system \
         >"$slurm_log" 2>&1 &
     slurm_pid=$!
     trap 'kill "$system_pid" "$slurm_pid" 2>/dev/null || true' INT TERM
@@ -163,7 +169,7 @@ if [ "$TIER" = all ] && [ $# = 0 ]; then
     wait "$slurm_pid" || slurm=$?
     log "pytest tests/system"
     cat "$system_log"
-    log "pytest -m slurm tests/system"
+    log "pytest -m 'slurm or browser' tests/system"
     cat "$slurm_log"
     [ "$system" = 0 ] && rm -f "$system_log"
     [ "$slurm" = 0 ] && rm -f "$slurm_log"

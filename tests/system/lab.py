@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import importlib
 import json
 import os
 import pwd
@@ -123,6 +124,12 @@ class User:
     home: str
 
 
+# aiohttp and what it imports, for the users' `noduslocal dashboard` (their interpreter is
+# the system's, which has none of the venv's packages).
+DASHBOARD_PACKAGES = ("aiohttp", "multidict", "yarl", "frozenlist", "aiosignal", "attr",
+                      "attrs", "propcache", "aiohappyeyeballs", "idna", "typing_extensions")
+
+
 @dataclass
 class Box:
     """The shared workstation: one daemon, two users and a library they can import."""
@@ -143,13 +150,16 @@ class Box:
                 input: str | None = None) -> subprocess.CompletedProcess[str]:
         """ARGV as USER, with a clean environment and cwd in the library copy (so that the
         checkout in /work/main, which others can read too, is never imported by accident)."""
+        return subprocess.run(self.argv_as(user, *argv, socket=socket), capture_output=True,
+                              text=True, timeout=timeout, cwd=self.lib, input=input)
+
+    def argv_as(self, user: str, *argv: str, socket: Path | None = None) -> list[str]:
+        """The command line that runs ARGV as USER as as_user() does (run it in self.lib)."""
         home = "/root" if user == "root" else self.user(user).home
         env = ["PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8",
                f"{SOCKET_ENV}={socket or self.daemon.socket}", f"PYTHONPATH={self.lib}",
                "PYTHONDONTWRITEBYTECODE=1"]
-        return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *env, *argv],
-                              capture_output=True, text=True, timeout=timeout, cwd=self.lib,
-                              input=input)
+        return ["runuser", "-u", user, "--", "env", "-i", *env, *argv]
 
     def cli(self, user: str, *args: str, timeout: float = DEADLINE,
             socket: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -216,6 +226,12 @@ def open_box(config: str | None = None, names: tuple[str, str] = (ALICE, BOB),
         copy_tree(Path(noduslocal.__file__).parent, lib / "noduslocal")
         copy_tree(Path(click.__file__).parent, lib / "click")
         copy_tree(Path(pathspec.__file__).parent, lib / "pathspec")  # for --upload
+        for package in DASHBOARD_PACKAGES:  # `noduslocal dashboard` runs on aiohttp
+            found = Path(importlib.import_module(package).__file__ or "")
+            if found.name == "__init__.py":
+                copy_tree(found.parent, lib / package)
+            else:
+                shutil.copy(found, lib / found.name)
         (lib / "nl_raw.py").write_text(RAW_HTTP)
         open_up(lib)
         probe = run("runuser", "-u", names[1], "--", "env", "-i", f"PYTHONPATH={lib}",
