@@ -20,6 +20,7 @@ from noduslocal.daemon.config.settings import SYSTEM_DATA_DIR, Settings
 from noduslocal.daemon.coordinator import Lifecycle
 from noduslocal.daemon.events import EventHub
 from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.gpus.history import GpuHistory
 from noduslocal.daemon.gpus.model import Inventory
 from noduslocal.daemon.gpus.service import GpuService
 from noduslocal.daemon.runtime import compiled_shim
@@ -89,12 +90,20 @@ async def _build(live: LiveSettings, closing: contextlib.AsyncExitStack,
     await store.open(hub.publish, settings.commit_batch,
                      max(layout.job_ids_on_disk(), default=0))
     closing.push_async_callback(store.close)
+    lifecycle: Lifecycle | None = None
+
+    def held() -> set[str]:  # the GPUs a job here holds now (read after each GPU poll)
+        assert lifecycle is not None
+        return {now.gpu.uuid for now in lifecycle.admin.gpus()
+                if now.job is not None or now.state == "allocated"}
+
+    history = GpuHistory(settings.gpu_poll, held)
+    live.subscribe(lambda new: history.resize(new.gpu_poll))
     gpus = None
     if inventory is None:
-        gpus = GpuService(live)
+        gpus = GpuService(live, history)
         closing.push_async_callback(gpus.close)
         inventory = await gpus.start()
-    lifecycle: Lifecycle | None = None
     docker: DockerRuntime | None = None
     if given is None:
         host = _host_runtime(live, layout, await _compiled_shim(settings))
@@ -123,7 +132,7 @@ async def _build(live: LiveSettings, closing: contextlib.AsyncExitStack,
         closing.push_async_callback(docker.close)
         await docker.start()
     services = Services(live, lifecycle.jobs, lifecycle.sweep_service, lifecycle.admin,
-                        lifecycle.resources, time.time())
+                        lifecycle.resources, history, time.time())
     return Daemon(live, hub, store, layout, runtimes, lifecycle, services, gpus, closing)
 
 

@@ -1,6 +1,6 @@
 """What the route modules are given: one service per domain (jobs, sweeps, the box and its
-admins, what users own besides jobs), under one application key. Route modules import
-this, never app.py, so the API has no import cycle.
+admins, what users own besides jobs, the GPUs' history), under one application key. Route
+modules import this, never app.py, so the API has no import cycle.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from noduslocal.daemon.admin import AdminService
 from noduslocal.daemon.api.lanes import Lanes
 from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.config.settings import Settings
+from noduslocal.daemon.gpus.history import GpuHistory
 from noduslocal.daemon.jobs.service import JobService
 from noduslocal.daemon.resources import ResourceService
 from noduslocal.daemon.sweeps.service import SweepService
@@ -25,6 +26,7 @@ class Services:
     sweeps: SweepService
     admin: AdminService  # the box: GPUs, health, doctor, metrics, disk use, admins' acts
     resources: ResourceService  # secrets, volumes, uploaded sources
+    gpu_history: GpuHistory  # each GPU's readings over the last hour
     started_at: float
     lanes: Lanes = field(default_factory=Lanes)  # each user's heavy reads, apart
 

@@ -55,6 +55,9 @@ class Gpu:
     problem: str | None = None  # why it is unhealthy
     fatal: bool = False  # broken for good (an Xid, gone from the bus): its work is lost
     minor: int | None = None  # its /dev/nvidiaN (NVML's minor number); None: its index
+    # False: its load, memory and power were not read (NVML failed on it, or it is
+    # simulated), so they are no measurement: the history records none for it.
+    measured: bool = True
 
     @property
     def device_minor(self) -> int:

@@ -71,7 +71,7 @@ class Nvml:
                                 lost.name if lost else "unknown", "",
                                 lost.memory_total if lost else 0, healthy=False,
                                 problem="fell off the bus (NVML: GPU is lost)" if gone
-                                else f"NVML: {exc}", fatal=gone))
+                                else f"NVML: {exc}", fatal=gone, measured=False))
                 handles.append(None)
         # A GPU we knew that NVML no longer lists fell off the bus.
         listed = {g.uuid for g in gpus}
@@ -79,7 +79,7 @@ class Nvml:
             if uuid not in listed and not uuid.startswith("index-"):
                 gpus.append(Gpu(len(gpus), uuid, gone.name, gone.pci_bus_id, gone.memory_total,
                                 healthy=False, problem="no longer listed by NVML",
-                                fatal=True))
+                                fatal=True, measured=False))
                 handles.append(None)
         levels = [[_level(pynvml, a, b) if i != j else 0 for j, b in enumerate(handles)]
                   for i, a in enumerate(handles)]

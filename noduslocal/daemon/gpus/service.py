@@ -1,6 +1,7 @@
 """The daemon's GPU picture over time: NVML (or a simulation, or nothing) read at start
 and then every `gpu_poll` seconds in a thread, handed to the supervisor so a foreign
-process or a lost GPU changes what may start; and the simulated inventory itself.
+process or a lost GPU changes what may start, and each reading to the GPUs' history; and
+the simulated inventory itself.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 
 from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.config.values import simulated_groups
+from noduslocal.daemon.gpus.history import GpuHistory
 from noduslocal.daemon.gpus.model import NVLINK, Gpu, Inventory
 from noduslocal.daemon.gpus.nvml import Nvml
 from noduslocal.daemon.gpus.xid import XidWatch, describe
@@ -19,8 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class GpuService:
-    def __init__(self, live: LiveSettings) -> None:
+    def __init__(self, live: LiveSettings, history: GpuHistory | None = None) -> None:
         self.live = live
+        self.history = history  # given each NVML reading of the polls
         self.nvml: Nvml | None = None
         self.inventory = Inventory([], "none", "not read yet")
         self._task: asyncio.Task[None] | None = None
@@ -76,6 +79,8 @@ class GpuService:
             self._apply(inventory)
             self.inventory = inventory
             on_change(self.inventory)
+            if self.history is not None:  # after on_change: who holds each GPU is current
+                self.history.record(inventory)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -100,7 +105,7 @@ def simulated_inventory(spec: str) -> Inventory:
                 name=f"NVIDIA {model} {memory_gib}GB (simulated)",
                 pci_bus_id=f"00000000:{0x10 + index:02X}:00.0",
                 memory_total=memory_gib * 2**30, utilization=0, power_mw=0, energy_mj=0,
-                numa_node=group))
+                numa_node=group, measured=False))
             groups.append(group)
     n = len(gpus)
     levels = [[0 if i == j else NVLINK if groups[i] == groups[j] and i // 2 == j // 2
