@@ -454,7 +454,10 @@ def queue_table(doc: dict[str, Any]) -> str:
              + (e(f", {p['gpu'].get('count')} GPU") if p.get("gpu") else ""),
              e(p.get("priority")), e(p.get("hold")), when(p.get("eta")),
              when(p.get("created_at"))] for p in doc.get("pending") or []]
-    return (f'<p class="count">{e(doc.get("total"))} waiting</p>'
+    shown = len(doc.get("pending") or [])
+    total = doc.get("total") or 0
+    more = f", the first {shown} shown" if shown < total else ""
+    return (f'<p class="count">{e(total)} waiting{more}</p>'
             + table(["place", "job", "project", "user", "region", "asks", "priority",
                      "waiting for", "expected start", "submitted"], rows,
                     empty="nothing waits"))

@@ -28,6 +28,7 @@ GUARD = web.AppKey("guard", Guard)
 LOG_TAIL = 5000  # lines of a log a page starts with
 JOBS_PAGE = 200  # jobs a page lists (the daemon pages further with `before`)
 MINE_ENDED = 50  # of one's own ended jobs, the newest
+QUEUE_PAGE = 200  # places of the queue shown (the count says how many wait in all)
 METRICS_BYTES = 1024 * 1024  # of a job's metrics file, read for its charts
 FILE_VIEW_BYTES = 4 * 1024 * 1024  # a workspace file shown in the browser (more: download)
 EXEMPLARS, EXEMPLAR_LINES, EXEMPLAR_BYTES = 5, 20, 16 * 1024  # failure clusters' logs shown
@@ -175,7 +176,9 @@ async def _jobs_inner(request: web.Request, filters: dict[str, str]) -> str:
         jobs, more = active["jobs"] + ended["jobs"], active.get("next")
     waits: dict[tuple[str, str], dict[str, Any]] = {}
     if any(j["phase"] == "Pending" for j in jobs):
-        queue = await link.get("/v1/queue")
+        # The head of the queue: its places have the ETAs (further back, the job's own hold
+        # says why it waits).
+        queue = await link.get("/v1/queue", {"limit": QUEUE_PAGE})
         waits = {(p["project"], p["name"]): p for p in queue.get("pending") or []}
     return pages.jobs_table(jobs, waits, filters.get("sort", "submit"), more, filters)
 
@@ -503,13 +506,14 @@ async def gpus_history(request: web.Request) -> web.Response:
 
 
 async def queue_page(request: web.Request) -> web.Response:
-    inner = pages.queue_table(await _link(request).get("/v1/queue"))
+    inner = pages.queue_table(await _link(request).get("/v1/queue", {"limit": QUEUE_PAGE}))
     return await _page(request, "Queue", "queue", "<h1>Queue</h1>" + pages.poll(
         "/fragments/queue", inner, "queue"))
 
 
 async def queue_fragment(request: web.Request) -> web.Response:
-    return _html(pages.queue_table(await _link(request).get("/v1/queue")))
+    return _html(pages.queue_table(await _link(request).get("/v1/queue",
+                                                            {"limit": QUEUE_PAGE})))
 
 
 async def me_page(request: web.Request) -> web.Response:

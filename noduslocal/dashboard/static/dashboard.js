@@ -159,14 +159,18 @@
       width,
       height: 220,
       scales: Object.assign({ x: { time: options.time !== false } }, options.scales || {}),
-      series: [{ label: options.xLabel || "time" }].concat(series.map((s, i) => ({
-        label: s.label,
-        stroke: COLORS[i % COLORS.length],
-        scale: s.scale,
-        paths: options.points ? () => null : undefined,
-        points: options.points ? { show: true, size: 8, fill: COLORS[i % COLORS.length] }
-          : { show: false },
-      }))),
+      // Only what is set: a key given as undefined would override uPlot's default (the
+      // series' scale would be none, and auto-ranged apart from its axis).
+      series: [{ label: options.xLabel || "time" }].concat(series.map((s, i) => {
+        const one = { label: s.label, stroke: COLORS[i % COLORS.length] };
+        if (options.points) {
+          one.paths = () => null;
+          one.points = { show: true, size: 8, fill: COLORS[i % COLORS.length] };
+        } else {
+          one.points = { show: false };
+        }
+        return one;
+      })),
     };
     if (options.axes) opts.axes = options.axes;
     return new uPlot(opts, [xs].concat(series.map((s) => s.values)), box);
@@ -186,31 +190,68 @@
     box.appendChild(p);
   }
 
+  // The last hour of each GPU: the whole history once, then only what is newer (`since`),
+  // appended, and what fell out of the hour dropped.
+  const gpuState = { since: null, gpus: new Map(), plots: new Map(), doc: null };
+  const GPU_COLUMNS = ["t", "utilization", "memory_used", "power", "allocated"];
+
+  function gpuSeries(gpu) {
+    const total = gpu.memory_total || 0;
+    return [
+      gpu.t,
+      gpu.utilization,
+      gpu.memory_used.map((v) => (v == null || !total ? null : Math.round(1000 * v / total) / 10)),
+      gpu.allocated.map((v) => (v == null ? null : (v ? 100 : 0))),
+    ];
+  }
+
   async function drawGpus(box) {
-    const doc = await fetchJson(box.dataset.src);
-    box.textContent = "";
+    const since = gpuState.since;
+    const doc = await fetchJson(box.dataset.src + (since != null ? `?since=${since}` : ""));
+    const window = doc.window || 3600;
+    for (const fresh of doc.gpus || []) {
+      const known = gpuState.gpus.get(fresh.uuid);
+      if (!known || since == null) {
+        gpuState.gpus.set(fresh.uuid, fresh);
+      } else {
+        for (const column of GPU_COLUMNS) known[column] = known[column].concat(fresh[column] || []);
+        known.memory_total = fresh.memory_total;
+      }
+      const gpu = gpuState.gpus.get(fresh.uuid);
+      const newest = gpu.t.length ? gpu.t[gpu.t.length - 1] : null;
+      if (newest != null) {
+        gpuState.since = Math.max(gpuState.since || 0, newest);
+        const keep = gpu.t.findIndex((t) => t > newest - window);
+        if (keep > 0) for (const column of GPU_COLUMNS) gpu[column] = gpu[column].slice(keep);
+      }
+    }
     let points = 0;
-    const gpus = doc.gpus || [];
-    if (!gpus.length) {
-      say(box, doc.note || (doc.source === "simulated"
-        ? "simulated GPUs report no readings" : "no GPU readings yet"));
+    const gpus = Array.from(gpuState.gpus.values()).sort((a, b) => a.index - b.index);
+    if (!gpus.length || gpus.every((g) => !g.t.length)) {
+      if (!box.querySelector("p.note")) {
+        say(box, doc.note || (doc.source === "simulated"
+          ? "simulated GPUs report no readings" : "no GPU readings yet"));
+      }
     }
     for (const gpu of gpus) {
-      const one = document.createElement("div");
-      one.className = "chart";
-      one.dataset.gpu = String(gpu.index);
-      box.appendChild(one);
-      const total = gpu.memory_total || 0;
-      const memory = (gpu.memory_used || []).map((v) => (v == null || !total ? null
-        : Math.round(1000 * v / total) / 10));
-      const held = (gpu.allocated || []).map((v) => (v == null ? null : (v ? 100 : 0)));
-      chart(one, `GPU ${gpu.index} ${gpu.name || ""}`, gpu.t || [], [
-        { label: "utilization %", values: gpu.utilization || [] },
-        { label: "memory %", values: memory },
-        { label: "held by a job", values: held },
-      ], { scales: { y: { range: [0, 100] } } });
-      one.dataset.points = String((gpu.t || []).length);
-      points += (gpu.t || []).length;
+      if (!gpu.t.length) continue;
+      box.querySelectorAll("p.note").forEach((n) => n.remove());
+      let plot = gpuState.plots.get(gpu.uuid);
+      if (!plot) {
+        const one = document.createElement("div");
+        one.className = "chart";
+        one.dataset.gpu = String(gpu.index);
+        box.appendChild(one);
+        plot = chart(one, `GPU ${gpu.index} ${gpu.name || ""}`, gpu.t, [
+          { label: "utilization %", values: gpu.utilization },
+          { label: "memory %", values: [] },
+          { label: "held by a job", values: [] },
+        ], { scales: { y: { range: [0, 100] } } });
+        gpuState.plots.set(gpu.uuid, plot);
+      }
+      plot.setData(gpuSeries(gpu));
+      plot.root.parentElement.dataset.points = String(gpu.t.length);
+      points += gpu.t.length;
     }
     box.dataset.points = String(points);
   }
@@ -309,4 +350,8 @@
     setUpCharts();
   });
   document.addEventListener("htmx:afterSettle", (event) => setUpTables(event.target));
+  // A tab nobody looks at asks nothing: its polls resume when it is shown again.
+  document.addEventListener("htmx:beforeRequest", (event) => {
+    if (document.hidden && event.detail.requestConfig.verb === "get") event.preventDefault();
+  });
 })();
