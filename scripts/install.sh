@@ -101,15 +101,40 @@ if [ -n "$UNINSTALL" ]; then
     exit 0
 fi
 
+usable() { "$1" -c 'import sys, venv, ensurepip; assert sys.version_info >= (3, 11)' 2>/dev/null; }
+# The interpreter itself, not a wrapper on root's PATH (pyenv's shims): the venv links to it.
+real_python() { "$1" -c 'import os, sys; print(os.path.realpath(sys.executable))' 2>/dev/null; }
+# The shared install's venv runs as every user (the CLI, the SDK): its interpreter must be one
+# they can execute, not one in root's home. Checked as nobody, who has no rights of its own.
+everyone_runs() {
+    [ "$MODE" != system ] && return 0
+    [ "$(id -u)" = 0 ] && command -v runuser >/dev/null || return 0
+    runuser -u nobody -- "$1" -c 'import venv' >/dev/null 2>&1
+}
+GIVEN=${PYTHON:-}
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import sys, venv; assert sys.version_info >= (3, 11)' 2>/dev/null; then
-    if [ "$(id -u)" = 0 ] && [ -z "$ROOT" ] && command -v apt-get >/dev/null; then
+if ! usable "$PYTHON"; then
+    if [ -z "$GIVEN" ] && usable /usr/bin/python3; then
+        PYTHON=/usr/bin/python3
+    elif [ "$(id -u)" = 0 ] && [ -z "$ROOT" ] && command -v apt-get >/dev/null; then
         log "installing python3 and python3-venv"
         DEBIAN_FRONTEND=noninteractive apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
         PYTHON=/usr/bin/python3
     else
         echo "install.sh: needs Python 3.11 or newer with venv ($PYTHON has none)" >&2
+        exit 1
+    fi
+fi
+PYTHON=$(real_python "$PYTHON")
+if ! everyone_runs "$PYTHON"; then
+    if [ -z "$GIVEN" ] && usable /usr/bin/python3 && everyone_runs /usr/bin/python3; then
+        log "$PYTHON is private to $(id -un) (other users cannot run it): using /usr/bin/python3"
+        PYTHON=/usr/bin/python3
+    else
+        echo "install.sh: other users cannot run $PYTHON, so they could not run noduslocal" \
+             "from a venv built on it; give an interpreter everyone can run, e.g." \
+             "PYTHON=/usr/bin/python3 $0" >&2
         exit 1
     fi
 fi
@@ -123,6 +148,14 @@ fi
 log "installing noduslocal into $PREFIX"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade "$REPO" \
     >"$VENV/pip.log" 2>&1 || { cat "$VENV/pip.log"; exit 1; }
+# Wheels of noduslocal and everything it needs, readable by all: a user installs the client
+# (CLI and SDK) into their own venv or conda env offline, `pip install --no-index
+# --find-links PREFIX/wheels noduslocal`.
+log "wheels for users' own environments in $PREFIX/wheels"
+rm -rf "$VENV/wheels"
+"$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --wheel-dir "$VENV/wheels" \
+    "$REPO" >>"$VENV/pip.log" 2>&1 || { cat "$VENV/pip.log"; exit 1; }
+chmod -R a+rX "$VENV/wheels"
 # The host jobs' compiled supervisor, built now rather than at the daemon's first start.
 "$VENV/bin/python" -m noduslocal.daemon.runtime.compiled_shim >/dev/null 2>&1 || true
 

@@ -85,8 +85,37 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
+def sdk_check() -> Check:
+    """Whether this user's own `python3` (first on their PATH) imports the SDK, and if not,
+    how they install the client into their environment from the wheels install.sh left."""
+    import shutil
+    import subprocess
+    import sys
+
+    python = shutil.which("python3")
+    wheels = os.path.join(sys.prefix, "wheels")
+    how = (f"pip install --no-index --find-links {wheels} noduslocal" if os.path.isdir(wheels)
+           else "pip install the noduslocal client into it (README: Installing it for a lab)")
+    if python is None:
+        return Check("your python", None, f"no python3 on your PATH; in your own venv or conda "
+                                          f"env: {how}")
+    try:
+        found = subprocess.run([python, "-c", "import noduslocal; print(noduslocal.__version__)"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("your python", False, f"{python} does not run: {exc}")
+    if found.returncode != 0:
+        return Check("your python", None, f"{python} has no noduslocal SDK (`import noduslocal` "
+                                          f"fails); to script jobs from it: {how}")
+    return Check("your python", True, f"{python} imports noduslocal {found.stdout.strip()}")
+
+
 def _checks(client: ApiClient) -> list[Check]:
-    checks = []
+    return [*_daemon_checks(client), sdk_check()]
+
+
+def _daemon_checks(client: ApiClient) -> list[Check]:
+    checks: list[Check] = []
     try:
         path = client.transport.socket_path
     except errors.DaemonUnavailable as exc:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -356,8 +357,24 @@ def test_a_second_user_s_dashboard_cannot_read_or_cancel_the_first_user_s_job(
         lab.cli(ALICE, "job", "kill", "private")
 
 
-def test_ctrl_c_stops_it_and_says_so(lab: Box) -> None:
-    dash = start_dashboard(lab, "root")
-    dash.proc.send_signal(2)
-    out, _ = dash.proc.communicate(timeout=30)
+def test_the_readme_s_command_serves_until_ctrl_c_and_says_so(lab: Box) -> None:
+    """The README's dashboard block as written (BROWSER=true: the browser it would open)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## The dashboard"):]
+    block = re.search(r"^```sh\n(.*?)^```", section, re.S | re.M)
+    assert block is not None
+    [command] = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
+    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, SOCKET_ENV: str(lab.daemon.socket),
+                                 "BROWSER": "true",
+                                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+                            start_new_session=True)
+    assert proc.stdout is not None
+    link = ""
+    while "token=" not in link:
+        link = proc.stdout.readline()
+        assert link, "the dashboard printed no link"
+    os.killpg(proc.pid, 2)  # Ctrl-C reaches the terminal's whole foreground group
+    out, _ = proc.communicate(timeout=30)
     assert "dashboard stopped" in out, out
+    assert proc.returncode == 0

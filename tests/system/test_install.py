@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,8 +35,10 @@ def install(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def staged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("stage")
+def staged() -> Iterator[Path]:
+    # Where every user may look, as /opt is: the installed CLI and wheels are run by them.
+    root = Path(tempfile.mkdtemp(prefix="nl-stage-", dir="/tmp"))
+    os.chmod(root, 0o755)
     install(root)
     yield root
     shutil.rmtree(root, ignore_errors=True)
@@ -94,6 +98,66 @@ def test_the_installed_daemon_runs_a_job(staged: Path, lab_groups: None) -> None
         assert "config.toml: in force" in doctor.stdout
     finally:
         d.close()
+
+
+def test_the_venv_is_built_on_an_interpreter_every_user_can_run(staged: Path) -> None:
+    """Root's own python3 (pyenv's, in /root) is passed over for one that others can run;
+    one given explicitly that they cannot run is refused, saying how to fix it."""
+    venv = staged / PREFIX.lstrip("/")
+    home = next(line.split("=", 1)[1].strip() for line in
+                (venv / "pyvenv.cfg").read_text().splitlines() if line.startswith("home"))
+    probe = subprocess.run(["runuser", "-u", "nobody", "--", f"{home}/python3", "-c", "1"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, (home, probe.stderr)
+    private = Path(tempfile.mkdtemp(prefix="nl-private-", dir="/tmp"))  # mode 0700
+    try:
+        os.symlink(os.path.realpath(sys.executable), private / "python3")
+        os.chmod(private, 0o700)
+        refused = subprocess.run(
+            ["bash", str(REPO / "scripts/install.sh"), "--root", str(private / "stage"),
+             "--prefix", PREFIX], capture_output=True, text=True, timeout=600,
+            env={**os.environ, "PYTHON": str(private / "python3")})
+        private_real = os.path.realpath(sys.executable)
+        if subprocess.run(["runuser", "-u", "nobody", "--", private_real, "-c", "1"],
+                          capture_output=True).returncode == 0:
+            pytest.skip(f"{private_real} is one every user can run here")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "other users cannot run" in refused.stderr
+        assert "PYTHON=/usr/bin/python3" in refused.stderr
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def test_a_user_runs_the_installed_cli_and_installs_the_client_offline(staged: Path) -> None:
+    """As a second user: the installed `noduslocal` works, and the client installs from the
+    wheels install.sh left into the user's own venv with no index, and submits a job."""
+    from tests.system.lab import open_box
+
+    venv = staged / PREFIX.lstrip("/")
+    wheels = venv / "wheels"
+    assert any(wheels.glob("noduslocal-*.whl")), list(wheels.iterdir())
+    with open_box(names=("nlinstalice", "nlinstbob"), keep_group=True) as box:
+        user = box.alice
+        listed = box.as_user(user.name, str(venv / "bin/noduslocal"), "job", "list")
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        # doctor says the user's own python3 lacks the SDK, and how to install it.
+        doctor = box.as_user(user.name, str(venv / "bin/noduslocal"), "doctor")
+        line = next(x for x in doctor.stdout.splitlines() if "your python" in x)
+        assert f"--find-links {PREFIX}/wheels noduslocal" in line.replace(str(staged), ""), line
+        own = f"{user.home}/venv"
+        made = box.as_user(user.name, "/usr/bin/python3", "-m", "venv", own, timeout=300)
+        assert made.returncode == 0, made.stderr
+        pip = box.as_user(user.name, f"{own}/bin/pip", "install", "-q", "--no-index",
+                          "--find-links", str(wheels), "noduslocal", timeout=600)
+        assert pip.returncode == 0, pip.stdout + pip.stderr
+        script = ("import noduslocal as nodus; "
+                  "job = nodus.Job.create(command=['echo', 'from my venv']); "
+                  "print(job.wait().phase, *job.iter_logs())")
+        # Not the lab's copy of the package: the one just installed (cwd is the lab's lib).
+        ran = subprocess.run(box.argv_as(user.name, f"{own}/bin/python", "-I", "-c", script),
+                             capture_output=True, text=True, timeout=120, cwd="/")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert ran.stdout.split() == ["Succeeded", "from", "my", "venv"], ran.stdout
 
 
 def test_a_second_run_keeps_the_config_and_uninstall_keeps_the_data(staged: Path) -> None:

@@ -22,7 +22,8 @@ BLOCK = re.compile(r"^```(sh|python)\n(.*?)^```", re.S | re.M)
 def tour_blocks() -> list[tuple[str, str]]:
     """The tour's code blocks: from its heading to the next section."""
     text = README.read_text()
-    tour = text[text.index("## A one-minute tour"):text.index("## How it works")]
+    start = text.index("## A one-minute tour")
+    tour = text[start:text.index("\n## ", start)]
     return [(m.group(1), m.group(2)) for m in BLOCK.finditer(tour)]
 
 
