@@ -45,6 +45,7 @@ from noduslocal.daemon.runtime.base import (
     NotLaunched,
     Queued,
     Rank,
+    Terminal,
     Vanished,
     rank_dir,
 )
@@ -416,6 +417,11 @@ class FakeRuntime:
                    timeout: float) -> ExecResult:
         self.calls.append(("exec", (launch.ref.job.id, handle.rank, command)))
         return ExecResult(0, "", "", False)
+
+    async def open_terminal(self, launch: Launch, handle: Handle, command: list[str],
+                            rows: int, cols: int) -> Terminal:
+        self.calls.append(("open_terminal", (launch.ref.job.id, handle.rank, command)))
+        raise errors.Unsupported("pty", message="pty: the in-memory runtime has no terminal")
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         return rank_dir(directory, rank) / LOG_FILES[stream]

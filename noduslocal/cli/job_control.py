@@ -70,24 +70,75 @@ def resume(name: str, project: str | None, as_json: bool) -> None:
 @click.option("--timeout", default="5m", show_default=True, help="Kill it after this long.")
 @click.option("--rank", type=click.IntRange(0), help="Beside this rank of a gang (default 0).")
 @click.option("--index", type=click.IntRange(0), help="Beside this index of an indexed job.")
-@click.argument("command", nargs=-1, required=True)
+@click.option("-i", "--interactive", is_flag=True,
+              help="Keep stdin open to it (with -t: a terminal session, `-it`).")
+@click.option("-t", "--tty", is_flag=True,
+              help="On a pseudo-terminal: a shell, Ctrl-C, window size (default command: "
+                   "your login shell; no --timeout).")
+@click.argument("command", nargs=-1)
 def exec_(name: str, project: str | None, timeout: str, rank: int | None,
-          index: int | None, command: tuple[str, ...]) -> None:
+          index: int | None, interactive: bool, tty: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND beside the running job NAME, as its owner, in its workdir:
-    noduslocal job exec NAME [--project P] -- CMD ARGS..."""
+    noduslocal job exec NAME [--project P] -- CMD ARGS...; with -it, interactively on a
+    terminal (noduslocal job exec -it NAME [-- CMD], by default your login shell)."""
+    argv = list(command[1:] if command[:1] == ("--",) else command)
+    if interactive or tty:
+        sys.exit(_interactive(name, project, argv, rank, index))
     try:
         seconds = parse_duration(timeout, "timeout")
     except errors.InvalidArgument as exc:
         raise click.BadParameter(exc.message, param_hint="--timeout") from None
-    argv = list(command[1:] if command[0] == "--" else command)
     if not argv:
-        raise click.UsageError("give the command to run after NAME")
+        raise click.UsageError("give the command to run after NAME (or use -it for a shell)")
     result = ApiClient().exec_job(name, project, argv, seconds, rank=rank, index=index)
     sys.stdout.write(result["stdout"])
     sys.stderr.write(result["stderr"])
     if result["truncated"]:
         click.echo("noduslocal: output truncated at 16 MiB", err=True)
     sys.exit(result["returncode"] if 0 <= result["returncode"] < 256 else 1)
+
+
+def _interactive(name: str, project: str | None, argv: list[str], rank: int | None,
+                 index: int | None) -> int:
+    """`job exec -it`: this terminal put in raw mode and joined to one in the daemon (keys
+    to it, its output here, the window's size followed), restored at the end; its exit
+    status."""
+    import os
+    import signal
+    import termios
+    import threading
+    import tty
+
+    from noduslocal.sdk.terminal import TerminalProcess
+
+    fd = sys.stdin.fileno()
+    if not os.isatty(fd):
+        raise click.UsageError("-it needs a terminal on stdin; without one, run the "
+                               "command with `job exec NAME -- CMD`")
+    size = os.get_terminal_size(fd)
+    proc = TerminalProcess(ApiClient().transport.socket_path, name, project, argv or None,
+                           rank, index, size.lines, size.columns)
+    saved = termios.tcgetattr(fd)
+
+    def keys() -> None:
+        while data := os.read(fd, 4096):
+            proc.stdin.write(data)
+
+    def resized(*_: object) -> None:
+        now = os.get_terminal_size(fd)
+        proc.resize(now.lines, now.columns)
+
+    try:
+        tty.setraw(fd)
+        signal.signal(signal.SIGWINCH, resized)
+        threading.Thread(target=keys, name="keys", daemon=True).start()
+        while data := proc.stdout.read1():
+            os.write(sys.stdout.fileno(), data)
+        return proc.wait()
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        signal.signal(signal.SIGWINCH, signal.SIG_DFL)
+        proc.close()
 
 
 @job.command("rm")

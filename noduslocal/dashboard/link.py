@@ -6,9 +6,6 @@ does for the CLI. JSON calls, raw bodies for downloads, and line streams for fol
 from __future__ import annotations
 
 import json
-import os
-import socket
-import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -16,6 +13,7 @@ from urllib.parse import quote
 import aiohttp
 
 from noduslocal.domain import errors
+from noduslocal.sdk.aio import TrustedConnector
 
 Params = Mapping[str, str | int] | list[tuple[str, str | int]] | None
 
@@ -34,7 +32,7 @@ class DaemonLink:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 base_url="http://localhost",
-                connector=_TrustedConnector(path=self.socket_path),
+                connector=TrustedConnector(path=self.socket_path),
                 # Streams (logs, events) stay open as long as the page follows them.
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         return self._session
@@ -87,22 +85,3 @@ class DaemonLink:
         if resp.status >= 400:
             raise errors.from_wire(resp.status, body)
         return body
-
-
-class _TrustedConnector(aiohttp.UnixConnector):
-    """Each connection checked to be served by root or by us (as the CLI checks): another
-    user's process on a path we would trust must never be believed, nor told what we ask."""
-
-    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
-        conn = await super().connect(req, traces, timeout)
-        transport = conn.transport
-        sock = None if transport is None else transport.get_extra_info("socket")
-        uid = None
-        if sock is not None:
-            cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)  # pid, uid, gid
-            uid = int.from_bytes(cred[4:8], sys.byteorder, signed=True)
-        if uid not in (0, os.getuid()):
-            conn.close()
-            raise errors.PermissionDenied(f"{self.path} is served by uid {uid}, neither root "
-                                          "nor you; refusing it")
-        return conn

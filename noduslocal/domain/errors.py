@@ -152,6 +152,11 @@ _BY_CODE: dict[str, type[NodusError]] = {
 }
 
 
+# An error answered to a WebSocket handshake (`job exec -it`): clients read the body of a
+# refused upgrade from this header, as its JSON.
+ERROR_HEADER = "X-Nodus-Error"
+
+
 def from_wire(status: int, body: Any) -> NodusError:
     """The exception a client raises for an error response."""
     err = body.get("error") if isinstance(body, dict) else None

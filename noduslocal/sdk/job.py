@@ -255,11 +255,17 @@ class Job:
         return View(self._client.estimate_job(self.name, self.project))
 
     def exec(self, *command: str, pty: bool = False, rank: int | None = None,
-             index: int | None = None) -> View:
+             index: int | None = None) -> Any:
         """Run COMMAND beside the running job, as its owner, with its environment and
-        workdir; returns a Process with stdout, stderr and returncode."""
+        workdir; returns a Process with stdout, stderr and returncode. With `pty=True` it
+        runs on a pseudo-terminal (COMMAND may be empty: the owner's login shell) and this
+        returns at once a TerminalProcess: `stdin.write()`, `stdout.read1()`,
+        `resize(rows, cols)`, `wait()` and `close()`."""
         if pty:
-            raise errors.Unsupported("pty", "exec runs to completion without a terminal")
+            from noduslocal.sdk.terminal import TerminalProcess
+
+            return TerminalProcess(self._client.transport.socket_path, self.name,
+                                   self.project, list(command) or None, rank, index)
         if not command:
             raise errors.InvalidArgument("command: give the command to run", field="command")
         return View(self._client.exec_job(self.name, self.project, list(command),

@@ -81,8 +81,8 @@ def test_exec_needs_a_running_job(daemon: testing.Daemon) -> None:
     done.wait(timeout=30)
     with pytest.raises(errors.Conflict, match="needs it Running"):
         done.exec("ls")
-    with pytest.raises(errors.Unsupported, match="pty"):
-        done.exec("sh", pty=True)
+    with pytest.raises(errors.Conflict, match="needs it Running"):
+        done.exec("sh", pty=True)  # refused before any terminal is opened
 
 
 def test_an_exec_the_daemon_died_under_is_killed_by_the_next_one(

@@ -3,19 +3,22 @@ long poll), attempts, the estimate and exec."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import json
 import math
 import pwd
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 from noduslocal.daemon.api import lanes
 from noduslocal.daemon.api.body import parse as parse_body
 from noduslocal.daemon.api.identity import Caller
 from noduslocal.daemon.api.lanes import PAGE
 from noduslocal.daemon.api.services import SERVICES
-from noduslocal.daemon.jobs.service import JobAction
+from noduslocal.daemon.jobs.service import JobAction, Terminal
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import Phase
@@ -252,6 +255,98 @@ def _exec_rank(job: JobRecord, body: dict[str, Any]) -> int:
         raise errors.InvalidArgument(f"{key}: job {job.name!r} has {plural} 0 to {count - 1}",
                                      field=key)
     return value
+
+
+def _int_param(request: web.Request, name: str, lowest: int, highest: int,
+               default: int) -> int:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = lowest - 1
+    if not lowest <= number <= highest:
+        raise errors.InvalidArgument(f"{name}: expected an integer from {lowest} to "
+                                     f"{highest}", field=name)
+    return number
+
+
+@routes.get("/v1/jobs/{name}/terminal")
+async def terminal_in_job(request: web.Request) -> web.StreamResponse:
+    """`job exec -it`: a command beside a running rank on a pseudo-terminal, over a
+    WebSocket on this connection. Binary messages are its input and output; a text message
+    {"resize": [rows, cols]} resizes it; the daemon's last text message is {"exit": code}.
+    Query: command (a JSON list; the owner's login shell by default), rank or index, rows
+    and cols. Owner-only as every exec, and counted in user_max_execs."""
+    try:
+        return await _terminal(request)
+    except errors.NodusError as exc:  # refused before the upgrade: said in a header too
+        return web.json_response(exc.to_wire(), status=exc.http_status,
+                                 headers={errors.ERROR_HEADER: json.dumps(exc.to_wire())})
+
+
+async def _terminal(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    job = await lookup(request)
+    require_control(request, job, "exec in")
+    if not web.WebSocketResponse().can_prepare(request).ok:
+        raise errors.InvalidArgument("this is a WebSocket: `noduslocal job exec -it` or "
+                                     "Job.exec(..., pty=True) speak it", field="upgrade")
+    where = {k: _int_param(request, k, 0, SQL_INT_MAX, 0) for k in ("rank", "index")
+             if k in request.query}
+    rank = _exec_rank(job, where)
+    rows = _int_param(request, "rows", 1, 1000, 24)
+    cols = _int_param(request, "cols", 1, 1000, 80)
+    command: Any = None
+    if "command" in request.query:
+        try:
+            command = json.loads(request.query["command"])
+        except ValueError:
+            command = None
+        if (not isinstance(command, list) or not command or not command[0]
+                or not all(isinstance(c, str) and "\0" not in c for c in command)):
+            raise errors.InvalidArgument("command: expected a JSON list of strings",
+                                         field="command")
+    async with services.jobs.terminal(job, command, rows, cols, rank) as (term, ended):
+        ws = web.WebSocketResponse(max_msg_size=1024 * 1024)
+        await ws.prepare(request)
+        await _relay(ws, term, ended)
+    return ws
+
+
+async def _relay(ws: web.WebSocketResponse, term: Terminal,
+                 ended: asyncio.Future[Any]) -> None:
+    """Output to the client as it comes, input and resizes to the command, until the
+    command ends (its exit status sent last), the client leaves, or the job ends."""
+
+    async def output() -> None:
+        while data := await term.read():
+            await ws.send_bytes(data)
+
+    async def keys() -> None:
+        async for message in ws:
+            if message.type == WSMsgType.BINARY:
+                await term.write(message.data)
+            elif message.type == WSMsgType.TEXT:
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    rows, cols = json.loads(message.data)["resize"]
+                    if 1 <= int(rows) <= 1000 and 1 <= int(cols) <= 1000:
+                        await term.resize(int(rows), int(cols))
+
+    printing = asyncio.ensure_future(output())
+    typing = asyncio.ensure_future(keys())
+    try:
+        await asyncio.wait([printing, typing, ended], return_when=asyncio.FIRST_COMPLETED)
+        if printing.done() and not ws.closed:
+            await ws.send_str(json.dumps({"exit": await term.wait()}))
+        elif ended.done() and not ws.closed:
+            await ws.send_str(json.dumps({"exit": 129, "why": "the job ended"}))
+    finally:
+        for task in (printing, typing):
+            task.cancel()
+        await asyncio.gather(printing, typing, return_exceptions=True)
+        await ws.close()
 
 
 @routes.post("/v1/jobs/{name}/exec")

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
+from noduslocal.daemon.accounts import account
 from noduslocal.daemon.config.live import LiveSettings
 from noduslocal.daemon.events import EventHub, job_topic
 from noduslocal.daemon.files.layout import JobLayout
@@ -33,14 +34,21 @@ from noduslocal.daemon.jobs.indexed_run import (
 )
 from noduslocal.daemon.jobs.runner import AttemptRunner
 from noduslocal.daemon.jobs.stops import Stopper
-from noduslocal.daemon.runtime.base import ExecResult, Queued, Runtime
+from noduslocal.daemon.runtime.base import ExecResult, Launch, Queued, Runtime, Terminal
 from noduslocal.daemon.scheduler.capacity import Request
 from noduslocal.daemon.scheduler.estimate import estimate_start
 from noduslocal.daemon.scheduler.gang_estimate import gang_topology
 from noduslocal.daemon.scheduler.queue import Queue
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.domain import errors
-from noduslocal.domain.jobs import AttemptRecord, CreateRequest, Event, JobRecord, Owner
+from noduslocal.domain.jobs import (
+    AttemptRecord,
+    CreateRequest,
+    Event,
+    Handle,
+    JobRecord,
+    Owner,
+)
 from noduslocal.domain.states import TERMINAL, Phase, Reason
 from noduslocal.domain.timefmt import iso
 
@@ -424,6 +432,31 @@ class JobService:
     async def exec(self, job: JobRecord, command: list[str], timeout: float,
                    rank: int = 0) -> ExecResult:
         """Run a command beside one of the job's running ranks, as its owner."""
+        async with self._beside(job, rank) as (runtime, launch, handle, _):
+            return await runtime.exec(launch, handle, command, timeout)
+
+    @asynccontextmanager
+    async def terminal(self, job: JobRecord, command: list[str] | None, rows: int, cols: int,
+                       rank: int = 0) -> AsyncIterator[tuple[Terminal, asyncio.Future[Any]]]:
+        """A command beside one of the job's running ranks on a pseudo-terminal, as its
+        owner (None: the owner's login shell; /bin/sh in a container), and the rank's end
+        (the terminal is closed with it); counted among the owner's execs until closed."""
+        if not command:
+            shell = "/bin/sh" if job.spec.image else \
+                account(job.owner_uid, job.owner, job.owner_gid)[1]
+            command = [shell, "-l"]
+        async with self._beside(job, rank) as (runtime, launch, handle, end):
+            terminal = await runtime.open_terminal(launch, handle, command, rows, cols)
+            try:
+                yield terminal, end
+            finally:
+                await terminal.close()
+
+    @asynccontextmanager
+    async def _beside(self, job: JobRecord, rank: int
+                      ) -> AsyncIterator[tuple[Runtime, Launch, Handle, asyncio.Future[Any]]]:
+        """A running rank of the job to exec beside, while one of the owner's
+        `user_max_execs` places is taken."""
         attempt = self.board.active.get(job.id)
         if job.phase != Phase.RUNNING or attempt is None or not attempt.launched:
             raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
@@ -442,13 +475,14 @@ class JobService:
             launch = await self.runner.launch_of(attempt)
             if job.spec.indexed is not None:
                 launch = running_index_launch(launch, rank)
-            running = [h for h, end in zip(attempt.handles, attempt.ends, strict=True)
+            running = [(h, end) for h, end in zip(attempt.handles, attempt.ends, strict=True)
                        if h.rank == rank and not end.done()]
             if not running:
                 what = "index" if job.spec.indexed is not None else "rank"
                 raise errors.Conflict(f"job {job.name!r}: its {what} {rank} is not running "
                                       "now")
-            return await runtime.exec(launch, running[-1], command, timeout)
+            handle, end = running[-1]
+            yield runtime, launch, handle, end
         finally:
             self._execs[owner] -= 1
 

@@ -81,6 +81,25 @@ class ExecResult:
                 "stderr": self.stderr, "truncated": self.truncated}
 
 
+class Terminal(Protocol):
+    """A command run beside a rank on a pseudo-terminal (`job exec -it`): its output as it
+    comes, keystrokes to it (Ctrl-C reaches its foreground group through the terminal),
+    the window's size, and its exit status."""
+
+    async def read(self) -> bytes:
+        """What it printed since the last read; b"" once it has ended and all was read."""
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def resize(self, rows: int, cols: int) -> None: ...
+
+    async def wait(self) -> int:
+        """Its exit status (128+N when killed by signal N)."""
+
+    async def close(self) -> None:
+        """Kill what still runs and free the terminal (the client left, or the job ended)."""
+
+
 @dataclass
 class Rank:
     """A rank that runs: its handle, when it started, and a future of its end. A rank a
@@ -232,6 +251,11 @@ class Runtime(Protocol):
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
         """Run a command to its end beside a running rank, as the job's owner."""
+
+    async def open_terminal(self, launch: Launch, handle: Handle, command: list[str],
+                            rows: int, cols: int) -> Terminal:
+        """Start a command beside a running rank on a pseudo-terminal of ROWS x COLS, as
+        the job's owner (errors.Unsupported where the runtime cannot)."""
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         """Where a rank's log (stream "all" or "stderr") is written."""

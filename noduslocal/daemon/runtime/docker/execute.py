@@ -62,7 +62,7 @@ async def exec_in_container(call: Any, client: docker.DockerClient, container_id
     except TimeoutError:
         info = await call(client.api.exec_inspect, exec_id)
         if info.get("Running") and info.get("Pid"):
-            _kill_in_container(int(info["Pid"]), container_id)
+            kill_in_container(int(info["Pid"]), container_id)
         raise errors.WaitTimeout(f"the command did not end within {timeout:g}s; "
                                  "it was killed") from None
     info = await call(client.api.exec_inspect, exec_id)
@@ -74,7 +74,7 @@ async def exec_in_container(call: Any, client: docker.DockerClient, container_id
         more or len(out) > OUTPUT_LIMIT or len(err) > OUTPUT_LIMIT)
 
 
-def _kill_in_container(pid: int, container_id: str) -> None:
+def kill_in_container(pid: int, container_id: str) -> None:
     """SIGKILL the exec's process, through a pidfd so a pid reused meanwhile is never hit,
     and only while its cgroup names the container."""
     try:

@@ -29,12 +29,14 @@ from noduslocal.daemon.runtime.base import (
     NotLaunched,
     Queued,
     Rank,
+    Terminal,
     rank_dir,
 )
 from noduslocal.daemon.runtime.docker import spec as container_spec
 from noduslocal.daemon.runtime.docker.engine import DockerEngine, DockerUnavailable, LaunchError
 from noduslocal.daemon.runtime.docker.execute import exec_in_container
 from noduslocal.daemon.runtime.docker.spec import LABEL
+from noduslocal.daemon.runtime.docker.terminal import DockerTerminal
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import Diagnosis, JobRecord
@@ -196,6 +198,16 @@ class DockerRuntime:
             return await exec_in_container(
                 self.engine.call, self.engine.client, handle.ref, command,
                 f"{job.owner_uid}:{job.owner_gid}", job.spec.workdir, launch.mask, timeout)
+        except DockerUnavailable as exc:
+            raise errors.Conflict(f"dockerd unreachable: {exc}") from None
+
+    async def open_terminal(self, launch: Launch, handle: Handle, command: list[str],
+                            rows: int, cols: int) -> Terminal:
+        job = launch.ref.job
+        try:
+            return await DockerTerminal.start(
+                self.engine.call, self.engine.client, handle.ref, command,
+                f"{job.owner_uid}:{job.owner_gid}", job.spec.workdir, rows, cols)
         except DockerUnavailable as exc:
             raise errors.Conflict(f"dockerd unreachable: {exc}") from None
 

@@ -34,22 +34,7 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
                      records: Path) -> ExecResult:
     """`launch` is the job's launch request (shim_request.launch_request): env, cwd, identity;
     `records`: where the exec is named while it runs (kill_orphaned_execs)."""
-    argv, kwargs = list(command), {}
-    cwd: str | None = launch["cwd"]
-    as_owner = launch.get("uid") is not None and launch["uid"] != os.getuid()
-    if launch.get("mounts"):
-        # Into the job's mount namespace and its root (a chroot the shim made) by the
-        # Python shim, which drops to the owner before it runs anything found in there.
-        argv = [sys.executable, "-I", "-S", shim.__file__, "--exec-in",
-                json.dumps(_entry(launch, command))]
-        cwd = None
-    elif as_owner:
-        # As in the shim: drop to the owner in the child, then enter the workdir and search
-        # PATH with the owner's rights.
-        argv = [ENV, "--chdir", launch["cwd"], "--", *command]
-        kwargs = {"user": launch["uid"], "group": launch["gid"],
-                  "extra_groups": launch.get("groups") or [launch["gid"]]}
-        cwd = None
+    argv, cwd, kwargs = exec_argv(launch, command)
     # Recorded before it is spawned: a daemon killed at any moment after the fork leaves
     # a record that names the exec's processes by the token in their environment.
     token = uuid.uuid4().hex
@@ -71,6 +56,34 @@ async def run_in_job(launch: dict[str, Any], command: list[str], timeout: float,
         # the next one kills it.
         if proc.returncode is not None:
             _forget(record)
+
+
+def exec_argv(launch: dict[str, Any], command: list[str]
+              ) -> tuple[list[str], str | None, dict[str, Any]]:
+    """How to run COMMAND beside the job whose launch request is LAUNCH: the argv, the cwd
+    and subprocess's identity arguments."""
+    if launch.get("mounts"):
+        # Into the job's mount namespace and its root (a chroot the shim made) by the
+        # Python shim, which drops to the owner before it runs anything found in there.
+        return ([sys.executable, "-I", "-S", shim.__file__, "--exec-in",
+                 json.dumps(_entry(launch, command))], None, {})
+    if launch.get("uid") is not None and launch["uid"] != os.getuid():
+        # As in the shim: drop to the owner in the child, then enter the workdir and search
+        # PATH with the owner's rights.
+        return ([ENV, "--chdir", launch["cwd"], "--", *command], None,
+                {"user": launch["uid"], "group": launch["gid"],
+                 "extra_groups": launch.get("groups") or [launch["gid"]]})
+    return list(command), launch["cwd"], {}
+
+
+def open_record(records: Path) -> tuple[str, Path | None]:
+    """A new exec's token and its record (see run_in_job), before it is spawned."""
+    token = uuid.uuid4().hex
+    return token, _record(records, token)
+
+
+def forget_record(record: Path | None) -> None:
+    _forget(record)
 
 
 def has_own_namespace(directory: Path) -> bool:

@@ -35,6 +35,7 @@ from noduslocal.daemon.runtime.base import (
     NotLaunched,
     Queued,
     Rank,
+    Terminal,
     rank_dir,
 )
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
@@ -46,6 +47,7 @@ from noduslocal.daemon.runtime.host.execute import (
 )
 from noduslocal.daemon.runtime.host.namespace import Namespaces
 from noduslocal.daemon.runtime.host.spawner import Spawner, SpawnError
+from noduslocal.daemon.runtime.host.terminal import PtyTerminal
 from noduslocal.daemon.runtime.shim_request import launch_request
 from noduslocal.domain.job_paths import in_workspace
 from noduslocal.domain.jobs import Diagnosis, JobRecord
@@ -243,6 +245,12 @@ class HostRuntime:
         own = has_own_namespace(launch.ref.rank_dir(handle.rank))
         return await run_in_job(self._request(launch, handle.rank, own), command, timeout,
                                 self.exec_records)
+
+    async def open_terminal(self, launch: Launch, handle: Handle, command: list[str],
+                            rows: int, cols: int) -> Terminal:
+        own = has_own_namespace(launch.ref.rank_dir(handle.rank))
+        return await PtyTerminal.start(self._request(launch, handle.rank, own), command,
+                                       rows, cols, self.exec_records)
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         return rank_dir(directory, rank) / LOG_FILES[stream]

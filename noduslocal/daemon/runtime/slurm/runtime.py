@@ -47,6 +47,7 @@ from noduslocal.daemon.runtime.base import (
     Preempted,
     Queued,
     Rank,
+    Terminal,
     Vanished,
 )
 from noduslocal.daemon.runtime.exec_output import supervise
@@ -331,6 +332,13 @@ class SlurmRuntime:
         except (SlurmError, OSError) as exc:
             return ExecResult(126, "", f"noduslocal: cannot run srun: {exc}\n", False)
         return await supervise(proc, request["mask"], timeout)
+
+    async def open_terminal(self, launch: Launch, handle: Handle, command: list[str],
+                            rows: int, cols: int) -> Terminal:
+        raise errors.Unsupported("pty", message="pty: `job exec -it` into a job in a Slurm "
+                                                "region is not supported yet; run `job exec` "
+                                                "without -it, or `srun --jobid --overlap "
+                                                "--pty` as the job's owner")
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         if not directory.name.startswith("attempt-"):  # an index's own (index_place)
