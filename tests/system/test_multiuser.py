@@ -388,6 +388,12 @@ def test_exec_runs_as_the_owner_and_only_for_owner_or_admin(box: Box) -> None:
         as_admin = root.exec_job(name, ALICE, ["id", "-u"])  # root asks; alice runs it
         assert as_admin["stdout"].split() == [str(box.alice.uid)], as_admin
         assert_denied(box.cli(BOB, "job", "exec", name, "--project", ALICE, "--", "id"))
+        # Nor a terminal (`job exec -it`): the upgrade is refused before any is opened.
+        status, body = box.raw(BOB, "GET", f"/v1/jobs/{name}/terminal?project={ALICE}",
+                               headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                                        "Sec-WebSocket-Version": "13",
+                                        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        assert status == 403 and "may not" in body["error"]["message"], (status, body)
         mine = box.cli(ALICE, "job", "exec", name, "--", "id", "-u")
         assert (mine.returncode, mine.stdout.split()) == (0, [str(box.alice.uid)])
     finally:
