@@ -10,7 +10,10 @@ import sys
 def main() -> None:
     from noduslocal.cli import fast
 
-    code = fast.run(sys.argv[1:])
+    try:
+        code = fast.run(sys.argv[1:])
+    except BrokenPipeError:  # `| head` stopped reading: quietly, as SIGPIPE would end it
+        os._exit(141)
     if code is None:
         from noduslocal.cli.root import main as full
 

@@ -4,6 +4,7 @@ one-line message and the exit code errors.py gives them."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -104,6 +105,11 @@ def main() -> None:
     except click.Abort:
         click.echo("", err=True)
         sys.exit(130)
+    except BrokenPipeError:
+        # `| head` stopped reading: quietly, as a tool killed by SIGPIPE, with no traceback
+        # (nor another one as the interpreter flushes stdout on its way out).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -11,7 +11,7 @@ import time
 from _thread import _local  # threading.local itself, without importing threading
 
 from noduslocal.domain import errors
-from noduslocal.domain.sockets import client_socket_candidates
+from noduslocal.domain.sockets import SYSTEM_SOCKET, client_socket_candidates
 from noduslocal.sdk import wire
 
 TYPE_CHECKING = False
@@ -29,11 +29,23 @@ def _url(path: str, query: Mapping[str, Any] | None) -> str:
     return f"{path}?{wire.query_string(items)}" if items else path
 
 
+# Where scripts/install.sh puts the shared daemon's units: their presence says this box has
+# one, which its users should reach rather than start a private daemon of their own.
+SHARED_UNITS = ("/etc/systemd/system/noduslocal.socket", "/lib/systemd/system/noduslocal.socket")
+
+
 def unavailable(paths: list[str]) -> errors.DaemonUnavailable:
     where = " or ".join(str(p) for p in paths)
+    if SYSTEM_SOCKET in paths and any(os.path.exists(unit) for unit in SHARED_UNITS):
+        return errors.DaemonUnavailable(
+            f"no noduslocald answers at {where}: this box has a shared daemon; check it "
+            "with `systemctl status noduslocal.socket noduslocal.service` or ask its admin "
+            "(`noduslocal daemon` would start a private one of your own, without the box's "
+            "GPUs, docker or your lab's queue)")
     return errors.DaemonUnavailable(
-        f"no noduslocald answers at {where}; start one with `noduslocal daemon`, "
-        "or set NODUSLOCAL_SOCKET to the socket of a running one"
+        f"no noduslocald answers at {where}; start one with `noduslocal daemon` (a private "
+        "daemon of your own: on a shared box, ask its admin instead), or set "
+        "NODUSLOCAL_SOCKET to the socket of a running one"
     )
 
 

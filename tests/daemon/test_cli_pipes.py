@@ -1,0 +1,33 @@
+"""Issue 28: a reader that stops early (`| head`) ends the command quietly: no traceback on
+stderr, on the fast path (`job list`) or click's, with a tool's usual failing status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from noduslocal import testing
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("args", [["job", "list", "--all"], ["job", "list", "--all", "--json"],
+                                  ["--help"], ["help", "map"], ["queue"], ["events"]])
+def test_a_closed_pipe_ends_it_quietly(daemon: testing.Daemon, args: list[str]) -> None:
+    client = daemon.client()
+    for _ in range(3):
+        client.create_job({"command": ["true"], "labels": {"test": "pipes"}})
+    read, write = os.pipe()
+    os.close(read)  # nobody reads: the first write fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, "-m", "noduslocal.cli", *args], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60, cwd=REPO,
+                              env={**os.environ, "NODUSLOCAL_SOCKET": str(daemon.socket)})
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode in (0, 1, 141), (done.returncode, done.stderr)
