@@ -21,7 +21,8 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 
 
 @click.command("map", context_settings={"allow_interspersed_args": False},
-               epilog="\b\n" + expand.GRAMMAR)
+               # click rewraps each paragraph but one marked \b: the grammar keeps its lines.
+               epilog="\n\n".join("\b\n" + part for part in expand.GRAMMAR.split("\n\n")))
 @click.option("--name", help="Sweep name (default: sweep-<8 hex>); tasks are NAME-<index>.")
 @project_option
 @click.option("--image", help="Run each task in a container of this docker image.")

@@ -15,7 +15,10 @@ from noduslocal.domain.errors import InvalidArgument
 
 MARKER = ":::"
 GROUP_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-PLACEHOLDER = re.compile(r"\{([^{}\s]*)\}")
+# `{{` and `}}` are literal braces (as in Python's format strings), read before any
+# placeholder: `python -c 'print(f"x{{n}}")'` keeps its f-string's {n}.
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}\s]*)\}")
+LITERAL = {"{{": "{", "}}": "}"}
 RESERVED = frozenset({"i", "n"})  # {i} is the task's index, {n} the task count
 MAX_TASKS = 1_000_000
 
@@ -33,6 +36,8 @@ Placeholders in COMMAND and ARGS:
   {lr}    the value of the group named lr
   {i}     the task's index, from 0          {n}  the number of tasks
 A command without placeholders gets the task's values appended as arguments.
+{{ and }} are literal braces (as in Python's format strings): python -c 'print(f"x{{n}}")'
+runs print(f"x{n}"), while {n} alone would become the number of tasks.
 
 Every task gets NODUS_TASK_ID, NODUS_WORLD_SIZE and NODUS_SWEEP in its environment, and
 the same as SUPERCOMPUTER_TASK_ID, SUPERCOMPUTER_WORLD_SIZE and SUPERCOMPUTER_JOB.
@@ -99,7 +104,7 @@ class Expansion:
         values = self.values(index)
         total = len(self)
         if not self.has_placeholder:
-            return Task(index, [*self.command, *values], values)
+            return Task(index, [*map(_literal, self.command), *values], values)
         argv: list[str] = []
         for token in self.command:
             if token == "{}":  # alone, each value is an argument of its own (as parallel)
@@ -206,8 +211,15 @@ def _groups(rest: list[str]) -> tuple[Group, ...]:
 def _placeholders(token: str, groups: tuple[Group, ...]) -> list[str]:
     """The placeholders in `token` that mean something here; others stay as written."""
     names = {g.name for g in groups if g.name}
-    return [key for key in PLACEHOLDER.findall(token)
-            if key == "" or key.isdigit() or key in RESERVED or key in names]
+    return [match.group(1) for match in PLACEHOLDER.finditer(token)
+            if match.group(0) not in LITERAL
+            and (match.group(1) == "" or match.group(1).isdigit()
+                 or match.group(1) in RESERVED or match.group(1) in names)]
+
+
+def _literal(token: str) -> str:
+    """TOKEN with its doubled braces made single (it has no placeholder)."""
+    return PLACEHOLDER.sub(lambda m: LITERAL.get(m.group(0), m.group(0)), token)
 
 
 def _substitute(token: str, groups: tuple[Group, ...], values: tuple[str, ...], index: int,
@@ -215,6 +227,8 @@ def _substitute(token: str, groups: tuple[Group, ...], values: tuple[str, ...], 
     by_name = {g.name: v for g, v in zip(groups, values, strict=True) if g.name}
 
     def value(match: re.Match[str]) -> str:
+        if match.group(0) in LITERAL:
+            return LITERAL[match.group(0)]
         key = match.group(1)
         if key == "":
             return " ".join(values)

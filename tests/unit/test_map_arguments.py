@@ -64,3 +64,27 @@ def test_the_grammar_names_every_placeholder() -> None:
     for placeholder in ("{}", "{1}", "{lr}", "{i}", "{n}", ":::", "SUPERCOMPUTER_TASK_ID",
                         "NODUS_TASK_ID"):
         assert placeholder in GRAMMAR
+
+
+def test_doubled_braces_are_literal_braces_as_in_python_format() -> None:
+    """Issue 28: `{n}` inside a task's inline code was silently replaced; `{{n}}` keeps it."""
+    expansion = parse(["python", "-c", 'print(f"x{{n}}", {n}, "{{}}")', "{}",
+                       ":::", "a", "b"])
+    assert [t.argv for t in expansion.tasks()] == [
+        ["python", "-c", 'print(f"x{n}", 2, "{}")', "a"],
+        ["python", "-c", 'print(f"x{n}", 2, "{}")', "b"]]
+    # Without any placeholder the values are appended, and the braces still made single.
+    assert parse(["echo", "{{i}}", ":::", "v"]).task(0).argv == ["echo", "{i}", "v"]
+    assert "{{ and }} are literal braces" in GRAMMAR
+
+
+def test_help_map_keeps_the_grammar_s_lines() -> None:
+    """Issue 28: `noduslocal help map` printed the grammar as one run-on paragraph."""
+    from click.testing import CliRunner
+
+    from noduslocal.cli.root import cli
+
+    shown = CliRunner().invoke(cli, ["help", "map"], terminal_width=100).output
+    lines = [line.strip() for line in shown.splitlines()]
+    assert "{lr}    the value of the group named lr" in lines, shown
+    assert "seq 0 99 | noduslocal map -- python proc.py {}" in lines, shown
