@@ -9,6 +9,7 @@ import click
 
 from noduslocal.cli import output
 from noduslocal.cli.job import json_option, project_option
+from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.domain.units import fmt_bytes
 from noduslocal.sdk.api_client import ApiClient
 
@@ -27,8 +28,10 @@ def status(name: str, project: str | None, as_json: bool) -> None:
     lines = [
         ("name", doc["name"]), ("project", doc["project"]), ("owner", doc["owner"]),
         ("phase", doc["phase"]), ("reason", doc.get("reason")), ("message", doc.get("message")),
-        ("hold", doc.get("hold")), ("exit code", doc.get("exit_code")),
-        ("signal", doc.get("signal")), ("created", doc["created_at"]),
+        ("hold", doc.get("hold")),
+        # A job queued or running again: its last attempt's exit is not the job's own.
+        (_exit_label(doc, "exit code"), doc.get("exit_code")),
+        (_exit_label(doc, "signal"), doc.get("signal")), ("created", doc["created_at"]),
         ("started", doc.get("started_at")), ("ended", doc.get("ended_at")),
         ("files", f"removed by retention at {doc['collected_at']} (keep_ended)"
          if doc.get("collected_at") else None),
@@ -58,6 +61,9 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("secrets", ", ".join(spec.get("secrets") or [])),
         ("gang", _gang_line(spec.get("distributed"))),
     ]
+    metrics = doc.get("metrics") or {}
+    lines.append(("metrics", ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                       for k, v in metrics.items())))
     for key, value in lines:
         if value not in (None, ""):
             click.echo(f"{key + ':':<11} {value}")
@@ -70,6 +76,12 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         click.echo(f"{'indexes:':<11} {indexes['succeeded']}/{indexes['completions']} "
                    f"succeeded, running {indexes['running'] or 'none'} (at most "
                    f"{indexes['parallelism']}){failed}")
+
+
+def _exit_label(doc: dict[str, Any], what: str) -> str:
+    if doc["phase"] in TERMINAL or doc["phase"] == Phase.SUSPENDED:
+        return what
+    return f"last attempt's {what}"
 
 
 def _gang_line(gang: dict[str, Any] | None) -> str | None:

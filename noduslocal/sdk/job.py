@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from noduslocal.domain import errors
 from noduslocal.domain.sockets import SOCKET_ENV
-from noduslocal.domain.states import Phase
+from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.sdk.api_client import ApiClient
 from noduslocal.sdk.view import View
 
 _clients: dict[str | None, ApiClient] = {}
 LOG_PARAMS = frozenset({"tail", "attempt", "stream", "rank", "index"})
+SUSPEND_POLL = 0.1  # seconds between looks at a job being suspended
 
 
 def default_client() -> ApiClient:
@@ -273,8 +275,13 @@ class Job:
 
     def suspend(self) -> None:
         """Stop the job like a cancel (SIGTERM, grace, SIGKILL) and keep it Suspended, with
-        its workspace and checkpoint, until resume()."""
-        self._obj = View(self._client.suspend_job(self.name, self.project))
+        its workspace and checkpoint, until resume(). Returns once the job is Suspended
+        (or ended meanwhile): `status().phase` then says so."""
+        doc = self._client.suspend_job(self.name, self.project)
+        while doc["phase"] not in (*TERMINAL, Phase.SUSPENDED):
+            time.sleep(SUSPEND_POLL)  # its stop takes at most the daemon's kill grace
+            doc = self._client.get_job(self.name, self.project)
+        self._obj = View(doc)
 
     def resume(self) -> None:
         """Queue a suspended job again, at its old place."""

@@ -272,11 +272,16 @@ def test_suspend_and_resume_keep_the_workspace(daemon: testing.Daemon) -> None:
     testing.wait_until(lambda: job.status()["phase"] == Phase.RUNNING, "running")
     time.sleep(0.2)
     job.suspend()
-    testing.wait_until(lambda: job.status()["phase"] == Phase.SUSPENDED, "suspended")
+    # Issue 28: suspend() returns once it has landed, not while the job still runs.
+    assert job.status()["phase"] == Phase.SUSPENDED
     assert job.status()["reason"] == Reason.SUSPENDED
     out = run_cli(daemon, "job", "resume", job.name)
     assert out.returncode == 0, out.stderr
     testing.wait_until(lambda: job.status()["phase"] == Phase.RUNNING, "running again")
+    shown = run_cli(daemon, "job", "status", job.name).stdout
+    # The stopped attempt's exit is not shown as the running job's own.
+    assert not any(line.startswith(("exit code:", "signal:")) for line in shown.splitlines()), \
+        shown
     testing.wait_until(lambda: job.files.read("runs.txt") == b"run 1\nrun 2\n", "run 2")
     assert job.status()["retries_used"] == 0
     assert run_cli(daemon, "job", "suspend", job.name).returncode == 0

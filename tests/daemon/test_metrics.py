@@ -28,6 +28,11 @@ def test_a_job_reports_live_and_keeps_its_last_values(daemon: testing.Daemon,
     assert done["metrics"] == {"throughput": 250.0, "loss": 1.0}
     again = nodus.Job.from_name(job.name).status()
     assert again["metrics"] == {"throughput": 250.0, "loss": 1.0}
+    # Issue 28: `job status` shows them without --json too.
+    shown = subprocess.run([sys.executable, "-m", "noduslocal.cli", "job", "status", job.name],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "NODUSLOCAL_SOCKET": str(daemon.socket)})
+    assert "metrics:    throughput=250, loss=1" in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_the_best_cell_has_the_highest_throughput(daemon: testing.Daemon) -> None:
