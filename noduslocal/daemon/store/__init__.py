@@ -342,9 +342,11 @@ class Store:
             "json_extract(spec, '$.gpu.type'), json_extract(spec, '$.expected_duration'), "
             "COUNT(*), COALESCE(SUM(CASE WHEN ended_at IS NOT NULL THEN ended_at - "
             "started_at END), 0), COUNT(CASE WHEN ended_at IS NOT NULL THEN started_at END), "
-            "COALESCE(SUM(CASE WHEN ended_at IS NULL THEN COALESCE(started_at, ?) END), 0) "
+            "COALESCE(SUM(CASE WHEN ended_at IS NULL THEN COALESCE(started_at, ?) END), 0), "
+            "COALESCE(json_extract(spec, '$.cpu'), 1), "
+            "COALESCE(json_extract(spec, '$.memory'), 0) "
             f"FROM jobs WHERE sweep_id IN ({_marks(sweep_ids)}) AND superseded_by IS NULL "
-            "GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5", (now, *sweep_ids))
+            "GROUP BY 1, 2, 3, 4, 5, 10, 11 ORDER BY 1, 2, 3, 4, 5", (now, *sweep_ids))
         return {sweep_id: [CellGroup(*row[1:]) for row in mine]
                 for sweep_id, mine in _by_sweep(sweep_ids, rows).items()}
 

@@ -58,6 +58,8 @@ class CellGroup:
     wall: float  # seconds, summed over the cells that ran and ended
     ran: int  # how many ran and ended
     started: float  # started_at summed over the running ones
+    cpu: float = 1.0  # each cell's CPUs and memory (bytes; 0: none asked for)
+    memory: int = 0
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,10 @@ class SweepReports:
                   running: float, now: float) -> dict[str, Any]:
         """What every cell should cost and when the last should end (`spent`: what its
         ended attempts cost; `running`: what its running cells have cost so far)."""
+        box = self.accounting.capacity
         return estimate(groups, spent, running, self.accounting.gpu_hour_rate,
-                        sweep.max_parallel, len(self.accounting.inventory.gpus), now)
+                        sweep.max_parallel, len(self.accounting.inventory.gpus), now,
+                        box.cpu_m / 1000, box.memory)
 
     async def _clusters(self, sweep_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         """The failed cells of each sweep clustered by error, from the stderr lines kept
@@ -236,11 +238,12 @@ def _duration(groups: list[CellGroup]) -> tuple[float | None, str]:
 
 def estimate(groups: Iterable[CellGroup], spent: float, running_cost: float,
              rate: Callable[[str | None], float], max_parallel: int, box_gpus: int,
-             now: float) -> dict[str, Any]:
+             now: float, box_cpu: float | None = None,
+             box_memory: int | None = None) -> dict[str, Any]:
     """`spent`: what every ended attempt cost (retried ones too); `running_cost`: what the
     running cells have cost so far; `rate(model)`: a GPU-hour of that model (None: this
-    box's); `box_gpus`: how many GPUs the box has, which bounds how many cells run at
-    once."""
+    box's); `box_gpus`, `box_cpu`, `box_memory`: what the box has, which bounds how many
+    cells run at once."""
     groups = list(groups)
     duration, basis = _duration(groups)
     left = [g for g in groups if g.phase not in TERMINAL]
@@ -268,6 +271,13 @@ def estimate(groups: Iterable[CellGroup], spent: float, running_cost: float,
     widest = max((g.gpus for g in waiting), default=0)
     if widest and box_gpus:
         width = max(1, min(width, box_gpus // widest))
+    # As many as the box's CPUs and memory hold at once, too (8 allowed, 2 cores: 2).
+    cpu = max((g.cpu for g in waiting), default=0.0)
+    if cpu and box_cpu:
+        width = max(1, min(width, int(box_cpu // cpu)))
+    memory = max((g.memory for g in waiting), default=0)
+    if memory and box_memory:
+        width = max(1, min(width, box_memory // memory))
     waves = math.ceil(sum(g.count for g in waiting) / width)
     finish = longest_left + waves * duration
     return {**doc, "cost": round(doc["spent"] + remaining, 6),
