@@ -129,6 +129,9 @@ class SweepService:
         """`sweep rm`: an ended sweep out of listings, its name (and its cells' names) free
         for a new sweep, every job it made removed as `job rm` removes one; their attempts
         and cost stay."""
+        if sweep.phase not in SWEEP_TERMINAL:
+            raise errors.Conflict(f"sweep {sweep.name!r} is {sweep.phase}; cancel it first "
+                                  "(`sweep cancel`), or `map --replace`")
         active = self.controls.controls.board.active
         if ending := [job.name for job in await self.store.sweep_made(sweep.id)
                       if job.id in active]:
