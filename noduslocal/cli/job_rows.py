@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from noduslocal.cli import output
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs the fast path (cli/fast.py) an import
+    from typing import Any
 
 HEADER = ("NAME", "PROJECT", "OWNER", "PHASE", "WHY", "AGE", "RAN", "EXIT")
 # The phase a sweep's line shows: the first of these any listed cell is in.

@@ -42,3 +42,13 @@ def test_given_wins_and_a_secret_name_is_not_exported(monkeypatch: pytest.Monkey
     assert sent_env(None, "busybox", None, None) is None  # an image: nothing of ours
     assert sent_env(None, "busybox", {"A": "1"}, None) == {"A": "1"}
     assert sent_env(None, None, "not a mapping", None) == "not a mapping"  # _wire says so
+
+
+def test_a_profiles_env_is_filled_variable_by_variable() -> None:
+    from noduslocal.domain.profiles import with_profile
+
+    profiles = {"p": {"env": {"STAGE": "small", "A": "profile"}, "cpu": "1"}}
+    assert with_profile({"profile": "p", "env": {"A": "job", "PATH": "/bin"}}, profiles) == (
+        {"env": {"STAGE": "small", "A": "job", "PATH": "/bin"}, "cpu": "1"}, "p")
+    assert with_profile({"profile": "p"}, profiles)[0]["env"] == {"STAGE": "small",
+                                                                  "A": "profile"}

@@ -219,8 +219,8 @@ def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool
     """A new job for each failed cell (and each cancelled one with `include_cancelled`, and
     every cell a failed canary cancelled), named `<sweep>-<index>-r<try>`; the old jobs
     stay as history. The sweep goes back to Canary (after a canary failure) or Running."""
-    row = conn.execute("SELECT phase, reason, name FROM sweeps WHERE id = ?",
-                       (sweep_id,)).fetchone()
+    row = conn.execute("SELECT phase, reason, name FROM sweeps WHERE id = ? "
+                       "AND removed_at IS NULL", (sweep_id,)).fetchone()
     if row is None:
         raise errors.NotFound(f"sweep {sweep_id} does not exist")
     phase, reason, sweep_name = row

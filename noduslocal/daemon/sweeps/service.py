@@ -58,7 +58,8 @@ class SweepService:
 
     async def fresh(self, sweep: SweepRecord) -> SweepRecord:
         found = await self.store.sweep(sweep.project, sweep.name)
-        assert found is not None  # a sweep's row is never removed
+        if found is None or found.id != sweep.id:  # `sweep rm` meanwhile (its row stays)
+            raise errors.NotFound(f"sweep {sweep.name!r} was removed")
         return found
 
     async def list(self, *, project: str | None, active_only: bool, limit: int,
