@@ -59,6 +59,7 @@ LIST_OPTIONS = {
     "--phase": _opt("phases", MANY), "--owner": _opt("owner"),
     "--label": _opt("labels", MANY), "--project": _opt("project"), "-p": _opt("project"),
     "--limit": _opt("limit", INT, 1, 100_000, 1000), "--json": _opt("as_json", FLAG),
+    "--cells": _opt("cells", FLAG),
 }
 
 

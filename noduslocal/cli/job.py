@@ -104,9 +104,12 @@ def run(**o: Any) -> None:
 @click.option("--label", "labels", multiple=True, metavar="K=V")
 @click.option("--project", "-p", help="Only this project.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+@click.option("--cells", is_flag=True, help="A line per task of a sweep (default: one line "
+              "per sweep, with its tasks' counts).")
 @json_option
 def list_(**o: Any) -> None:
-    """List jobs (everyone's; pending and running unless --all)."""
+    """List jobs (everyone's; pending and running unless --all); a sweep's tasks as one
+    line unless --cells (--json lists every job)."""
     with as_click():
         job_actions.list_jobs(o)
 

@@ -178,12 +178,7 @@ def list_jobs(o: dict[str, Any]) -> int:
     if o["as_json"]:
         output.print_json(jobs)
         return 0
-    rows = [
-        (j["name"], j["project"], j["owner"], j["phase"],
-         j.get("hold") or j.get("message") or j.get("reason") or "",
-         output.age(j["created_at"]), output.duration(j.get("duration_s")),
-         "" if j.get("exit_code") is None else j["exit_code"])
-        for j in jobs
-    ]
-    output.print_table(("NAME", "PROJECT", "OWNER", "PHASE", "WHY", "AGE", "RAN", "EXIT"), rows)
+    from noduslocal.cli import job_rows
+
+    output.print_table(job_rows.HEADER, job_rows.rows(jobs, cells=o.get("cells", False)))
     return 0

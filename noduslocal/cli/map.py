@@ -24,6 +24,9 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
                # click rewraps each paragraph but one marked \b: the grammar keeps its lines.
                epilog="\n\n".join("\b\n" + part for part in expand.GRAMMAR.split("\n\n")))
 @click.option("--name", help="Sweep name (default: sweep-<8 hex>); tasks are NAME-<index>.")
+@click.option("--replace", is_flag=True,
+              help="Free --name first: the sweep that has it is cancelled if it runs (its "
+                   "tasks waited for), then removed (`sweep rm`).")
 @project_option
 @click.option("--image", help="Run each task in a container of this docker image.")
 @click.option("--gpus", metavar="SPEC", help="GPUs per task: 1, H100, H100:2, 2xH100.")
@@ -61,7 +64,7 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 @click.option("--dry-run", is_flag=True, help="Print each task's command; create nothing.")
 @json_option
 @click.argument("command", nargs=-1, required=True)
-def map_(name: str | None, project: str | None, image: str | None, gpus: str | None,
+def map_(name: str | None, replace: bool, project: str | None, image: str | None, gpus: str | None,
          sku: str | None, cpu: str | None, memory: str | None, region: str | None,
          timeout: str | None,
          max_parallel: int, retries: int, canary_smoke: str | None, no_canary: bool,
@@ -71,6 +74,8 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
          labels: tuple[str, ...], webhook: str | None, allow_large_source: bool,
          dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND once per value (or combination of values) as a sweep of tasks."""
+    if replace and name is None:
+        raise click.UsageError("--replace needs --name")
     if canary_smoke is not None and no_canary:
         raise click.UsageError("give --canary-smoke or --no-canary, not both")
     if gpus and sku:
@@ -131,6 +136,9 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
     if labels:
         with as_click():
             body["labels"] = pairs(labels, "--label")
+    if replace:
+        assert name is not None
+        client.replace_sweep(name, project)
     sweep = client.create_sweep(body)
     if no_wait or sweep["phase"] != "Canary":
         _done(sweep, as_json, "created")

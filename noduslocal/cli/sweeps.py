@@ -1,6 +1,6 @@
 """`noduslocal sweeps` and `noduslocal sweep ...`: how sweeps stand (counts, and every cell
-on request), waiting for one, cancelling it, changing its width live, and harvesting the
-files its tasks left."""
+on request), waiting for one, cancelling it, changing its width live, harvesting the files
+its tasks left, and removing an ended one."""
 
 from __future__ import annotations
 
@@ -28,12 +28,14 @@ def _counts(sweep: dict[str, Any]) -> str:
 
 
 @click.command("sweeps")
-@click.option("--all", "-a", "show_all", is_flag=True, help="Include ended sweeps.")
+@click.option("--running", "-r", is_flag=True, help="Only sweeps that have not ended.")
+@click.option("--all", "-a", "show_all", is_flag=True, hidden=True,
+              help="Every sweep (the default; kept for old scripts).")
 @project_option
 @json_option
-def sweeps(show_all: bool, project: str | None, as_json: bool) -> None:
-    """List sweeps (running ones unless --all) with their cells' counts."""
-    found = ApiClient().list_sweeps(project=project, all=show_all)
+def sweeps(running: bool, show_all: bool, project: str | None, as_json: bool) -> None:
+    """List all sweeps (ended ones too; --running to narrow) with their cells' counts."""
+    found = ApiClient().list_sweeps(project=project, running=running)
     if as_json:
         output.print_json(found)
         return
@@ -45,7 +47,7 @@ def sweeps(show_all: bool, project: str | None, as_json: bool) -> None:
 
 @click.group("sweep")
 def sweep() -> None:
-    """One sweep: status, logs, wait, suspend, resume, cancel, retry, set, harvest, gc."""
+    """One sweep: status, logs, wait, suspend, resume, cancel, retry, set, harvest, gc, rm."""
 
 
 def _status_table(doc: dict[str, Any]) -> Any:
@@ -80,7 +82,7 @@ def _estimate(est: dict[str, Any]) -> str:
 
 
 def _params(cell: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in cell["params"].items())
+    return " ".join(f"{k}={v}" for k, v in cell["parameters"].items())
 
 
 @sweep.command("status")
@@ -315,6 +317,17 @@ def gc(name: str, project: str | None, yes: bool, as_json: bool) -> None:
         output.print_json(doc)
     else:
         click.echo(f"{doc['name']}: workspaces of {doc['cells']} tasks freed")
+
+
+@sweep.command("rm")
+@click.argument("name")
+@project_option
+def rm(name: str, project: str | None) -> None:
+    """Remove an ended sweep: out of listings, its name free for a new sweep; its tasks
+    are removed as `job rm` removes a job (workspaces and logs gone, history and cost
+    kept). A sweep that runs is refused: `sweep cancel` it first, or `map --replace`."""
+    done = ApiClient().remove_sweep(name, project)
+    click.echo(f"{done['removed']}: removed; the name is free")
 
 
 @sweep.command("set")

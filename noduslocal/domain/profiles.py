@@ -1,5 +1,6 @@
 """Profiles: named presets of Job.create arguments in the daemon's config. Which arguments a
-profile may set, and a create body with its profile's values in what it left unset.
+profile may set, and a create body with its profile's values in what it left unset (its
+`env` variable by variable).
 """
 
 from __future__ import annotations
@@ -31,4 +32,9 @@ def with_profile(body: Mapping[str, Any],
         raise InvalidArgument(f"profile: {name!r} is not a profile here; {there}",
                               field="profile")
     filled = {**profiles[name], **{k: v for k, v in rest.items() if v is not None}}
+    preset, given = profiles[name].get("env"), rest.get("env")
+    if isinstance(preset, Mapping) and isinstance(given, Mapping):
+        # Key by key: the CLI and the SDK send the caller's environment with every host
+        # job, so a profile's variables would otherwise never reach one.
+        filled["env"] = {**preset, **given}
     return filled, name

@@ -138,14 +138,16 @@ class ApiClient:
         return self.transport.request("GET", f"/v1/sweeps/{_quote(name)}",
                                       query={"project": project})
 
-    def list_sweeps(self, *, project: str | None = None,
-                    all: bool = False) -> list[dict[str, Any]]:
-        """Every sweep that matches, oldest first (the daemon answers a page at a time)."""
+    def list_sweeps(self, *, project: str | None = None, running: bool = False,
+                    all: bool = True) -> list[dict[str, Any]]:
+        """Every sweep that matches, oldest first, ended ones too unless `running` (the
+        daemon answers a page at a time). `all` is kept for old callers; it changes
+        nothing."""
         pages: list[list[dict[str, Any]]] = []
         before = None
         while True:
             page = self.transport.request("GET", "/v1/sweeps", query={
-                "project": project, "all": "1" if all else None, "before": before})
+                "project": project, "running": "1" if running else None, "before": before})
             pages.append(page["sweeps"])
             if not (before := page.get("next")):
                 return [sweep for page in reversed(pages) for sweep in page]
@@ -189,6 +191,30 @@ class ApiClient:
     def gc_sweep(self, name: str, project: str | None = None) -> dict[str, Any]:
         return self.transport.request("POST", f"/v1/sweeps/{_quote(name)}/gc",
                                       query={"project": project}, timeout=600.0)
+
+    def remove_sweep(self, name: str, project: str | None = None) -> dict[str, Any]:
+        """`sweep rm`: an ended sweep out of listings, its name free for a new sweep."""
+        return self.transport.request("DELETE", f"/v1/sweeps/{_quote(name)}",
+                                      query={"project": project}, timeout=600.0)
+
+    def replace_sweep(self, name: str, project: str | None = None) -> None:
+        """Make the name free for a new sweep, as `job run --replace` does for a job: the
+        sweep that has it is cancelled (and its jobs waited for) if it has not ended, then
+        removed. Nothing happens when no sweep has the name."""
+        from noduslocal.domain.states import SWEEP_TERMINAL, TERMINAL
+
+        try:
+            old = self.get_sweep(name, project)
+        except errors.NotFound:
+            return
+        project = old["project"]
+        if old["phase"] not in SWEEP_TERMINAL:
+            self.cancel_sweep(name, project)
+        # A cancelled sweep has ended before its running cells have: wait for each.
+        for job in self.list_jobs(sweep=name, project=project, limit=1 << 62):
+            if job["phase"] not in TERMINAL:
+                self.wait_job(job["name"], project)
+        self.remove_sweep(name, project)
 
     def set_sweep(self, name: str, project: str | None = None, *,
                   max_parallel: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from noduslocal.domain import errors
 from noduslocal.domain.states import SweepPhase
 from noduslocal.sdk.api_client import ApiClient
+from noduslocal.sdk.job import sent_env
 from noduslocal.sdk.sweep import Sweep
 from noduslocal.sdk.view import View
 
@@ -92,13 +93,24 @@ class Client:
             volume_mounts: Sequence[Mapping[str, str]] | None = None,
             max_parallel: int | None = None, retries: int | None = None,
             canary: bool = True, cpu: Any = None, memory: Any = None, timeout: Any = None,
-            project: str | None = None, region: str | None = None) -> MapSweep:
-        """`cmd` run once per task of `args`, with `{name}` / `{}` placeholders."""
+            project: str | None = None, region: str | None = None,
+            export: str | None = None, replace: bool = False) -> MapSweep:
+        """`cmd` run once per task of `args`, with `{name}` / `{}` placeholders.
+
+        `name`: a sweep of that name already in the project is refused (AlreadyExists),
+        even an ended one, until it is removed (`sweep rm`); `replace=True` removes it
+        first, as `map --replace`: cancelled if it still runs (its tasks waited for),
+        then removed, its history and cost kept. `export`: which of your environment
+        variables every task gets, as `map --export` and Job.create: "ALL" (the default
+        without an image), "NONE" (the default with one) or "NAME,NAME"; `env` wins key
+        by key."""
         if code_dir is not None and include:
             raise errors.InvalidArgument("include: give code_dir or include, not both",
                                          field="include")
+        if replace and name is None:
+            raise errors.InvalidArgument("replace: needs a name", field="replace")
         template: dict[str, Any] = {k: v for k, v in (
-            ("gpu", gpu or sku), ("image", image), ("env", dict(env) if env else None),
+            ("gpu", gpu or sku), ("image", image), ("env", sent_env(export, image, env, secrets)),
             ("secrets", list(secrets) if secrets else None), ("volumes", _volumes(volume_mounts)),
             ("retries", retries), ("cpu", cpu), ("memory", memory), ("timeout", timeout),
             ("region", region)) if v is not None}
@@ -111,6 +123,9 @@ class Client:
         body = {"template": template, "map": _map_body(_argv(cmd), args),
                 "canary": "cell" if canary else "none", "name": name, "project": project,
                 "max_parallel": max_parallel}
+        if replace:
+            assert name is not None
+            self.api.replace_sweep(name, project)
         doc = self.api.create_sweep({k: v for k, v in body.items() if v is not None})
         sweep = MapSweep(name=doc["name"], project=doc["project"])
         sweep._client = self.api
@@ -132,13 +147,17 @@ class Project:
             include: Sequence[str] | None = None, retries: int | None = None,
             env: Mapping[str, str] | None = None, secrets: Sequence[str] | None = None,
             cpu: Any = None, memory: Any = None, timeout: Any = None,
-            name: str | None = None, region: str | None = None) -> EphemeralJob:
+            name: str | None = None, region: str | None = None,
+            export: str | None = None) -> EphemeralJob:
         """Start `cmd` as an ephemeral job: its workspace is discarded when it ends, so its
-        volumes and its log are what stays."""
+        volumes and its log are what stays. It gets your environment as `job run` gives
+        it (`export`: "ALL", the default without an image, so `python` is yours; "NONE",
+        the default with one; or "NAME,NAME"); `env` wins key by key."""
         body: dict[str, Any] = {k: v for k, v in (
             ("name", name), ("project", self.name), ("gpu", gpu or sku), ("image", image),
             ("volumes", _volumes(volume_mounts)), ("retries", retries),
-            ("env", dict(env) if env else None), ("secrets", list(secrets) if secrets else None),
+            ("env", sent_env(export, image, env, secrets)),
+            ("secrets", list(secrets) if secrets else None),
             ("cpu", cpu), ("memory", memory), ("timeout", timeout), ("region", region))
             if v is not None}
         body["command"] = _argv(cmd)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.domain import errors
+from noduslocal.domain.environment import job_env
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.sdk.api_client import ApiClient
@@ -51,6 +52,17 @@ class Distributed:
 
     def spec(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def sent_env(export: str | None, image: Any, env: Any, secrets: Any) -> Any:
+    """The `env` a create sends: the caller's environment as the CLI's `--export` hands it
+    (`export` None: ALL for a host job, NONE with an image; the same variables left out),
+    less the names a secret passes, then `env`, which wins key by key."""
+    if env is not None and not isinstance(env, Mapping):
+        return env  # _wire names the field
+    names = {s if isinstance(s, str) else (s.get("env") or s.get("name"))
+             if isinstance(s, Mapping) else None for s in (secrets or ())} - {None}
+    return job_env(export, image is not None, env, names) or None
 
 
 def _wire(value: Any, field: str) -> Any:
@@ -141,15 +153,21 @@ class Job:
                profile: Any = None, max_cost: Any = None, completions: int | None = None,
                parallelism: int | None = None, distributed: Distributed | None = None,
                outputs: Mapping[str, str] | None = None, labels: dict[str, str] | None = None,
-               allow_large_source: bool = False, project: str | None = None) -> Job:
+               allow_large_source: bool = False, project: str | None = None,
+               export: str | None = None) -> Job:
         """Submit a job and return its handle at once (it may wait in the queue). `source`:
         a directory packed and uploaded (no `.git`; `.gitignore` and `.nodusignore` honoured;
         its size is logged to the "noduslocal" logger); `gpu`: "H100:2", 2, or {"count",
         "type", "min_memory"}; `cpu`, `memory`, `disk`, `timeout` as "4", "16GiB", "2h";
-        `env` is the job's whole environment beside what the daemon sets (pass
-        `dict(os.environ)` to hand it yours). The arguments are the Nodus SDK's."""
+        `export` which of your environment variables the job gets, as the CLI's
+        `--export` (sbatch's): "ALL" (the default for a host job, so your `python` and
+        tools are found; PWD, SHLVL, NODUS_* and the like are never sent), "NONE" (the
+        default with an `image`, which has its own PATH) or "NAME,NAME"; `env` adds to
+        it and wins key by key. The arguments are the Nodus SDK's (`export` is
+        noduslocal's)."""
         given = dict(locals())
-        del given["cls"]
+        del given["cls"], given["export"]
+        given["env"] = sent_env(export, image, env, secrets)
         client = default_client()
         # Every argument checked before anything is uploaded or created.
         body = {key: _wire(value, key) for key, value in given.items()

@@ -54,9 +54,14 @@ class Sweep:
                 allow_large=bool(template.pop("allow_large_source", False)))
         return wired
 
-    def run(self, idempotency_key: str | None = None) -> Sweep:
+    def run(self, idempotency_key: str | None = None, replace: bool = False) -> Sweep:
         """Create the Sweep (every cell in one call) and return it; the same key gives
-        the same sweep."""
+        the same sweep. A sweep of the same name already in the project is refused
+        (AlreadyExists), even an ended one, until it is removed (`sweep rm`);
+        `replace=True` removes it first (cancelled if it still runs, its cells waited
+        for), as `map --replace` does; its history and cost stay."""
+        if replace:
+            self._client.replace_sweep(self._named(), self._project)
         doc = self._client.create_sweep(self._body(), idempotency_key=idempotency_key)
         self._take(doc)
         return self
@@ -90,8 +95,8 @@ class Sweep:
                                                   timeout_argument(timeout)))
 
     def cells(self) -> list[View]:
-        """One entry per cell, in index order: GPU, region, parameters, phase, cost and
-        wall time."""
+        """One entry per cell, in index order: GPU, region, `parameters` (the cell's
+        values; also under their first name `params`), phase, cost and wall time."""
         return [View(c) for c in self._client.sweep_cells(self._named(), self._project)]
 
     def jobs(self) -> list[View]:

@@ -22,13 +22,13 @@ SETTLE = 60.0  # seconds for a shared daemon's leftovers to end; they end at onc
 def settle(d: testing.Daemon) -> None:
     """Cancel every sweep and job of `d` that has not ended, and wait until none is left."""
     client = d.client()
-    for sweep in client.list_sweeps():
+    for sweep in client.list_sweeps(running=True):
         with contextlib.suppress(errors.Conflict, errors.NotFound):
             client.cancel_sweep(sweep["name"], sweep["project"])
     for job in client.list_jobs():
         with contextlib.suppress(errors.Conflict, errors.NotFound):
             client.cancel_job(job["name"], job["project"])
-    testing.wait_until(lambda: not client.list_jobs() and not client.list_sweeps(),
+    testing.wait_until(lambda: not client.list_jobs() and not client.list_sweeps(running=True),
                        "the jobs and sweeps a test left to end", SETTLE)
 
 

@@ -80,7 +80,7 @@ def test_list_takes_no_argument() -> None:
     assert fast.parse(["stray"], fast.LIST_OPTIONS, positional=False) is None
     assert fast.parse(["-a", "--limit=5"], fast.LIST_OPTIONS, positional=False) == {
         "show_all": True, "phases": (), "owner": None, "labels": (), "project": None,
-        "limit": 5, "as_json": False}
+        "limit": 5, "as_json": False, "cells": False}
 
 
 def test_times_parse_without_strptime() -> None:

@@ -24,7 +24,8 @@ def test_public_surface_is_pinned() -> None:
 
 def test_create_has_exactly_the_reference_keywords() -> None:
     params = inspect.signature(nodus.Job.create).parameters
-    assert list(params) == REFERENCE_CREATE
+    # noduslocal's own after them: `export`, the CLI's --export (issue 28)
+    assert list(params) == [*REFERENCE_CREATE, "export"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
     with pytest.raises(TypeError):
         nodus.Job.create(command=["true"], retries=2)  # type: ignore[call-arg]

@@ -71,6 +71,12 @@ def test_errors_are_made_alike_for_clustering() -> None:
     assert normalise("CUDA out of memory. Tried to allocate 2.50 GiB (GPU 3; 79.1 GiB)") \
         == "CUDA out of memory. Tried to allocate N GiB (GPU N; N GiB)"
     assert normalise("  KeyError: 0xdeadbeef at step 1e-3  ") == "KeyError: HEX at step N"
+    # A search path is one thing: it read `(PATH:PATH:PATH:...)` (issue 28).
+    assert normalise("cannot execute 'python': not found in PATH (/home/u/.venv/bin:/usr/bin:"
+                     "/bin); give the job yours") \
+        == "cannot execute 'python': not found in PATH (SEARCHPATH); give the job yours"
+    assert normalise("/src/train.py:12: error: x") == "PATH:N: error: x"
+    assert normalise("at 12:30:01, a:b") == "at N:N:N, a:b"
 
 
 def test_what_a_max_cost_affords() -> None:

@@ -1,5 +1,5 @@
 """Sweep resources: create (one call for every cell), list, status, the cells' report,
-wait (a server-side long poll), cancel and a live max_parallel."""
+wait (a server-side long poll), cancel, a live max_parallel, and removing an ended one."""
 
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ async def create_sweep(request: web.Request) -> web.Response:
 
 @routes.get("/v1/sweeps")
 async def list_sweeps(request: web.Request) -> web.Response:
-    """The newest sweeps that match, a page at a time (`next`: the cursor for `before`)."""
+    """The newest sweeps that match, ended ones too unless `running`, a page at a time
+    (`next`: the cursor for `before`). `all` is accepted, as before every sweep was
+    listed."""
     services = request.app[SERVICES]
     caller: Caller = request["caller"]
     project = request.query.get("project")
@@ -90,7 +92,7 @@ async def list_sweeps(request: web.Request) -> web.Response:
     async with services.lanes.read(caller.uid, caller.name, "sweep list"):
         sweeps = await services.sweeps.list(
             project=None if project is None else project_of(request),
-            active_only=request.query.get("all") not in ("1", "true"),
+            active_only=request.query.get("running") in ("1", "true"),
             limit=limit + 1, before=before)
         more = len(sweeps) > limit
         page = sweeps[1:] if more else sweeps
@@ -159,6 +161,17 @@ async def gc_sweep(request: web.Request) -> web.Response:
     sweep = await lookup(request)
     require_control(request, sweep, "gc")
     return await sweep_response(request, await request.app[SERVICES].sweeps.free(sweep))
+
+
+@routes.delete("/v1/sweeps/{name}")
+async def remove_sweep(request: web.Request) -> web.Response:
+    """An ended sweep out of listings, its name free for a new sweep; its jobs are removed
+    as `job rm` removes one, their history and cost kept (owner or admin)."""
+    sweep = await lookup(request)
+    require_control(request, sweep, "remove")
+    caller: Caller = request["caller"]
+    await request.app[SERVICES].sweeps.remove(sweep, caller.name)
+    return web.json_response({"removed": sweep.name, "project": sweep.project})
 
 
 @routes.post("/v1/sweeps/{name}/set")

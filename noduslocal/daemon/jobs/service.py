@@ -173,8 +173,8 @@ class OwnerControls:
         """An ended job out of listings, its name free, its directory gone; its attempts
         stay (fair share, cost history)."""
         if job.sweep_id is not None:
-            raise errors.Conflict(f"job {job.name!r} is a cell of a sweep; `sweep gc` frees "
-                                  "a sweep's cells")
+            raise errors.Conflict(f"job {job.name!r} is a cell of a sweep; `sweep rm` "
+                                  "removes a sweep with its cells, `sweep gc` frees them")
         if job.phase not in TERMINAL or job.id in self.board.active:
             raise errors.Conflict(f"job {job.name!r} is {job.phase}; cancel it first "
                                   "(`job kill`), or `job run --replace`")

@@ -217,7 +217,7 @@ class Store:
 
     async def sweeps(self, *, project: str | None = None, active_only: bool = False,
                      limit: int = 1000, before: int | None = None) -> list[SweepRecord]:
-        where: list[str] = []
+        where: list[str] = ["removed_at IS NULL"]
         params: list[Any] = []
         if before is not None:
             where.append("id < ?")
@@ -227,7 +227,7 @@ class Store:
         if project is not None:
             where.append("project = ?")
             params.append(project)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause = f"WHERE {' AND '.join(where)}"
         rows = await self.fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps {clause} "
                                     "ORDER BY id DESC LIMIT ?", (*params, limit))
         return [sweep_ops.sweep_from_row(row) for row in reversed(rows)]

@@ -1,6 +1,6 @@
 """The store's operations on sweeps: creating one with all its cells (a job each) in one
-transaction, the sweep's own transitions with their event rows, and cancelling the cells
-it has not started.
+transaction, the sweep's own transitions with their event rows, cancelling the cells it
+has not started, and removing an ended sweep (`sweep rm`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from noduslocal.daemon.store.job_writes import (
 )
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import CreateRequest, Event, JobSpec
-from noduslocal.domain.states import Phase, Reason, SweepPhase, check_sweep_transition
+from noduslocal.domain.states import (
+    SWEEP_TERMINAL,
+    TERMINAL,
+    Phase,
+    Reason,
+    SweepPhase,
+    check_sweep_transition,
+)
 from noduslocal.domain.sweep_plan import SMOKE_SUFFIX
 from noduslocal.domain.sweeps import SweepRecord, SweepSpec
 
@@ -212,8 +219,8 @@ def retry_cells(conn: sqlite3.Connection, sweep_id: int, include_cancelled: bool
     """A new job for each failed cell (and each cancelled one with `include_cancelled`, and
     every cell a failed canary cancelled), named `<sweep>-<index>-r<try>`; the old jobs
     stay as history. The sweep goes back to Canary (after a canary failure) or Running."""
-    row = conn.execute("SELECT phase, reason, name FROM sweeps WHERE id = ?",
-                       (sweep_id,)).fetchone()
+    row = conn.execute("SELECT phase, reason, name FROM sweeps WHERE id = ? "
+                       "AND removed_at IS NULL", (sweep_id,)).fetchone()
     if row is None:
         raise errors.NotFound(f"sweep {sweep_id} does not exist")
     phase, reason, sweep_name = row
@@ -322,3 +329,37 @@ def cancel_cells(conn: sqlite3.Connection, job_ids: list[int], now: float, reaso
                                   ended_at=now))
         cancelled.append(job_id)
     return cancelled, events
+
+
+def remove_sweep(conn: sqlite3.Connection, sweep_id: int, now: float,
+                 by: str) -> tuple[list[int], list[Event]]:
+    """An ended sweep leaves listings and frees its name, as `job rm` does for a job: the
+    sweep and every job it made (cells, retried tries, smoke canary) renamed `NAME~ID`,
+    their attempts and cost kept. Returns the jobs removed (their directories go next)."""
+    row = conn.execute("SELECT phase, name, removed_at FROM sweeps WHERE id = ?",
+                       (sweep_id,)).fetchone()
+    if row is None or row[2] is not None:
+        raise errors.NotFound(f"sweep {sweep_id} does not exist")
+    phase, name, _ = row
+    if phase not in {p.value for p in SWEEP_TERMINAL}:
+        raise errors.Conflict(f"sweep {name!r} is {phase}; cancel it first (`sweep cancel`), "
+                              "or `map --replace`")
+    made = conn.execute("SELECT id, phase, project, name FROM jobs "
+                        "WHERE (sweep_id = ? OR canary_of = ?) AND removed_at IS NULL "
+                        "ORDER BY id", (sweep_id, sweep_id)).fetchall()
+    terminal = {p.value for p in TERMINAL}
+    if live := [r[3] for r in made if r[1] not in terminal]:
+        raise errors.Conflict(f"sweep {name!r}: {len(live)} of its jobs have not ended "
+                              f"({live[0]} first); remove it once they have")
+    conn.execute("UPDATE sweeps SET name = name || '~' || id, removed_at = ? WHERE id = ?",
+                 (now, sweep_id))
+    sweep_event(conn, sweep_id, now, SweepPhase(phase), Reason.REMOVED,
+                f"removed by {by}; the name {name!r} is free")
+    events = []
+    for job_id, job_phase, project, job_name in made:
+        conn.execute("UPDATE jobs SET name = name || '~' || id, removed_at = ? WHERE id = ?",
+                     (now, job_id))
+        conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
+        events.append(_event(conn, (job_id, project, f"{job_name}~{job_id}"), now, job_phase,
+                             Reason.REMOVED, f"removed with sweep {name!r} by {by}", None))
+    return [r[0] for r in made], events

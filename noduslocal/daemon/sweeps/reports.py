@@ -137,13 +137,15 @@ def cell_row(sweep: SweepRecord, job: JobRecord, region: str, running_cost: floa
     assert job.cell is not None
     metrics = live_metrics or job.metrics
     params = sweep.spec.params(job.cell)
+    shown = dict.fromkeys(params, "***") if redact else params
     end = job.ended_at or (time.time() if job.started_at else None)
     return {
         "index": job.cell,
         "name": job.name,
         "gpu": job.spec.gpu.describe() if job.spec.gpu is not None else None,
         "region": params.get("region", job.spec.region or region),
-        "params": dict.fromkeys(params, "***") if redact else params,
+        "parameters": shown,  # the reference's word
+        "params": dict(shown),  # the name it had first, kept for existing callers
         "phase": job.phase,
         "reason": job.reason,
         "message": job.message,
@@ -174,14 +176,28 @@ TAIL = 4096  # bytes of stderr read for its last line
 MAX_CELLS = 1000  # failed cells looked at; the rest are counted, not read
 EXAMPLES = 5
 _PATH = re.compile(r"(?:[A-Za-z0-9_.~-]*/)+[A-Za-z0-9_.-]+")
+# A search path (PATH, LD_LIBRARY_PATH, PYTHONPATH) is one thing, not a path each entry:
+# made alike entry by entry it read `PATH:PATH:PATH:...`, which says nothing.
+_SEARCH_PATH = re.compile(r"(?:[A-Za-z0-9_.~-]*/[A-Za-z0-9_./~-]*)?"
+                          r"(?::(?:[A-Za-z0-9_.~-]*/[A-Za-z0-9_./~-]*)?)+"
+                          r"(?<=[A-Za-z0-9_.~/-])")
 _HEX = re.compile(r"\b(?:0x[0-9a-fA-F]+|[0-9a-fA-F]{8,})\b")
 _NUMBER = re.compile(r"(?<![A-Za-z])\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 def normalise(line: str) -> str:
-    line = _PATH.sub("PATH", line.strip())
+    line = _SEARCH_PATH.sub(_search_path, line.strip())
+    line = _PATH.sub("PATH", line)
     line = _HEX.sub("HEX", line)
     return _NUMBER.sub("N", line)[:300]
+
+
+def _search_path(match: re.Match[str]) -> str:
+    """Two or more directories joined by ':' become one SEARCHPATH; anything else with a
+    colon (`file.py:12:`, `error: x`) is left to the other rules."""
+    entries = [e for e in match.group(0).split(":") if e]
+    return "SEARCHPATH" if len(entries) >= 2 and all("/" in e for e in entries) \
+        else match.group(0)
 
 
 def last_line(path: Path) -> str:

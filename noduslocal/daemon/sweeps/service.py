@@ -1,6 +1,6 @@
 """The API's one door to sweeps, built as the job service is: find one (never another
 owner's by accident), list, create, the owners' controls, wait, the status document and
-its cells, and `sweep gc`.
+its cells, `sweep gc` and `sweep rm`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class SweepService:
 
     async def fresh(self, sweep: SweepRecord) -> SweepRecord:
         found = await self.store.sweep(sweep.project, sweep.name)
-        assert found is not None  # a sweep's row is never removed
+        if found is None or found.id != sweep.id:  # `sweep rm` meanwhile (its row stays)
+            raise errors.NotFound(f"sweep {sweep.name!r} was removed")
         return found
 
     async def list(self, *, project: str | None, active_only: bool, limit: int,
@@ -124,6 +125,23 @@ class SweepService:
         await self.store.write(lambda c: sweep_writes.mark_freed(c, sweep.id, time.time()))
         self.usage.refresh_soon()
         return await self.fresh(sweep)
+
+    async def remove(self, sweep: SweepRecord, by: str) -> None:
+        """`sweep rm`: an ended sweep out of listings, its name (and its cells' names) free
+        for a new sweep, every job it made removed as `job rm` removes one; their attempts
+        and cost stay."""
+        if sweep.phase not in SWEEP_TERMINAL:
+            raise errors.Conflict(f"sweep {sweep.name!r} is {sweep.phase}; cancel it first "
+                                  "(`sweep cancel`), or `map --replace`")
+        active = self.controls.controls.board.active
+        if ending := [job.name for job in await self.store.sweep_made(sweep.id)
+                      if job.id in active]:
+            raise errors.Conflict(f"sweep {sweep.name!r}: {ending[0]} is still ending; "
+                                  "remove the sweep once it has")
+        removed = await self.store.write(
+            lambda c: sweep_writes.remove_sweep(c, sweep.id, time.time(), by))
+        await asyncio.to_thread(lambda: [self.layout.remove(job_id) for job_id in removed])
+        self.usage.refresh_soon()
 
     async def wait(self, sweep: SweepRecord, timeout: float) -> SweepRecord:
         """The sweep once it has ended, or as it is after `timeout` seconds."""
