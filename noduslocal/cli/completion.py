@@ -16,15 +16,14 @@ LISTED = 500  # names offered at most (the newest)
 
 @click.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
     """Print the completion script for SHELL. In ~/.bashrc: eval "$(noduslocal completion
     bash)"; in ~/.zshrc: eval "$(noduslocal completion zsh)". Commands, options, and the
     names of your jobs and sweeps complete."""
-    from noduslocal.cli.root import cli
-
     kind = get_completion_class(shell)
     assert kind is not None
-    click.echo(kind(cli, {}, PROG, VAR).source())
+    click.echo(kind(ctx.find_root().command, {}, PROG, VAR).source())
 
 
 def attach(command: click.Command) -> click.Command:
