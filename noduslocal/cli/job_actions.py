@@ -86,6 +86,8 @@ def run_body(o: dict[str, Any]) -> dict[str, Any]:
                            (item.partition(":") for item in o["volumes"])}
     if o["retries"]:
         body["retries"] = o["retries"]
+    if o["after"]:  # the daemon judges the grammar (domain/dependencies.py)
+        body["after"] = [item for value in o["after"] for item in value.split(",")]
     if gang:
         body["distributed"] = gang
     return body

@@ -57,6 +57,7 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("labels", ", ".join(f"{k}={v}" for k, v in doc["labels"].items())),
         ("secrets", ", ".join(spec.get("secrets") or [])),
         ("gang", _gang_line(spec.get("distributed"))),
+        ("after", ", ".join(_after_item(dep) for dep in spec.get("after") or [])),
     ]
     for key, value in lines:
         if value not in (None, ""):
@@ -70,6 +71,11 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         click.echo(f"{'indexes:':<11} {indexes['succeeded']}/{indexes['completions']} "
                    f"succeeded, running {indexes['running'] or 'none'} (at most "
                    f"{indexes['parallelism']}){failed}")
+
+
+def _after_item(dep: dict[str, Any]) -> str:
+    kind = "sweep:" if dep["kind"] == "sweep" else ""
+    return f"{dep['condition']}:{kind}{dep['project']}/{dep['name']}"
 
 
 def _gang_line(gang: dict[str, Any] | None) -> str | None:

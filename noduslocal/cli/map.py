@@ -57,6 +57,9 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
 @click.option("--webhook", metavar="URL", help="POST the status on canary pass/fail and end.")
 @click.option("--allow-large-source", is_flag=True, help="Allow a code snapshot over 100 MiB.")
+@click.option("--after", "after", multiple=True, metavar="[COND:][sweep:][PROJECT/]NAME,...",
+              help="The whole sweep waits for these jobs (or sweeps) first, as `job run "
+                   "--after`: afterok (default), afterany or afternotok.")
 @click.option("--dry-run", is_flag=True, help="Print each task's command; create nothing.")
 @json_option
 @click.argument("command", nargs=-1, required=True)
@@ -68,7 +71,7 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
          volumes: tuple[str, ...], envs: tuple[str, ...], export: str | None,
          secrets: tuple[str, ...],
          labels: tuple[str, ...], webhook: str | None, allow_large_source: bool,
-         dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
+         after: tuple[str, ...], dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND once per value (or combination of values) as a sweep of tasks."""
     if canary_smoke is not None and no_canary:
         raise click.UsageError("give --canary-smoke or --no-canary, not both")
@@ -130,6 +133,8 @@ def map_(name: str | None, project: str | None, image: str | None, gpus: str | N
     if labels:
         with as_click():
             body["labels"] = pairs(labels, "--label")
+    if after:
+        body["after"] = [item for value in after for item in value.split(",")]
     sweep = client.create_sweep(body)
     if no_wait or sweep["phase"] != "Canary":
         _done(sweep, as_json, "created")

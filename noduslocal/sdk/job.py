@@ -107,6 +107,26 @@ def path_argument(value: Any, field: str) -> str | os.PathLike[str]:
                                  f"{type(value).__name__} ({_short(value)})", field=field)
 
 
+def after_argument(value: Any) -> list[Any]:
+    """`after` as the API takes it: a handle (Job, Sweep) becomes `[sweep:]PROJECT/NAME`,
+    a string or a {"job"|"sweep": ...} object goes as it is."""
+    items = value if isinstance(value, list | tuple) else [value]
+    wired: list[Any] = []
+    for item in items:
+        if isinstance(item, str | Mapping):
+            wired.append(item)
+            continue
+        name = getattr(item, "name", None)
+        project = getattr(item, "project", None) or getattr(item, "_project", None)
+        if not isinstance(name, str) or not isinstance(project, str):
+            raise errors.InvalidArgument(f"after: expected a Job, a Sweep or a name, not "
+                                         f"{type(item).__name__} ({_short(item)})",
+                                         field="after")
+        sweep = "sweep:" if type(item).__name__ == "Sweep" else ""
+        wired.append(f"{sweep}{project}/{name}")
+    return wired
+
+
 class Job:
     """A run-to-completion job on this box: `nodus.Job.run(command=[...], gpu="H100:2")`,
     then `.wait()`, `.logs()`, `.files`, `.outputs`. A handle holds the job's document as
@@ -139,15 +159,22 @@ class Job:
                profile: Any = None, max_cost: Any = None, completions: int | None = None,
                parallelism: int | None = None, distributed: Distributed | None = None,
                outputs: Mapping[str, str] | None = None, labels: dict[str, str] | None = None,
-               allow_large_source: bool = False, project: str | None = None) -> Job:
+               allow_large_source: bool = False, project: str | None = None,
+               after: Any = None) -> Job:
         """Submit a job and return its handle at once (it may wait in the queue). `source`:
         a directory packed and uploaded (no `.git`; `.gitignore` and `.nodusignore` honoured;
         its size is logged to the "noduslocal" logger); `gpu`: "H100:2", 2, or {"count",
         "type", "min_memory"}; `cpu`, `memory`, `disk`, `timeout` as "4", "16GiB", "2h";
         `env` is the job's whole environment beside what the daemon sets (pass
-        `dict(os.environ)` to hand it yours). The arguments are the Nodus SDK's."""
+        `dict(os.environ)` to hand it yours). `after`: jobs (or sweeps) to wait for first,
+        each a Job or Sweep handle or a string `[afterok:|afterany:|afternotok:][sweep:]
+        [PROJECT/]NAME` (afterok, the default: it succeeded; afterany: it ended;
+        afternotok: it failed or was cancelled); one that can no longer be met ends this
+        job Cancelled (DependencyNeverSatisfied). The other arguments are the Nodus SDK's."""
         given = dict(locals())
         del given["cls"]
+        if after is not None:
+            given["after"] = after_argument(after)
         client = default_client()
         # Every argument checked before anything is uploaded or created.
         body = {key: _wire(value, key) for key, value in given.items()

@@ -395,6 +395,7 @@ class SweepController:
                  Reason.CANARY_FAILED: ["canary-failed"]}.get(reason, [])
         self.webhooks.send(sweep, *hooks, *(["completed"] if phase in SWEEP_TERMINAL else []))
         if phase in SWEEP_TERMINAL:
+            self.dispatch.gate.sweep_ended(sweep.id)  # jobs `after` it are judged again
             self._sweeps.pop(sweep.id, None)
             for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
                 del self._cell_of[job_id]
