@@ -121,16 +121,29 @@ def test_a_sweep_waits_and_a_job_waits_for_a_sweep(daemon: testing.Daemon,
     assert trail.read_text().split() == ["pre", "cell", "cell", "cell", "post"]
 
 
-def test_a_failed_dependency_ends_a_waiting_sweep(daemon: testing.Daemon) -> None:
+def test_a_waiting_sweep_is_pending_and_a_failed_dependency_cancels_it(
+        daemon: testing.Daemon, tmp_path: Path) -> None:
     client = daemon.client()
-    client.create_job({"name": "swf-pre", "command": ["false"]})
-    client.create_sweep({"name": "swf-grid", "after": ["swf-pre"],
-                         "template": {"command": ["true"]}, "grid": {"X": [1, 2, 3]}})
+    go = tmp_path / "go"
+    client.create_job({"name": "swf-pre", "command": [
+        "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; exit 3"]})
+    made = client.create_sweep({"name": "swf-grid", "after": ["swf-pre"],
+                                "template": {"command": ["true"]}, "grid": {"X": [1, 2, 3]}})
+    assert made["after"][0]["name"] == "swf-pre"
+    sweep = client.get_sweep("swf-grid")
+    assert sweep["phase"] == "Pending", sweep
+    hold = client.get_job("swf-grid-0")["hold"]
+    assert hold == f"sweep swf-grid: waiting for job {made['project']}/swf-pre (afterok)"
+    with pytest.raises(errors.Conflict, match="waits for its dependencies"):
+        client.suspend_sweep("swf-grid")
+    go.touch()
     final = client.wait_sweep("swf-grid", timeout=60)
-    assert final["phase"] == "Failed", final
+    assert (final["phase"], final["reason"]) == ("Cancelled", "DependencyNeverSatisfied")
+    assert "swf-pre ended Failed" in final["message"]
     for cell in client.sweep_cells("swf-grid"):
         assert cell["phase"] == "Cancelled", cell
-    assert client.get_job("swf-grid-0")["reason"] == "DependencyNeverSatisfied"
+        job = client.get_job(cell["name"])
+        assert (job["reason"], job["attempts"]) == ("DependencyNeverSatisfied", 0), job
 
 
 def test_kill9_between_steps_loses_nothing(tmp_path: Path) -> None:

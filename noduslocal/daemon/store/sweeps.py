@@ -71,6 +71,7 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: SweepS
     # Resolved before the sweep is stored, so it can never name itself or its own cells.
     after = resolve_after(conn, template.spec, owner, project,
                           implicit=project == owner.name).after
+    spec = replace(spec, template=replace(spec.template, after=after))
     labels = {**template.labels, SWEEP_LABEL: name}
     cur = conn.execute(
         "INSERT INTO sweeps (project, name, owner_uid, owner_gid, owner, phase, reason, spec, "
