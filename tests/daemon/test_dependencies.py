@@ -89,6 +89,15 @@ def test_unknown_names_and_bad_grammar_are_refused(cli: Cli, daemon: testing.Dae
         assert done.returncode == 2, (after, done.stderr)
         assert done.stderr.startswith("noduslocal: after: "), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    # A job cannot wait for itself: its name is not taken until it is stored.
+    done = cli("job", "run", "-d", "--name", "self-dep", "--after", "self-dep", "--", "true")
+    assert done.returncode == 2 and "no job 'self-dep'" in done.stderr, done.stderr
+    _run(cli, "--name", "self-rep", "--", "true")
+    done = cli("job", "run", "-d", "--replace", "--name", "self-rep", "--after",
+               "afterany:self-rep", "--", "true")
+    assert done.returncode == 2 and "cannot wait for itself" in done.stderr, done.stderr
+    assert daemon.client().get_job("self-rep")["phase"] in ("Pending", "Running",
+                                                             "Succeeded")  # not replaced
     with pytest.raises(errors.InvalidArgument, match=r"^after: "):
         daemon.client().create_job({"command": ["true"], "after": "nope"})
     with pytest.raises(errors.InvalidArgument, match=r"^after: "):
