@@ -194,3 +194,19 @@ def test_run_after_through_click_and_the_fast_path(daemon: testing.Daemon) -> No
                    "--max-cost", "5", "--", "true")
     assert done.returncode == 0, done.stderr
     assert daemon.client().get_job("fp-post")["spec"]["after"][0]["name"] == "fp-pre"
+
+
+def test_the_sdk_takes_handles(daemon: testing.Daemon) -> None:
+    import noduslocal as nodus
+
+    first = nodus.Job.create(name="sdk-a", command=["true"])
+    second = nodus.Job.create(name="sdk-b", command=["true"], after=[first])
+    assert second.wait().phase == "Succeeded"
+    assert second.status().spec.after[0].name == "sdk-a"
+    sweep = nodus.Sweep({"command": ["true"]}, grid={"X": [1, 2]}, name="sdk-sw",
+                        after=[second]).run()
+    last = nodus.Job.create(name="sdk-c", command=["true"], after=[sweep, "afterany:sdk-a"])
+    assert last.wait().phase == "Succeeded"
+    assert [d.kind for d in last.status().spec.after] == ["sweep", "job"]
+    with pytest.raises(nodus.errors.InvalidArgument, match=r"^after: expected a Job"):
+        nodus.Job.create(command=["true"], after=[3])
