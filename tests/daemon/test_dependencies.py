@@ -145,6 +145,8 @@ def test_a_waiting_sweep_is_pending_and_a_failed_dependency_cancels_it(
     assert hold == f"sweep swf-grid: waiting for job {made['project']}/swf-pre (afterok)"
     with pytest.raises(errors.Conflict, match="waits for its dependencies"):
         client.suspend_sweep("swf-grid")
+    shown = run_cli(daemon, "sweep", "status", "swf-grid")
+    assert f"afterok:{made['project']}/swf-pre" in shown.stdout, shown.stdout
     go.touch()
     final = client.wait_sweep("swf-grid", timeout=60)
     assert (final["phase"], final["reason"]) == ("Cancelled", "DependencyNeverSatisfied")
