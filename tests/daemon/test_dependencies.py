@@ -171,17 +171,21 @@ def test_kill9_between_steps_loses_nothing(tmp_path: Path) -> None:
                            "command": ["sh", "-c", f"echo c >> {trail}"]})
         client.create_job({"name": "k-never", "after": ["afternotok:k-a"],
                            "command": ["sh", "-c", f"echo never >> {trail}"]})
+        client.create_sweep({"name": "k-sweep", "after": ["k-a"], "canary": "none",
+                             "template": {"command": ["true"]}, "grid": {"X": [1, 2]}})
         wait_until(lambda: client.get_job("k-a")["phase"] == "Running", "k-a running")
         d.kill()
         d.start()
         waiting = client.get_job("k-b")
         assert waiting["phase"] == "Pending", waiting
         assert waiting["hold"] == f"waiting for job {waiting['project']}/k-a (afterok)"
+        assert client.get_sweep("k-sweep")["phase"] == "Pending"
         go.touch()
         assert client.wait_job("k-c", timeout=60)["phase"] == "Succeeded"
         d.kill()
         d.start()
         assert trail.read_text().split() == ["a", "b", "c"]
+        assert client.wait_sweep("k-sweep", timeout=60)["phase"] == "Succeeded"
         never = client.wait_job("k-never", timeout=60)
         assert (never["phase"], never["reason"]) == ("Cancelled", "DependencyNeverSatisfied")
     finally:
