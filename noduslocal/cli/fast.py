@@ -48,7 +48,8 @@ RUN_OPTIONS = {
     "--completions": _opt("completions", INT, 1),
     "--parallelism": _opt("parallelism", INT, 1),
     "--allow-large-source": _opt("allow_large_source", FLAG),
-    "--replace": _opt("replace", FLAG), "--detach": _opt("detach", FLAG),
+    "--after": _opt("after", MANY), "--replace": _opt("replace", FLAG),
+    "--detach": _opt("detach", FLAG),
     "-d": _opt("detach", FLAG), "--json": _opt("as_json", FLAG),
 }
 RUN_LEFT_TO_CLICK = {"network": None, "launcher": None, "transport": None,

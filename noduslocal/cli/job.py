@@ -84,6 +84,11 @@ def job() -> None:
 @click.option("--startup-timeout", metavar="DURATION", help="Every rank starts within it.")
 @click.option("--completions", type=click.IntRange(1), help="Run indexes 0..N-1.")
 @click.option("--parallelism", type=click.IntRange(1), help="At most P indexes at once.")
+@click.option("--after", "after", multiple=True, metavar="[COND:][sweep:][PROJECT/]NAME,...",
+              help="Wait for these jobs (or sweeps) to end first; COND is afterok (the "
+                   "default: it succeeded), afterany (it ended) or afternotok (it failed or "
+                   "was cancelled). One that can no longer be met cancels this job "
+                   "(DependencyNeverSatisfied).")
 @click.option("--replace", is_flag=True,
               help="A job of this --name goes first: stopped if it runs, then removed.")
 @click.option("--detach", "-d", is_flag=True, help="Print the job's name and return.")

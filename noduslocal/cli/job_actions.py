@@ -86,9 +86,25 @@ def run_body(o: dict[str, Any]) -> dict[str, Any]:
                            (item.partition(":") for item in o["volumes"])}
     if o["retries"]:
         body["retries"] = o["retries"]
+    if o["after"]:  # the daemon judges the grammar (domain/dependencies.py)
+        body["after"] = [item for value in o["after"] for item in value.split(",")]
+        if o["replace"] and any(_names_itself(item, o["name"], o["project"])
+                                for item in body["after"]):
+            # The old job would be removed first and the create refused: refuse both now.
+            raise Usage(f"--after names {o['name']}, the job --replace removes; a job "
+                        "cannot wait for itself", "--after")
     if gang:
         body["distributed"] = gang
     return body
+
+
+def _names_itself(item: str, name: str, project: str | None) -> bool:
+    """Whether the `--after` ITEM names job NAME of PROJECT (None: the caller's own)."""
+    *kinds, target = item.strip().split(":")
+    if "sweep" in kinds:
+        return False
+    where, _, named = target.rpartition("/")
+    return named == name and (not where or where == project)
 
 
 def run(o: dict[str, Any]) -> int:

@@ -60,6 +60,7 @@ def status(name: str, project: str | None, as_json: bool) -> None:
         ("labels", ", ".join(f"{k}={v}" for k, v in doc["labels"].items())),
         ("secrets", ", ".join(spec.get("secrets") or [])),
         ("gang", _gang_line(spec.get("distributed"))),
+        ("after", ", ".join(_after_item(dep) for dep in spec.get("after") or [])),
     ]
     metrics = doc.get("metrics") or {}
     lines.append(("metrics", ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
@@ -82,6 +83,11 @@ def _exit_label(doc: dict[str, Any], what: str) -> str:
     if doc["phase"] in TERMINAL or doc["phase"] == Phase.SUSPENDED:
         return what
     return f"last attempt's {what}"
+
+
+def _after_item(dep: dict[str, Any]) -> str:
+    kind = "sweep:" if dep["kind"] == "sweep" else ""
+    return f"{dep['condition']}:{kind}{dep['project']}/{dep['name']}"
 
 
 def _gang_line(gang: dict[str, Any] | None) -> str | None:

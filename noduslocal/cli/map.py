@@ -61,6 +61,9 @@ CANARY_POLL = 0.5  # seconds between looks at a canary that runs
 @click.option("--label", "labels", multiple=True, metavar="K=V", help="Label.")
 @click.option("--webhook", metavar="URL", help="POST the status on canary pass/fail and end.")
 @click.option("--allow-large-source", is_flag=True, help="Allow a code snapshot over 100 MiB.")
+@click.option("--after", "after", multiple=True, metavar="[COND:][sweep:][PROJECT/]NAME,...",
+              help="The whole sweep waits for these jobs (or sweeps) first, as `job run "
+                   "--after`: afterok (default), afterany or afternotok.")
 @click.option("--dry-run", is_flag=True, help="Print each task's command; create nothing.")
 @json_option
 @click.argument("command", nargs=-1, required=True)
@@ -72,7 +75,7 @@ def map_(name: str | None, replace: bool, project: str | None, image: str | None
          volumes: tuple[str, ...], envs: tuple[str, ...], export: str | None,
          secrets: tuple[str, ...],
          labels: tuple[str, ...], webhook: str | None, allow_large_source: bool,
-         dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
+         after: tuple[str, ...], dry_run: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND once per value (or combination of values) as a sweep of tasks."""
     if replace and name is None:
         raise click.UsageError("--replace needs --name")
@@ -136,6 +139,8 @@ def map_(name: str | None, replace: bool, project: str | None, image: str | None
     if labels:
         with as_click():
             body["labels"] = pairs(labels, "--label")
+    if after:
+        body["after"] = [item for value in after for item in value.split(",")]
     if replace:
         assert name is not None
         client.replace_sweep(name, project)

@@ -60,6 +60,10 @@ def _status_table(doc: dict[str, Any]) -> Any:
         table.add_row("why", doc["message"])
     table.add_row("cells", f"{doc['done']} of {doc['cells']} done; {_counts(doc)}")
     table.add_row("width", f"at most {doc['max_parallel']} at once")
+    if after := doc.get("after"):
+        table.add_row("after", ", ".join(
+            f"{d['condition']}:{'sweep:' if d['kind'] == 'sweep' else ''}"
+            f"{d['project']}/{d['name']}" for d in after))
     table.add_row("cost", f"{doc['cost']:.4f}")
     if (est := doc.get("estimate")) and est["cells_left"]:
         table.add_row("estimate", _estimate(est))

@@ -170,6 +170,7 @@ class Lifecycle:
     def on_committed(self, events: list[Event]) -> None:
         """Every committed job event (the store's hub calls this)."""
         self.sweeps.on_events(events)
+        self.dispatch.gate.on_events(events)
         for event in events:
             # A cell that ends (or is set aside) before its first attempt: the workspace
             # mount made ahead for it goes (an attempt's own end unmounts its own).

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from noduslocal.domain.dependencies import Dependency
 from noduslocal.domain.gang import Gang
 from noduslocal.domain.gpu_request import GpuRequest
 from noduslocal.domain.indexes import Indexed
@@ -54,6 +55,7 @@ class JobSpec:
     gang: Gang | None = None  # `distributed`: cpu and memory are each rank's, gpu all ranks'
     indexed: Indexed | None = None  # completions/parallelism: resources are each index's
     region: str | None = None  # a configured cluster region (Slurm); None: this box
+    after: list[Dependency] = field(default_factory=list)  # waits for these to end first
 
     @property
     def argv(self) -> list[str]:
@@ -95,6 +97,7 @@ class JobSpec:
             "profile": self.profile,
             "distributed": None if self.gang is None else self.gang.to_wire(),
             "region": self.region,
+            "after": [dep.to_wire() for dep in self.after],
             **(self.indexed.to_wire() if self.indexed else {"completions": None,
                                                             "parallelism": None}),
         }
@@ -129,6 +132,7 @@ class JobSpec:
             gang=Gang.from_stored(data.get("distributed")),
             indexed=Indexed.from_stored(data if data.get("completions") else None),
             region=data.get("region"),
+            after=[Dependency.from_stored(dep) for dep in data.get("after") or []],
         )
 
 

@@ -126,6 +126,8 @@ class Reason(StrEnum):
     DISK_EXCEEDED = "DiskExceeded"  # stopped: its directory grew past its `disk`
     REMOVED = "Removed"  # `job rm`: out of listings, its name free, its history kept
     COLLECTED = "Collected"  # retention removed its directory and outputs; history stays
+    # A job (or sweep) it was to run `after` ended in a way its condition can never accept.
+    DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
 
 
 class IllegalTransition(RuntimeError):

@@ -28,7 +28,7 @@ from noduslocal.domain.validation import (
 
 SWEEP_FIELDS = frozenset({"name", "project", "labels", "template", "grid", "repetitions",
                           "map", "max_parallel", "canary", "canary_smoke", "webhook",
-                          "max_cost"})
+                          "max_cost", "after"})
 NOT_YET = {"code": None}
 SMOKE_SUFFIX = "canary"  # the smoke command's job is <sweep>-canary
 MAX_URL = 2048
@@ -124,6 +124,8 @@ def parse_sweep(body: Any, *, regions: tuple[str, ...],
         raise InvalidArgument("map: a sweep has a grid or map tasks, not both", field="map")
     tasks = _tasks(body.get("map"))
     with_command = dict(template_body)
+    if body.get("after") is not None:  # the whole sweep waits: each cell, and its canary
+        with_command["after"] = body["after"]
     if tasks is not None:
         with_command["command"] = list(tasks.command)  # checked like any command
     template = parse_create({**with_command, "labels": body.get("labels")}, regions=regions,

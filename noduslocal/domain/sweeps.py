@@ -94,4 +94,5 @@ class SweepRecord:
                 "reason": self.reason, "message": self.message, "cells": self.cells,
                 "max_parallel": self.max_parallel, "created_at": iso(self.created_at),
                 "ended_at": iso(self.ended_at), "freed_at": iso(self.freed_at),
-                "labels": self.labels, "canary": self.spec.canary}
+                "labels": self.labels, "canary": self.spec.canary,
+                "after": [dep.to_wire() for dep in self.spec.template.after]}

@@ -11,6 +11,7 @@ from typing import Any
 
 from noduslocal.domain import job_paths
 from noduslocal.domain.container_fields import container_image, container_network
+from noduslocal.domain.dependencies import parse_after
 from noduslocal.domain.errors import InvalidArgument, Unsupported
 from noduslocal.domain.gang import parse_gang
 from noduslocal.domain.gpu_request import GpuRequest, parse_gpu
@@ -36,7 +37,7 @@ SUPPORTED_FIELDS = frozenset(
      "region", "labels", "retries", "secrets", "outputs", "checkpoint", "volumes", "source",
      "allow_large_source", "image", "network", "gpu", "expected_duration", "priority", "max_cost",
      "interruptible", "ephemeral", "profile", "disk", "distributed", "completions",
-     "parallelism"}
+     "parallelism", "after"}
 )
 JOB_CREATE_FIELDS = SUPPORTED_FIELDS
 
@@ -263,6 +264,7 @@ def parse_create(body: Any, *, regions: tuple[str, ...],
         gang=gang,
         indexed=indexed,
         region=region,
+        after=parse_after(body.get("after")),
     )
     return CreateRequest(spec=spec, name=name, project=project,
                          labels=_labels(_given(body, "labels", {})), secrets=secrets)

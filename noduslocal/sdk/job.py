@@ -121,6 +121,26 @@ def path_argument(value: Any, field: str) -> str | os.PathLike[str]:
                                  f"{type(value).__name__} ({_short(value)})", field=field)
 
 
+def after_argument(value: Any) -> list[Any]:
+    """`after` as the API takes it: a handle (Job, Sweep) becomes `[sweep:]PROJECT/NAME`,
+    a string or a {"job"|"sweep": ...} object goes as it is."""
+    items = value if isinstance(value, list | tuple) else [value]
+    wired: list[Any] = []
+    for item in items:
+        if isinstance(item, str | Mapping):
+            wired.append(item)
+            continue
+        name = getattr(item, "name", None)
+        project = getattr(item, "project", None) or getattr(item, "_project", None)
+        if not isinstance(name, str) or not isinstance(project, str):
+            raise errors.InvalidArgument(f"after: expected a Job, a Sweep or a name, not "
+                                         f"{type(item).__name__} ({_short(item)})",
+                                         field="after")
+        sweep = "sweep:" if type(item).__name__ == "Sweep" else ""
+        wired.append(f"{sweep}{project}/{name}")
+    return wired
+
+
 class Job:
     """A run-to-completion job on this box: `nodus.Job.run(command=[...], gpu="H100:2")`,
     then `.wait()`, `.logs()`, `.files`, `.outputs`. A handle holds the job's document as
@@ -154,7 +174,7 @@ class Job:
                parallelism: int | None = None, distributed: Distributed | None = None,
                outputs: Mapping[str, str] | None = None, labels: dict[str, str] | None = None,
                allow_large_source: bool = False, project: str | None = None,
-               export: str | None = None) -> Job:
+               export: str | None = None, after: Any = None) -> Job:
         """Submit a job and return its handle at once (it may wait in the queue). `source`:
         a directory packed and uploaded (no `.git`; `.gitignore` and `.nodusignore` honoured;
         its size is logged to the "noduslocal" logger); `gpu`: "H100:2", 2, or {"count",
@@ -163,11 +183,17 @@ class Job:
         `--export` (sbatch's): "ALL" (the default for a host job, so your `python` and
         tools are found; PWD, SHLVL, NODUS_* and the like are never sent), "NONE" (the
         default with an `image`, which has its own PATH) or "NAME,NAME"; `env` adds to
-        it and wins key by key. The arguments are the Nodus SDK's (`export` is
-        noduslocal's)."""
+        it and wins key by key. `after`: jobs (or sweeps) to wait for first, each a Job
+        or Sweep handle or a string `[afterok:|afterany:|afternotok:][sweep:]
+        [PROJECT/]NAME` (afterok, the default: it succeeded; afterany: it ended;
+        afternotok: it failed or was cancelled); one that can no longer be met ends this
+        job Cancelled (DependencyNeverSatisfied). The arguments are the Nodus SDK's
+        (`export` and `after` are noduslocal's)."""
         given = dict(locals())
         del given["cls"], given["export"]
         given["env"] = sent_env(export, image, env, secrets)
+        if after is not None:
+            given["after"] = after_argument(after)
         client = default_client()
         # Every argument checked before anything is uploaded or created.
         body = {key: _wire(value, key) for key, value in given.items()

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from noduslocal.domain import errors
-from noduslocal.sdk.job import _wire, default_client, text_argument, timeout_argument
+from noduslocal.sdk.job import (
+    _wire,
+    after_argument,
+    default_client,
+    text_argument,
+    timeout_argument,
+)
 from noduslocal.sdk.view import View
 
 
@@ -20,7 +26,8 @@ class Sweep:
                  grid: Mapping[str, Iterable[Any] | str] | None = None,
                  repetitions: int | None = None, max_parallel: int | None = None,
                  max_cost: Any = None, name: str | None = None,
-                 labels: dict[str, str] | None = None, project: str | None = None) -> None:
+                 labels: dict[str, str] | None = None, project: str | None = None,
+                 after: Any = None) -> None:
         if target is not None and not isinstance(target, Mapping):
             # A Function or a recipe: the daemon serves Job templates only.
             raise errors.Unsupported("target")
@@ -31,6 +38,7 @@ class Sweep:
         self._max_cost = max_cost
         self._labels = labels
         self._project = project
+        self._after = None if after is None else after_argument(after)
         self.name = name
         self._client = default_client()
         self._obj: View | None = None
@@ -43,7 +51,8 @@ class Sweep:
         body = {"name": self.name, "project": self._project, "labels": self._labels,
                 "template": {k: _wire(v, f"template.{k}") for k, v in self._target.items()},
                 "grid": self._grid, "repetitions": self._repetitions,
-                "max_parallel": self._max_parallel, "max_cost": self._max_cost}
+                "max_parallel": self._max_parallel, "max_cost": self._max_cost,
+                "after": self._after}
         # Every argument checked before anything is uploaded.
         wired = {k: _wire(v, k) for k, v in body.items() if v is not None}
         if isinstance(source, str | os.PathLike):

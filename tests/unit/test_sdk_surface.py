@@ -14,6 +14,7 @@ REFERENCE_CREATE = [
     "secrets", "volumes", "workdir", "network", "checkpoint", "timeout", "expected_duration",
     "interruptible", "region", "profile", "max_cost", "completions", "parallelism",
     "distributed", "outputs", "labels", "allow_large_source", "project",
+    "after",  # issue 28: Slurm's dependencies, beyond the reference's keywords
 ]
 
 

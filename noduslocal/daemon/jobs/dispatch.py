@@ -16,6 +16,7 @@ from noduslocal.daemon.gpus.cost import Meter
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.attempt import Attempt, AttemptLife, Board
 from noduslocal.daemon.jobs.background import Background
+from noduslocal.daemon.jobs.dependencies import DependencyGate
 from noduslocal.daemon.jobs.stops import Stopper
 from noduslocal.daemon.scheduler.cluster_lanes import ClusterLanes
 from noduslocal.daemon.scheduler.queue import Queue, Request
@@ -41,11 +42,18 @@ class Dispatch:
         self.background = background
         self._on_start = on_start
         self.pending: dict[int, JobRecord] = {}
+        # Jobs with `after` wait there first, and come back through enqueue once met.
+        self.gate = DependencyGate(store, background,
+                                   lambda job: self.enqueue(job, judged=True))
         self._later: dict[int, tuple[asyncio.TimerHandle, float]] = {}  # job id -> (timer, due)
         self.ready = False  # set once recovery has given running jobs their share back
         self._scheduled = False
 
-    def enqueue(self, job: JobRecord) -> None:
+    def enqueue(self, job: JobRecord, judged: bool = False) -> None:
+        """Queue a pending job; one with dependencies (`after`) waits in the gate until
+        they are met (`judged`: the gate found them met)."""
+        if not judged and self.gate.hold(job):
+            return
         if job.spec.region is not None:
             self.pending[job.id] = job
             self.lanes.push(job.id, job.spec.region, job.owner_uid, job.spec.priority)
@@ -77,6 +85,8 @@ class Dispatch:
         if (later := self._later.pop(job_id, None)) is not None:
             later[0].cancel()
             return True
+        if self.gate.remove(job_id):
+            return True
         if self.lanes.remove(job_id):
             self.pending.pop(job_id, None)
             return True
@@ -86,7 +96,10 @@ class Dispatch:
         return True
 
     def retry_hold(self, job_id: int) -> str | None:
-        """Why a job waits for its retry's pause, or for its lane to a cluster, or None."""
+        """Why a job waits for its retry's pause, or for its dependencies, or for its lane
+        to a cluster, or None."""
+        if (why := self.gate.wait_reason(job_id)) is not None:
+            return why
         if (later := self._later.get(job_id)) is not None:
             return f"retrying in {max(0.0, later[1] - time.time()):.0f}s"
         return self.lanes.wait_reason(job_id)

@@ -338,6 +338,8 @@ class JobService:
         elsewhere: list[tuple[JobRecord, float | None]] = [
             (job, None) for job in self.dispatch.pending.values()
             if self.dispatch.lanes.waits(job.id)]
+        # Waiting for their dependencies: no place in the order until those are met.
+        elsewhere.extend((job, None) for job in self.dispatch.gate.waiting.values())
         for job_id, attempt in self.board.active.items():
             if (queued := self._queued(job_id)) is not None:
                 elsewhere.append((attempt.job, queued.start_at))
@@ -363,6 +365,11 @@ class JobService:
             start_at = queued.start_at  # Slurm's own estimate (squeue --start's)
             start_why = queued.why if start_at is not None else \
                 f"{queued.why}; Slurm gives no start estimate yet"
+        elif job.phase == Phase.PENDING and (
+                after := self.dispatch.gate.wait_reason(job.id)) is not None:
+            start_at = None  # its place in the queue comes once its dependencies are met
+            start_why = (f"{after}; it is queued once its dependencies are met, so no start "
+                         "can be estimated before")
         elif job.phase == Phase.PENDING:
             start = estimate_start(self.queue, job.id, now, self.job_label)
             start_at, start_why = start.at, start.why

@@ -210,6 +210,16 @@ class Store:
             tuple(ids))
         return [records.job_from_row(row) for row in rows]
 
+    async def phases(self, job_ids: list[int], sweep_ids: list[int]
+                     ) -> tuple[dict[int, str], dict[int, str]]:
+        """The phase of each of those jobs, and of each of those sweeps, by id."""
+        jobs = await self.fetchall(
+            f"SELECT id, phase FROM jobs WHERE id IN ({_marks(job_ids)})", tuple(job_ids))
+        sweeps = await self.fetchall(
+            f"SELECT id, phase FROM sweeps WHERE id IN ({_marks(sweep_ids)})",
+            tuple(sweep_ids))
+        return {r[0]: r[1] for r in jobs}, {r[0]: r[1] for r in sweeps}
+
     async def sweep(self, project: str, name: str) -> SweepRecord | None:
         rows = await self.fetchall(f"SELECT {sweep_ops.SWEEP_COLUMNS} FROM sweeps "
                                     "WHERE project = ? AND name = ?", (project, name))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from noduslocal.daemon.store.rows import JOB_COLUMNS, job_from_row
@@ -114,12 +114,13 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
         raise errors.AlreadyExists(f"name: job {name!r} already exists in project {project!r}",
                                    field="name")
     job_id = next_job_id(conn)
+    spec = resolve_after(conn, req.spec, owner, project, implicit=req.project is None)
     conn.execute(
         "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
         "spec, labels, idempotency_key, request_hash, created_at) "
         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (job_id, project, name, owner.uid, owner.gid, owner.name, Phase.PENDING.value,
-         Reason.CREATED.value, json.dumps(req.spec.to_wire()), json.dumps(req.labels),
+         Reason.CREATED.value, json.dumps(spec.to_wire()), json.dumps(req.labels),
          idempotency_key, request_hash, now),
     )
     insert_refs(conn, [job_id], resolve_refs(conn, req, owner), req.spec)
@@ -127,9 +128,35 @@ def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name:
                    Reason.CREATED.value, None, None)
     job = JobRecord(id=job_id, project=project, name=name, owner_uid=owner.uid,
                     owner_gid=owner.gid, owner=owner.name, phase=Phase.PENDING.value,
-                    spec=req.spec, labels=req.labels, created_at=now,
+                    spec=spec, labels=req.labels, created_at=now,
                     reason=Reason.CREATED.value)
     return Created(job, created=True), [event]
+
+
+def resolve_after(conn: sqlite3.Connection, spec: JobSpec, owner: Owner, project: str,
+                  implicit: bool) -> JobSpec:
+    """SPEC with each of its `after` resolved to the id of the job (or sweep) of that name
+    now, or InvalidArgument naming `after`. A name without a project is looked up in the
+    new job's project; when that project is the caller's own (none was named), a job
+    there of another owner is not found, as lookups by name never find one by accident.
+    Any job or sweep named with its project may be depended on: every user may read every
+    job's state (the API's listings show them all). No cycle can form: only jobs stored
+    before this one can be named, and by id, so a dependency always points backwards."""
+    if not spec.after:
+        return spec
+    resolved = []
+    for dep in spec.after:
+        where = dep.project or project
+        table = "sweeps" if dep.sweep else "jobs"
+        row = conn.execute(f"SELECT id, owner_uid, owner FROM {table} "
+                           "WHERE project = ? AND name = ?", (where, dep.name)).fetchone()
+        if row is None or (dep.project is None and implicit and row[1] != owner.uid):
+            mine = " among yours" if row is not None else ""
+            raise errors.InvalidArgument(
+                f"after: there is no {'sweep' if dep.sweep else 'job'} {dep.name!r}{mine} "
+                f"in project {where!r} to wait for", field="after")
+        resolved.append(dep.resolved(where, int(row[0])))
+    return replace(spec, after=resolved)
 
 
 def resolve_refs(conn: sqlite3.Connection, req: CreateRequest,
@@ -319,6 +346,19 @@ def cancel_pending(conn: sqlite3.Connection, job_id: int, now: float,
     return None, [_transition(conn, job_id, Phase.CANCELLED, now, Reason.CANCELLED.value,
                               message, ended_at=now)]
 
+
+
+def never_satisfied(conn: sqlite3.Connection, job_id: int, now: float,
+                    message: str) -> tuple[bool, list[Event]]:
+    """A job still waiting for its dependencies (Pending, no attempt) ends Cancelled with
+    DependencyNeverSatisfied; False (and nothing written) when it is no longer Pending
+    (its owner cancelled or suspended it meanwhile)."""
+    row = conn.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None or row[0] != Phase.PENDING:
+        return False, []
+    return True, [_transition(conn, job_id, Phase.CANCELLED, now,
+                              Reason.DEPENDENCY_NEVER_SATISFIED.value, message,
+                              ended_at=now)]
 
 
 def fail_job(conn: sqlite3.Connection, job_id: int, now: float, reason: str,

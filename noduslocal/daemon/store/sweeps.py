@@ -17,6 +17,7 @@ from noduslocal.daemon.store.job_writes import (
     _transition,
     insert_refs,
     next_job_id,
+    resolve_after,
     resolve_refs,
 )
 from noduslocal.domain import errors
@@ -74,6 +75,10 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: SweepS
         raise errors.AlreadyExists(f"name: job {clash!r} already exists in project "
                                    f"{project!r}; name the sweep otherwise", field="name")
     secrets = resolve_refs(conn, template, owner)
+    # Resolved before the sweep is stored, so it can never name itself or its own cells.
+    after = resolve_after(conn, template.spec, owner, project,
+                          implicit=project == owner.name).after
+    spec = replace(spec, template=replace(spec.template, after=after))
     labels = {**template.labels, SWEEP_LABEL: name}
     cur = conn.execute(
         "INSERT INTO sweeps (project, name, owner_uid, owner_gid, owner, phase, reason, spec, "
@@ -89,7 +94,8 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: SweepS
         "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
         "spec, labels, created_at, sweep_id, cell) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         ((first + i, project, f"{name}-{i}", owner.uid, owner.gid, owner.name,
-          Phase.PENDING.value, Reason.CREATED.value, json.dumps(cell_spec(i).to_wire()),
+          Phase.PENDING.value, Reason.CREATED.value,
+          json.dumps(replace(cell_spec(i), after=after).to_wire()),
           labels_json, now, sweep_id, i) for i in range(cells)))
     ids = list(range(first, first + cells))
     insert_refs(conn, ids, secrets, template.spec)
@@ -112,7 +118,8 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: SweepS
             "INSERT INTO jobs (id, project, name, owner_uid, owner_gid, owner, phase, reason, "
             "spec, labels, created_at, canary_of) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (smoke_id, project, smoke_name, owner.uid, owner.gid, owner.name,
-             Phase.PENDING.value, Reason.CREATED.value, json.dumps(smoke.to_wire()),
+             Phase.PENDING.value, Reason.CREATED.value,
+             json.dumps(replace(smoke, after=after).to_wire()),
              labels_json, now, sweep_id))
         insert_refs(conn, [smoke_id], secrets, template.spec)
         events.append(_event(conn, (smoke_id, project, smoke_name), now,

@@ -125,6 +125,31 @@ class SweepController:
             self._cell_of[job_id] = active.record.id
 
     async def _begin(self, active: ActiveSweep) -> None:
+        """A Pending sweep begins: at once, or once what it waits for (`after`) is met."""
+        if after := active.record.spec.template.after:
+            self.dispatch.gate.hold_sweep(
+                active.record.id, after, lambda: self.background.spawn(self._start(active)),
+                lambda message: self._never_satisfied(active, message))
+            return
+        await self._start(active)
+
+    async def _never_satisfied(self, active: ActiveSweep, message: str) -> None:
+        """What the sweep waited for can no longer be met: it ends Cancelled, its cells
+        (and smoke canary) with it, in one transaction."""
+        waiting = await self.take_waiting(active)
+        if (smoke := self.smoke(active.record)) is not None:
+            waiting.append(smoke)
+        await self.transition(active, SweepPhase.CANCELLED, Reason.DEPENDENCY_NEVER_SATISFIED,
+                               message, cancel=(waiting, Reason.DEPENDENCY_NEVER_SATISFIED,
+                                                f"its sweep's dependency: {message}"))
+
+    def waits(self, sweep_id: int) -> bool:
+        """Whether the sweep waits for its dependencies (nothing of it released yet)."""
+        return self.dispatch.gate.sweep_wait_reason(sweep_id) is not None
+
+    async def _start(self, active: ActiveSweep) -> None:
+        if active.record.phase != SweepPhase.PENDING:
+            return  # cancelled while it waited
         smoke = self.smoke(active.record)
         gated = smoke is not None or (active.record.spec.canary == "cell"
                                       and active.record.cells > 1)
@@ -366,6 +391,8 @@ class SweepController:
         active = self._sweeps.get(self._cell_of.get(job_id, -1))
         if active is None or job_id not in active.held:
             return None
+        if (after := self.dispatch.gate.sweep_wait_reason(active.record.id)) is not None:
+            return f"sweep {active.record.name}: {after}"
         return held_because(active, self.smoke(active.record) is not None)
 
     def is_cell(self, job_id: int) -> bool:
@@ -395,6 +422,7 @@ class SweepController:
                  Reason.CANARY_FAILED: ["canary-failed"]}.get(reason, [])
         self.webhooks.send(sweep, *hooks, *(["completed"] if phase in SWEEP_TERMINAL else []))
         if phase in SWEEP_TERMINAL:
+            self.dispatch.gate.sweep_ended(sweep.id)  # jobs `after` it are judged again
             self._sweeps.pop(sweep.id, None)
             for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
                 del self._cell_of[job_id]

@@ -79,6 +79,9 @@ class SweepControls:
         """Release nothing more; cells released but not started go back to the held ones,
         running ones are stopped as `job suspend` stops a job (each ends Suspended, its
         checkpoint kept). Asked again, it stops what still runs."""
+        if self.sweeps.waits(sweep.id):
+            raise errors.Conflict(f"sweep {sweep.name!r} waits for its dependencies (after) "
+                                  "and has released nothing to suspend; cancel it instead")
         active = self._active(sweep, "suspended")
         smoke = self._smoke_gate(active)
         if sweep.phase != SweepPhase.SUSPENDED:
