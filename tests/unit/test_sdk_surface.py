@@ -14,7 +14,6 @@ REFERENCE_CREATE = [
     "secrets", "volumes", "workdir", "network", "checkpoint", "timeout", "expected_duration",
     "interruptible", "region", "profile", "max_cost", "completions", "parallelism",
     "distributed", "outputs", "labels", "allow_large_source", "project",
-    "after",  # issue 28: Slurm's dependencies, beyond the reference's keywords
 ]
 
 
@@ -25,8 +24,9 @@ def test_public_surface_is_pinned() -> None:
 
 def test_create_has_exactly_the_reference_keywords() -> None:
     params = inspect.signature(nodus.Job.create).parameters
-    # noduslocal's own after them: `export`, the CLI's --export (issue 28)
-    assert list(params) == [*REFERENCE_CREATE, "export"]
+    # noduslocal's own after them (issue 28): `export`, the CLI's --export, and `after`,
+    # Slurm's dependencies
+    assert list(params) == [*REFERENCE_CREATE, "export", "after"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
     with pytest.raises(TypeError):
         nodus.Job.create(command=["true"], retries=2)  # type: ignore[call-arg]
