@@ -52,9 +52,10 @@ fi
 if needs system && [ "$(id -u)" = 0 ]; then
     command -v useradd >/dev/null && command -v runuser >/dev/null || apt_install passwd util-linux
     [ -x /usr/bin/python3 ] || apt_install python3
-    # The socket group, made here once: tests that make it remove it after, which would
-    # take it from the users of the Slurm tests that run beside them.
+    # The groups, made here once: tests that make one remove it after, which would take it
+    # from the users of the tests that run beside them in the other process.
     getent group noduslocal >/dev/null || groupadd noduslocal
+    getent group noduslocal-admin >/dev/null || groupadd noduslocal-admin
 fi
 
 # The NVML tests compile a stand-in libnvidia-ml.so.1 (tests/nvml_standin) with gcc, and the
@@ -145,17 +146,18 @@ if [ "$TIER" = all ] && [ $# = 0 ]; then
         .venv/bin/python -m pytest -q -p no:cacheprovider
         exit 0
     fi
-    # The Slurm region's tests (marker slurm) mostly wait on the cluster's scheduler, and the
-    # dashboard's (marker browser) on a browser and running jobs; both touch nothing the other
-    # system tests do (their own users, their own daemon): a third process beside them.
+    # The Slurm region's tests (marker slurm) mostly wait on the cluster's scheduler, and
+    # those marked beside (the dashboard's in a browser, the staged install's) on a browser,
+    # pip and running jobs; they touch nothing the other system tests do (their own users,
+    # their own daemon): a third process beside them, which evens the two out.
     system_log=$(mktemp /tmp/noduslocal-system-tests.XXXXXX)
     slurm_log=$(mktemp /tmp/noduslocal-slurm-tests.XXXXXX)
     log "pytest tests/system in the background (its report follows; log: $system_log)"
-    .venv/bin/python -m pytest -q -p no:cacheprovider -m "not slurm and not browser" tests/system \
+    .venv/bin/python -m pytest -q -p no:cacheprovider -m "not slurm and not beside" tests/system \
         >"$system_log" 2>&1 &
     system_pid=$!
-    log "pytest -m 'slurm or browser' tests/system in the background (log: $slurm_log)"
-    .venv/bin/python -m pytest -q -p no:cacheprovider -m "slurm or browser" tests/system \
+    log "pytest -m 'slurm or beside' tests/system in the background (log: $slurm_log)"
+    .venv/bin/python -m pytest -q -p no:cacheprovider -m "slurm or beside" tests/system \
         >"$slurm_log" 2>&1 &
     slurm_pid=$!
     trap 'kill "$system_pid" "$slurm_pid" 2>/dev/null || true' INT TERM
@@ -169,7 +171,7 @@ if [ "$TIER" = all ] && [ $# = 0 ]; then
     wait "$slurm_pid" || slurm=$?
     log "pytest tests/system"
     cat "$system_log"
-    log "pytest -m 'slurm or browser' tests/system"
+    log "pytest -m 'slurm or beside' tests/system"
     cat "$slurm_log"
     [ "$system" = 0 ] && rm -f "$system_log"
     [ "$slurm" = 0 ] && rm -f "$slurm_log"

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import webbrowser
+from collections.abc import Coroutine
+from typing import Any
 
 import click
 
@@ -38,9 +41,25 @@ def dashboard(port: int, no_browser: bool) -> None:
                 webbrowser.open(link)
 
     try:
-        asyncio.run(serve(_socket(), port, ready))
-    except KeyboardInterrupt:
+        asyncio.run(_until_stopped(serve(_socket(), port, ready)))
         click.echo("\nnoduslocal dashboard stopped.")
     except OSError as exc:
         raise click.ClickException(
             f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+
+
+async def _until_stopped(server: Coroutine[Any, Any, None]) -> None:
+    """SERVER until Ctrl-C or SIGTERM (handled here: a shell that started us in the
+    background may have left SIGINT ignored, which Python would keep)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.ensure_future(server)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not serving.done():
+        serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving  # its error (a port taken, no daemon), if it ended on its own

@@ -100,8 +100,9 @@ def sdk_check() -> Check:
         return Check("your python", None, f"no python3 on your PATH; in your own venv or conda "
                                           f"env: {how}")
     try:
+        # From /: `python -c` would find a noduslocal in the directory doctor ran in.
         found = subprocess.run([python, "-c", "import noduslocal; print(noduslocal.__version__)"],
-                               capture_output=True, text=True, timeout=30)
+                               capture_output=True, text=True, timeout=30, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Check("your python", False, f"{python} does not run: {exc}")
     if found.returncode != 0:

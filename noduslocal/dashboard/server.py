@@ -198,8 +198,13 @@ async def jobs_fragment(request: web.Request) -> web.Response:
 
 
 def _job_path(request: web.Request, *more: str) -> tuple[str, Params]:
+    return _daemon_path(request, "jobs", *more)
+
+
+def _daemon_path(request: web.Request, kind: str, *more: str) -> tuple[str, Params]:
+    """The daemon's path of the job or sweep (KIND) the request names, and its project."""
     project, name = _named(request)
-    return path_of("v1", "jobs", name, *more), {"project": project}
+    return path_of("v1", kind, name, *more), {"project": project}
 
 
 async def _job(request: web.Request) -> dict[str, Any]:
@@ -421,8 +426,7 @@ async def sweeps_fragment(request: web.Request) -> web.Response:
 
 
 def _sweep_path(request: web.Request, *more: str) -> tuple[str, Params]:
-    project, name = _named(request)
-    return path_of("v1", "sweeps", name, *more), {"project": project}
+    return _daemon_path(request, "sweeps", *more)
 
 
 async def _sweep(request: web.Request) -> dict[str, Any]:

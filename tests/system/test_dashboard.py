@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from noduslocal.testing import wait_until
 from tests.nvml_standin.build import build_or_skip, sample_state, write_state
 from tests.system.lab import DEADLINE, REPO, SYSTEM_PYTHON, Box, open_box
 
-pytestmark = [pytest.mark.root, pytest.mark.browser]
+pytestmark = [pytest.mark.root, pytest.mark.browser, pytest.mark.beside]
 
 CHROMIUM = "/usr/bin/chromium"
 ALICE, BOB = "nldalice", "nldbob"
@@ -368,7 +369,10 @@ def test_the_readme_s_command_serves_until_ctrl_c_and_says_so(lab: Box) -> None:
                             env={**os.environ, SOCKET_ENV: str(lab.daemon.socket),
                                  "BROWSER": "true",
                                  "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
-                            start_new_session=True)
+                            start_new_session=True,
+                            # As a shell's background job gets it (scripts/test.sh runs the
+                            # tests so): SIGINT ignored, which Python keeps unless told.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert proc.stdout is not None
     link = ""
     while "token=" not in link:

@@ -22,6 +22,7 @@ PREFIX = "/opt/nl-test"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.beside,  # a staged install of its own, its own users and daemon
     pytest.mark.skipif(os.getuid() != 0, reason="the shared install is root's"),
 ]
 
@@ -141,7 +142,10 @@ def test_a_user_runs_the_installed_cli_and_installs_the_client_offline(staged: P
         listed = box.as_user(user.name, str(venv / "bin/noduslocal"), "job", "list")
         assert listed.returncode == 0, listed.stdout + listed.stderr
         # doctor says the user's own python3 lacks the SDK, and how to install it.
-        doctor = box.as_user(user.name, str(venv / "bin/noduslocal"), "doctor")
+        # As the user's own shell would run it: none of the lab's PYTHONPATH.
+        argv = [a for a in box.argv_as(user.name, str(venv / "bin/noduslocal"), "doctor")
+                if not a.startswith("PYTHONPATH=")]
+        doctor = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
         line = next(x for x in doctor.stdout.splitlines() if "your python" in x)
         assert f"--find-links {PREFIX}/wheels noduslocal" in line.replace(str(staged), ""), line
         own = f"{user.home}/venv"

@@ -257,21 +257,6 @@ def _exec_rank(job: JobRecord, body: dict[str, Any]) -> int:
     return value
 
 
-def _int_param(request: web.Request, name: str, lowest: int, highest: int,
-               default: int) -> int:
-    value = request.query.get(name)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = lowest - 1
-    if not lowest <= number <= highest:
-        raise errors.InvalidArgument(f"{name}: expected an integer from {lowest} to "
-                                     f"{highest}", field=name)
-    return number
-
-
 @routes.get("/v1/jobs/{name}/terminal")
 async def terminal_in_job(request: web.Request) -> web.StreamResponse:
     """`job exec -it`: a command beside a running rank on a pseudo-terminal, over a
@@ -293,11 +278,11 @@ async def _terminal(request: web.Request) -> web.StreamResponse:
     if not web.WebSocketResponse().can_prepare(request).ok:
         raise errors.InvalidArgument("this is a WebSocket: `noduslocal job exec -it` or "
                                      "Job.exec(..., pty=True) speak it", field="upgrade")
-    where = {k: _int_param(request, k, 0, SQL_INT_MAX, 0) for k in ("rank", "index")
+    where = {k: int_query(request, k, 0, 0, SQL_INT_MAX) for k in ("rank", "index")
              if k in request.query}
     rank = _exec_rank(job, where)
-    rows = _int_param(request, "rows", 1, 1000, 24)
-    cols = _int_param(request, "cols", 1, 1000, 80)
+    rows = int_query(request, "rows", 24, 1, 1000) or 24  # a bigger window: its first 1000
+    cols = int_query(request, "cols", 80, 1, 1000) or 80
     command: Any = None
     if "command" in request.query:
         try:
