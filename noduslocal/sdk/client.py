@@ -14,7 +14,7 @@ from typing import Any
 from noduslocal.domain import errors
 from noduslocal.domain.states import SweepPhase
 from noduslocal.sdk.api_client import ApiClient
-from noduslocal.sdk.job import sent_env
+from noduslocal.sdk.job import after_argument, sent_env
 from noduslocal.sdk.sweep import Sweep
 from noduslocal.sdk.view import View
 
@@ -94,7 +94,8 @@ class Client:
             max_parallel: int | None = None, retries: int | None = None,
             canary: bool = True, cpu: Any = None, memory: Any = None, timeout: Any = None,
             project: str | None = None, region: str | None = None,
-            export: str | None = None, replace: bool = False) -> MapSweep:
+            export: str | None = None, replace: bool = False, after: Any = None
+            ) -> MapSweep:
         """`cmd` run once per task of `args`, with `{name}` / `{}` placeholders.
 
         `name`: a sweep of that name already in the project is refused (AlreadyExists),
@@ -103,7 +104,7 @@ class Client:
         then removed, its history and cost kept. `export`: which of your environment
         variables every task gets, as `map --export` and Job.create: "ALL" (the default
         without an image), "NONE" (the default with one) or "NAME,NAME"; `env` wins key
-        by key."""
+        by key. `after`: jobs or sweeps the whole sweep waits for, as Job.create's."""
         if code_dir is not None and include:
             raise errors.InvalidArgument("include: give code_dir or include, not both",
                                          field="include")
@@ -122,7 +123,8 @@ class Client:
                                                         contents_of_single_dir=False)
         body = {"template": template, "map": _map_body(_argv(cmd), args),
                 "canary": "cell" if canary else "none", "name": name, "project": project,
-                "max_parallel": max_parallel}
+                "max_parallel": max_parallel,
+                "after": None if after is None else after_argument(after)}
         if replace:
             assert name is not None
             self.api.replace_sweep(name, project)
@@ -148,11 +150,12 @@ class Project:
             env: Mapping[str, str] | None = None, secrets: Sequence[str] | None = None,
             cpu: Any = None, memory: Any = None, timeout: Any = None,
             name: str | None = None, region: str | None = None,
-            export: str | None = None) -> EphemeralJob:
+            export: str | None = None, after: Any = None) -> EphemeralJob:
         """Start `cmd` as an ephemeral job: its workspace is discarded when it ends, so its
         volumes and its log are what stays. It gets your environment as `job run` gives
         it (`export`: "ALL", the default without an image, so `python` is yours; "NONE",
-        the default with one; or "NAME,NAME"); `env` wins key by key."""
+        the default with one; or "NAME,NAME"); `env` wins key by key. `after`: what it
+        waits for first, as Job.create's."""
         body: dict[str, Any] = {k: v for k, v in (
             ("name", name), ("project", self.name), ("gpu", gpu or sku), ("image", image),
             ("volumes", _volumes(volume_mounts)), ("retries", retries),
@@ -162,6 +165,8 @@ class Project:
             if v is not None}
         body["command"] = _argv(cmd)
         body["ephemeral"] = True
+        if after is not None:
+            body["after"] = after_argument(after)
         if include:
             body["source"] = self.api.upload_source([Path(p) for p in include],
                                                     contents_of_single_dir=False)

@@ -136,7 +136,8 @@ def after_argument(value: Any) -> list[Any]:
             raise errors.InvalidArgument(f"after: expected a Job, a Sweep or a name, not "
                                          f"{type(item).__name__} ({_short(item)})",
                                          field="after")
-        sweep = "sweep:" if type(item).__name__ == "Sweep" else ""
+        # Sweep or a kind of it (client.map's MapSweep); sdk.sweep imports this module.
+        sweep = "sweep:" if any(c.__name__ == "Sweep" for c in type(item).__mro__) else ""
         wired.append(f"{sweep}{project}/{name}")
     return wired
 

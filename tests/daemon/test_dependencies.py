@@ -216,3 +216,18 @@ def test_the_sdk_takes_handles(daemon: testing.Daemon) -> None:
     assert [d.kind for d in last.status().spec.after] == ["sweep", "job"]
     with pytest.raises(nodus.errors.InvalidArgument, match=r"^after: expected a Job"):
         nodus.Job.create(command=["true"], after=[3])
+
+
+def test_the_reference_s_client_map_and_project_job_take_after(daemon: testing.Daemon) -> None:
+    """client.map(..., after=) waits as a sweep; project.job(..., after=) takes the map's
+    handle (a MapSweep, a kind of Sweep) as a sweep to wait for."""
+    import noduslocal as nodus
+
+    client = nodus.Client()
+    first = nodus.Job.create(name="ref-first", command=["true"])
+    swept = client.map("true {}", [1, 2], name="ref-map", canary=False, after=[first])
+    job = client.project().job("true", name="ref-after-map", after=[swept])
+    assert job.wait(timeout=120).exit_code == 0
+    assert swept.wait().phase == "Succeeded"
+    status = nodus.Job.from_name("ref-after-map").status()
+    assert [(d.kind, d.name) for d in status.spec.after] == [("sweep", "ref-map")]
