@@ -133,6 +133,9 @@ def run(o: dict[str, Any]) -> int:
         else:
             print(created["name"])
         return 0
+    if sys.stderr.isatty():  # whom to ask later (download, logs); scripts read stdout
+        print(f"noduslocal: job {created['name']} (project {created['project']}); Ctrl-C "
+              "detaches", file=sys.stderr, flush=True)
     # With --json, stdout carries only the final document; the log goes to stderr.
     out = sys.stderr.buffer if o["as_json"] else sys.stdout.buffer
     try:

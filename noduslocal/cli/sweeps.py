@@ -105,7 +105,20 @@ def status(name: str, project: str | None, watch: bool, show_cells: bool,
             doc = {**doc, "cell_list": client.sweep_cells(name, project)}
         output.print_json(doc)
         return
-    if watch:
+    if watch and not sys.stdout.isatty():
+        # Into a pipe or a file a repainted table shows nothing until the end: a line for
+        # the status as it is, then one for each change.
+        said = None
+        while True:
+            line = _status_line(doc)
+            if line != said:
+                click.echo(f"{time.strftime('%H:%M:%S')} {line}")
+                said = line
+            if doc["phase"] in SWEEP_TERMINAL:
+                break
+            time.sleep(WATCH_EVERY)
+            doc = client.get_sweep(name, project)
+    elif watch:
         from rich.console import Console
         from rich.live import Live
 
@@ -126,6 +139,14 @@ def status(name: str, project: str | None, watch: bool, show_cells: bool,
               c["phase"], c["message"] or "", output.duration(c["wall_s"]),
               "" if c["throughput"] is None else f"{c['throughput']:g}",
               f"{c['cost']:.4f}") for c in client.sweep_cells(name, project)])
+
+
+def _status_line(doc: dict[str, Any]) -> str:
+    """One line of where the sweep stands (`status --watch` without a terminal)."""
+    counts = ", ".join(f"{phase} {n}" for phase, n in sorted(doc["counts"].items()) if n)
+    return (f"{doc['name']}: {doc['phase']}, "
+            f"{doc.get('done', 0)}/{doc['cells']} done ({counts or 'none yet'}), "
+            f"cost {doc['cost']:.4f}")
 
 
 @sweep.command("logs")

@@ -5,6 +5,8 @@ that need their unit, the caller's environment exported as sbatch does, and `job
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -237,3 +239,45 @@ def test_job_rm_frees_the_name_and_replace_runs_again(own_daemon: testing.Daemon
     assert replaced.returncode == 0 and replaced.stdout.strip() == "two", replaced
     assert [j["phase"] for j in client.list_jobs(all=True)] == ["Succeeded"]
     assert run_cli(daemon, "job", "run", "--replace", "--", "true").returncode == 2
+
+
+def test_an_attached_run_on_a_terminal_names_its_job_first(daemon: testing.Daemon) -> None:
+    """Issue 28: on a terminal the attached run says which job it made (for `download`,
+    `logs` later); into a pipe its stderr stays the job's and the CLI's own words only."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["NODUSLOCAL_SOCKET"] = str(daemon.socket)
+        os.execv(sys.executable, [sys.executable, "-m", "noduslocal.cli", "job", "run",
+                                  "--", "echo", "from-the-job"])
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    named = re.search(r"noduslocal: job (\S+) \(project \S+\); Ctrl-C detaches", text)
+    assert named is not None and text.index("noduslocal: job") < text.index("from-the-job"), text
+
+
+def test_sweep_watch_into_a_pipe_prints_a_line_per_change(daemon: testing.Daemon) -> None:
+    """Issue 28: `sweep status --watch` into a pipe printed nothing until the end."""
+    with daemon.as_default():
+        import noduslocal as nodus
+
+        nodus.Sweep({"command": ["sh", "-c", "sleep 1"]}, grid={"x": ["1", "2", "3"]},
+                    name="watched", max_parallel=1).run()
+    done = subprocess.run([sys.executable, "-m", "noduslocal.cli", "sweep", "status",
+                           "watched", "--watch"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NODUSLOCAL_SOCKET": str(daemon.socket)})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) >= 2 and all(" watched: " in line for line in lines), lines
+    assert "Succeeded" in lines[-1] and "3/3 done" in lines[-1], lines
+    assert len(set(line.split(" ", 1)[1] for line in lines)) == len(lines)  # changes only
