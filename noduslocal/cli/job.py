@@ -127,12 +127,16 @@ def list_(**o: Any) -> None:
 @click.option("--attempt", type=click.IntRange(1), help="An earlier attempt's log.")
 @click.option("--stderr", "stderr_only", is_flag=True, help="Only what went to stderr.")
 @click.option("--rank", metavar="N|all", help="A gang's rank N (default 0), or all merged.")
-@click.option("--index", type=click.IntRange(0), help="An indexed job's index (default 0).")
+@click.option("--index", metavar="N|all",
+              help="An indexed job's index N (default 0), or all: every index's lines, "
+                   "prefixed [iN].")
 def logs(name: str, project: str | None, follow: bool, tail: int | None, attempt: int | None,
-         stderr_only: bool, rank: str | None, index: int | None) -> None:
+         stderr_only: bool, rank: str | None, index: str | None) -> None:
     """Print a job's output (stdout and stderr, in order)."""
     if rank is not None and rank != "all" and not rank.isdigit():
         raise click.BadParameter("a rank number or all", param_hint="--rank")
+    if index is not None and index != "all" and not index.isdigit():
+        raise click.BadParameter("an index number or all", param_hint="--index")
     stream = ApiClient().logs(name, project, follow=follow, tail=tail, attempt=attempt,
                            stream="stderr" if stderr_only else None, rank=rank,
                            index=index)

@@ -140,8 +140,10 @@ def run(o: dict[str, Any]) -> int:
     out = sys.stderr.buffer if o["as_json"] else sys.stdout.buffer
     try:
         try:
+            # Every rank's and every index's lines, prefixed, as `logs --rank/--index all`.
             for chunk in client.logs(created["name"], created["project"], follow=True,
-                                     rank="all" if "distributed" in body else None):
+                                     rank="all" if "distributed" in body else None,
+                                     index="all" if (body.get("completions") or 1) > 1 else None):
                 out.write(chunk)
                 out.flush()
         except errors.DaemonUnavailable:

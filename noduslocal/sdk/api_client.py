@@ -229,7 +229,7 @@ class ApiClient:
     def logs(self, name: str, project: str | None = None, *, follow: bool = False,
              tail: int | None = None, attempt: int | None = None,
              stream: str | None = None, rank: int | str | None = None,
-             index: int | None = None) -> Iterator[bytes]:
+             index: int | str | None = None) -> Iterator[bytes]:
         return self.transport.stream(
             f"/v1/jobs/{_quote(name)}/logs",
             query={"project": project, "follow": "1" if follow else None, "tail": tail,

@@ -348,10 +348,15 @@ def test_cli_runs_shows_logs_status_outputs_and_execs_by_index(tmp_path: Path) -
                        "--", "sh", "-c",
                        "echo i=$NODUS_INDEX; echo n$NODUS_INDEX > out-$NODUS_INDEX.txt")
         assert made.returncode == 0, (made.stdout, made.stderr, d.log()[-3000:])
-        assert "i=0" in made.stdout, made.stdout
+        # Attached, it streamed every index, each line prefixed (issue 28; was index 0's).
+        assert sorted(made.stdout.splitlines()) == [f"[i{i}] i={i}" for i in range(4)], \
+            made.stdout
         logs = run_cli(d, "job", "logs", "c", "--index", "3")
         assert (logs.returncode, logs.stdout) == (0, "i=3\n"), logs
         assert run_cli(d, "job", "logs", "c").stdout == "i=0\n"
+        every = run_cli(d, "job", "logs", "c", "--index", "all")
+        assert every.stdout == "".join(f"[i{i}] i={i}\n" for i in range(4)), every
+        assert run_cli(d, "job", "logs", "c", "--index", "all", "--tail", "1").returncode == 2
         status = run_cli(d, "job", "status", "c")
         assert status.returncode == 0, status.stderr
         (line,) = [x for x in status.stdout.splitlines() if x.startswith("indexes:")]

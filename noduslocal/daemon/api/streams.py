@@ -191,6 +191,12 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     stream = request.query.get("stream", "all")
     if stream not in ("all", "stderr"):
         raise errors.InvalidArgument("stream: use all or stderr", field="stream")
+    if request.query.get("index") == "all" and job.spec.indexed is not None:
+        if "attempt" in request.query or "tail" in request.query:
+            raise errors.InvalidArgument("index: all takes each index's last attempt, and "
+                                         "no tail; name one index for those",
+                                         field="index")
+        return await _every_index(request, services, job, stream, follow)
     rank = _rank_param(request, job)
     number = _int_param(request, "attempt") or services.jobs.log_attempt(job, rank)
     if number > job.attempts:
@@ -225,6 +231,42 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
         if fresh.phase in TERMINAL:
             break
         await services.jobs.next_event(job, timeout=1.0)
+    await resp.write_eof()
+    return resp
+
+
+async def _every_index(request: web.Request, services: Services, job: JobRecord,
+                       stream: str, follow: bool) -> web.StreamResponse:
+    """An indexed job's logs together (`index=all`), each line prefixed `[iN] `, as the
+    indexes write them; followed until the job has ended and every log is read."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    resp.enable_chunked_encoding()
+    await start_stream(request, resp)
+    read: dict[int, tuple[int, int]] = {}  # index -> (attempt, offset)
+    partial: dict[int, bytes] = {}
+    while True:
+        fresh = await services.jobs.by_id(job.id)
+        last = fresh.phase in TERMINAL or not follow
+        logs = await _off_loop(services.jobs.index_logs, fresh, stream)
+        for index, number, path in logs:
+            attempt, offset = read.get(index, (number, 0))
+            if attempt != number:  # a retry ran it again: its new log from the start
+                offset, partial[index] = 0, b""
+            while chunk := await _off_loop(_read_from, path, offset):
+                offset += len(chunk)
+                *lines, partial[index] = (partial.get(index, b"") + chunk).split(b"\n")
+                if lines:
+                    prefix = f"[i{index}] ".encode()
+                    await resp.write(b"".join(prefix + line + b"\n" for line in lines))
+            read[index] = (number, offset)
+        if last:
+            break
+        if gone(request):
+            return resp
+        await asyncio.sleep(FOLLOW_POLL * 2)
+    for index, rest in sorted(partial.items()):
+        if rest:  # a last line without its newline
+            await resp.write(f"[i{index}] ".encode() + rest + b"\n")
     await resp.write_eof()
     return resp
 

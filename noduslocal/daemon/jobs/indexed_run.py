@@ -68,6 +68,15 @@ def attempt_of_index(layout: JobLayout, job: JobRecord, index: int) -> int:
     return job.attempts
 
 
+def attempts_of_indexes(layout: JobLayout, job: JobRecord) -> dict[int, int]:
+    """Each index that ran, and the last attempt that ran it (one journal read an
+    attempt)."""
+    found: dict[int, int] = {}
+    for number in range(1, job.attempts + 1):
+        found.update(dict.fromkeys(_load(layout.attempt_dir(job.id, number))["slots"], number))
+    return dict(sorted(found.items()))
+
+
 def succeeded(layout: JobLayout, job: JobRecord, before: int) -> set[int]:
     """Indexes that exited 0 in attempts before `before`: a retry does not run them."""
     done: set[int] = set()

@@ -28,6 +28,7 @@ from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.jobs.gang_logs import merged_path
 from noduslocal.daemon.jobs.indexed_run import (
     attempt_of_index,
+    attempts_of_indexes,
     index_dir,
     index_view,
     running_index_launch,
@@ -506,6 +507,12 @@ class JobService:
             return self.runtimes[job.spec.runtime].log_path(index_dir(directory, rank),
                                                             stream)
         return self.runtimes[job.spec.runtime].log_path(directory, stream, rank)
+
+    def index_logs(self, job: JobRecord, stream: str) -> list[tuple[int, int, Path]]:
+        """An indexed job's logs as (index, attempt, path): of each index that ran, its
+        last attempt's. Reads the attempts' journals: call it off the loop."""
+        return [(index, number, self.log_path(job, number, stream, index))
+                for index, number in attempts_of_indexes(self.layout, job).items()]
 
     def log_attempt(self, job: JobRecord, rank: int | None) -> int:
         """The attempt whose log a reader gets unless it names one: the last, or for an
