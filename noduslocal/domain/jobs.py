@@ -178,6 +178,7 @@ class Collected:
     sha256: str
     skipped: str | None = None  # why it was left out of the store
     index: int = -1  # an indexed job's index that left it; -1 for an ordinary job
+    mode: int | None = None  # a file's permission bits (never set-id or sticky)
 
 
 @dataclass

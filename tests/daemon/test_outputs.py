@@ -176,3 +176,19 @@ def test_api_reads_never_wait_behind_output_collection(own_daemon: testing.Daemo
     assert answered >= 20, answered
     for name in big:
         assert client.wait_job(name, timeout=120)["phase"] == "Succeeded"
+
+
+def test_a_downloaded_output_file_keeps_its_mode(daemon: testing.Daemon, tmp_path: Path,
+                                                 ) -> None:
+    """Issue 28: an output download was 0600 where the file was 0644 (a workspace download
+    kept its mode); set-id bits are never given back."""
+    with daemon.as_default():
+        job = nodus.Job.create(
+            command=["sh", "-c", "printf x > tool.sh && chmod 4755 tool.sh && "
+                                 "printf y > notes.txt && chmod 0640 notes.txt"],
+            outputs={"tool": "tool.sh", "notes": "notes.txt"})
+        job.wait(timeout=60)
+        tool = job.outputs["tool"].download(tmp_path / "tool.sh")
+        notes = job.outputs["notes"].download(tmp_path / "notes.txt")
+    assert oct(tool.stat().st_mode & 0o7777) == oct(0o755)
+    assert oct(notes.stat().st_mode & 0o7777) == oct(0o640)

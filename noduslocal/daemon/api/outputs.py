@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from noduslocal.daemon.api.files import send_fd
+from noduslocal.daemon.api.files import MODE_HEADER, send_fd
 from noduslocal.daemon.api.jobs import lookup, require_control
 from noduslocal.daemon.api.services import SERVICES
 from noduslocal.domain import errors
@@ -98,5 +98,7 @@ async def download_output(request: web.Request) -> web.StreamResponse:
     except FileNotFoundError:
         await services.jobs.raise_if_collected(job)
         raise errors.NotFound(f"output {name!r}: its stored copy is missing") from None
-    return await send_fd(request, fd, os.fstat(fd).st_size, row["sha256"],
-                         {"X-Nodus-Output-Kind": row["kind"]})
+    headers = {"X-Nodus-Output-Kind": row["kind"]}
+    if row.get("mode") is not None:  # the file's own bits, as a workspace download's
+        headers[MODE_HEADER] = f"{row['mode'] & 0o777:o}"
+    return await send_fd(request, fd, os.fstat(fd).st_size, row["sha256"], headers)

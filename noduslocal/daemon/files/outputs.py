@@ -113,7 +113,8 @@ def collect(blobs: BlobStore, workspace: Path, name: str, rel: str, owner_uid: i
                                  f"more than {limit} bytes as a tar, over {cap}")
         size, digest = blobs.keep(tmp, writer)
         kept = True
-        return Collected(name, rel, kind, size, digest)
+        mode = stat.S_IMODE(opened.st_mode) & 0o777 if kind == "file" else None
+        return Collected(name, rel, kind, size, digest, mode=mode)
     finally:
         os.close(fd)
         if not kept:

@@ -424,11 +424,11 @@ class Store:
     async def outputs(self, job_id: int, index: int = -1) -> dict[str, dict[str, Any]]:
         """The job's collected outputs by name (an indexed job's: that index's)."""
         rows = await self.fetchall(
-            "SELECT name, attempt, path, kind, size, sha256, collected_at, skipped "
+            "SELECT name, attempt, path, kind, size, sha256, collected_at, skipped, mode "
             "FROM outputs WHERE job_id = ? AND idx = ?", (job_id, index))
         return {row[0]: {"name": row[0], "attempt": row[1], "path": row[2], "kind": row[3],
                          "size": row[4], "sha256": row[5], "collected_at": row[6],
-                         "skipped": row[7]}
+                         "skipped": row[7], "mode": row[8]}
                 for row in rows}
 
     async def volumes(self, name: str | None = None) -> list[dict[str, Any]]:

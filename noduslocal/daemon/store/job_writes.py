@@ -289,9 +289,9 @@ def record_outputs(conn: sqlite3.Connection, job_id: int, number: int,
     for out in outputs:
         conn.execute(
             "INSERT OR REPLACE INTO outputs (job_id, name, idx, attempt, path, kind, size, "
-            "sha256, collected_at, skipped) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "sha256, collected_at, skipped, mode) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (job_id, out.name, out.index, number, out.path, out.kind, out.size, out.sha256,
-             now, out.skipped))
+             now, out.skipped, out.mode))
     return None, []
 
 
