@@ -214,6 +214,6 @@ def test_it_counts_among_the_owner_s_execs_and_ends_with_the_job(
         running(job)
         proc = job.exec("sh", "-i", pty=True)
         proc.stdout.read_until(b"# " if os.getuid() == 0 else b"$ ", timeout=DEADLINE)
-        job.cancel()  # the job ends: its terminal is closed, and says why
-        assert proc.wait(DEADLINE) == 129
+        job.cancel()  # the job ends: its terminal ends with it (killed in its cgroups,
+        assert proc.wait(DEADLINE) in (129, 137)  # or closed by the daemon: 129)
         proc.close()

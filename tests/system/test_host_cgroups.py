@@ -192,3 +192,18 @@ def test_a_lost_attempts_setsid_child_dies_before_its_retry(daemon: testing.Daem
                timeout=10)
     c.cancel_job("lost")
     assert c.wait_job("lost", timeout=DEADLINE)["phase"] == "Cancelled"
+
+
+def test_an_exec_runs_in_its_rank_s_cgroups(daemon: testing.Daemon) -> None:
+    """Issue 28: what `job exec` (and `-it`) runs counts against the job's limits and dies
+    with it: it enters the rank's cgroups before anything of the job's runs."""
+    c = daemon.client()
+    c.create_job({"name": "beside-cg", "cpu": 0.5, "command": ["sleep", "60"]})
+    wait_until(lambda: c.get_job("beside-cg")["phase"] == "Running", "the job to run",
+               timeout=DEADLINE)
+    paths = wait_until(lambda: job_cgroups(daemon), "the job's cgroup", timeout=10)
+    done = c.exec_job("beside-cg", None, ["cat", "/proc/self/cgroup"])
+    assert done["returncode"] == 0, done
+    assert paths[0].name in done["stdout"], (paths[0].name, done["stdout"])
+    c.cancel_job("beside-cg")
+    assert c.wait_job("beside-cg", timeout=DEADLINE)["phase"] == "Cancelled"

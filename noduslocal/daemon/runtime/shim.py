@@ -924,20 +924,32 @@ def exec_in(spec: dict) -> None:
     entering: nothing of the namespace, where the job's own directories may lie over
     /usr/bin or /etc, ever runs as root."""
     libc = _libc()
-    pid = spec["pid"]
-    try:
-        ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        ns = root = -1
-    # Checked after the opens: a pid reused before them is another process's namespace.
-    if ns < 0 or start_ticks(pid) != spec["start_ticks"]:
-        _exec_failed(126, "the job's process has ended; nothing to exec beside")
-    if libc.setns(ns, CLONE_NEWNS) != 0:
-        _exec_failed(126, f"cannot enter the job's namespace: "
-                          f"{os.strerror(ctypes.get_errno())}")
-    os.fchdir(root)
-    os.chroot(".")
+    pid = spec.get("pid")  # None: a job on the host's paths, with no namespace to enter
+    ns = root = -1
+    if pid is not None:
+        try:
+            ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            ns = root = -1
+        # Checked after the opens: a pid reused before them is another process's namespace.
+        if ns < 0 or start_ticks(pid) != spec["start_ticks"]:
+            _exec_failed(126, "the job's process has ended; nothing to exec beside")
+    # Into the rank's cgroups first (as root, before anything of the job's runs): what the
+    # exec uses counts against the job's limits, and a kill of the rank ends it too.
+    for cgroup in spec.get("cgroups") or ():
+        try:
+            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+        except OSError as exc:
+            _exec_failed(126, f"cannot enter the job's cgroup {cgroup}: {exc.strerror}")
+    if pid is not None:
+        if libc.setns(ns, CLONE_NEWNS) != 0:
+            _exec_failed(126, f"cannot enter the job's namespace: "
+                              f"{os.strerror(ctypes.get_errno())}")
+        os.fchdir(root)
+        os.chroot(".")
     uid = spec.get("uid")
     if uid is not None and uid != os.getuid():
         os.setgroups(spec.get("groups") or [spec["gid"]])

@@ -22,7 +22,6 @@ from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import read_pid
 from noduslocal.daemon.runtime.base import ExecResult
 from noduslocal.daemon.runtime.exec_output import supervise
-from noduslocal.daemon.runtime.shim import ENV
 from noduslocal.domain import errors
 
 log = logging.getLogger(__name__)
@@ -62,17 +61,14 @@ def exec_argv(launch: dict[str, Any], command: list[str]
               ) -> tuple[list[str], str | None, dict[str, Any]]:
     """How to run COMMAND beside the job whose launch request is LAUNCH: the argv, the cwd
     and subprocess's identity arguments."""
-    if launch.get("mounts"):
-        # Into the job's mount namespace and its root (a chroot the shim made) by the
-        # Python shim, which drops to the owner before it runs anything found in there.
+    as_owner = launch.get("uid") is not None and launch["uid"] != os.getuid()
+    if launch.get("mounts") or launch.get("cgroups") or as_owner:
+        # By the Python shim, as root: into the rank's cgroups, then the job's mount
+        # namespace and its root (a chroot the shim made) where it has one; it drops to
+        # the owner before it runs anything found in there, enters the workdir and searches
+        # PATH with the owner's rights.
         return ([sys.executable, "-I", "-S", shim.__file__, "--exec-in",
                  json.dumps(_entry(launch, command))], None, {})
-    if launch.get("uid") is not None and launch["uid"] != os.getuid():
-        # As in the shim: drop to the owner in the child, then enter the workdir and search
-        # PATH with the owner's rights.
-        return ([ENV, "--chdir", launch["cwd"], "--", *command], None,
-                {"user": launch["uid"], "group": launch["gid"],
-                 "extra_groups": launch.get("groups") or [launch["gid"]]})
     return list(command), launch["cwd"], {}
 
 
@@ -102,10 +98,12 @@ def _entry(launch: dict[str, Any], command: list[str]) -> dict[str, Any]:
     pid = read_pid(Path(launch["dir"]))
     if pid is None or shim.start_ticks(pid["pid"]) != pid.get("start_ticks"):
         raise errors.Conflict("the job's process has ended; nothing to exec beside")
+    if not launch.get("mounts"):  # no namespace of its own to enter: the host's paths
+        pid = {"pid": None, "start_ticks": None}
     return {"pid": pid["pid"], "start_ticks": pid["start_ticks"], "uid": launch.get("uid"),
             "gid": launch.get("gid"), "groups": launch.get("groups"),
             "no_new_privs": bool(launch.get("no_new_privs")), "cwd": launch["cwd"],
-            "argv": command}
+            "argv": command, "cgroups": launch.get("cgroups") or []}
 
 
 @cache

@@ -243,14 +243,23 @@ class HostRuntime:
         # in its mount namespace (where it has one: an adopted job of an older daemon ran
         # on the host's paths).
         own = has_own_namespace(launch.ref.rank_dir(handle.rank))
-        return await run_in_job(self._request(launch, handle.rank, own), command, timeout,
-                                self.exec_records)
+        return await run_in_job(self._exec_request(launch, handle.rank, own), command,
+                                timeout, self.exec_records)
 
     async def open_terminal(self, launch: Launch, handle: Handle, command: list[str],
                             rows: int, cols: int) -> Terminal:
         own = has_own_namespace(launch.ref.rank_dir(handle.rank))
-        return await PtyTerminal.start(self._request(launch, handle.rank, own), command,
+        return await PtyTerminal.start(self._exec_request(launch, handle.rank, own), command,
                                        rows, cols, self.exec_records)
+
+    def _exec_request(self, launch: Launch, rank: int, namespace: bool) -> dict[str, Any]:
+        """The rank's launch request for an exec beside it, with the rank's cgroups (those
+        that exist: a hierarchy without a limit to hold has none)."""
+        request = self._request(launch, rank, namespace)
+        if self.cgroups.enabled:
+            name = cgroup_name(launch.ref.job.id, launch.ref.number, rank)
+            request["cgroups"] = [str(p) for p in self.cgroups.paths(name) if p.is_dir()]
+        return request
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
         return rank_dir(directory, rank) / LOG_FILES[stream]
