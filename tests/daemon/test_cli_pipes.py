@@ -31,3 +31,17 @@ def test_a_closed_pipe_ends_it_quietly(daemon: testing.Daemon, args: list[str]) 
         os.close(write)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode in (0, 1, 141), (done.returncode, done.stderr)
+
+
+def test_the_client_imports_none_of_the_daemon_s_dependencies() -> None:
+    """Issue 28: the SDK and the CLI load without aiosqlite, docker, NVML, watchfiles or
+    aiohttp (only `dashboard` and `exec -it` take aiohttp, when they run)."""
+    probe = ("import sys, noduslocal, noduslocal.sdk.client, noduslocal.cli.main, "
+             "noduslocal.cli.root\n"
+             "import noduslocal as nodus\n"
+             "heavy = {'aiosqlite', 'docker', 'pynvml', 'watchfiles', 'aiohttp',"
+             " 'prometheus_client'}\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
