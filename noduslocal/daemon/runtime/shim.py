@@ -28,6 +28,10 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the shim imports what it runs, no more
+    from collections.abc import Iterable
+
 # The attempt directory's files: attempt_dir.py and base.LOG_FILES read these names, and
 # shim.c spells the same ones.
 LOCK = "attempt.lock"
@@ -313,15 +317,7 @@ def _spawn_contained(req: dict, out_w: int, err_w: int) -> int:
             os.dup2(null, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            for cgroup in req.get("cgroups") or ():
-                try:
-                    fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
-                    os.write(fd, str(os.getpid()).encode())
-                    os.close(fd)
-                except OSError as exc:
-                    os.write(2, f"noduslocal: cannot enter cgroup {cgroup}: "
-                                f"{exc.strerror}\n".encode())
-                    os._exit(126)
+            _enter_cgroups(req.get("cgroups") or ())
             if req.get("mounts"):
                 try:
                     _Mounts(req["dir"]).make(req)
@@ -937,13 +933,7 @@ def exec_in(spec: dict) -> None:
             _exec_failed(126, "the job's process has ended; nothing to exec beside")
     # Into the rank's cgroups first (as root, before anything of the job's runs): what the
     # exec uses counts against the job's limits, and a kill of the rank ends it too.
-    for cgroup in spec.get("cgroups") or ():
-        try:
-            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-        except OSError as exc:
-            _exec_failed(126, f"cannot enter the job's cgroup {cgroup}: {exc.strerror}")
+    _enter_cgroups(spec.get("cgroups") or ())
     if pid is not None:
         if libc.setns(ns, CLONE_NEWNS) != 0:
             _exec_failed(126, f"cannot enter the job's namespace: "
@@ -977,6 +967,18 @@ def exec_in(spec: dict) -> None:
     assert found is not None
     _exec_failed(127 if found.errno == errno.ENOENT else 126,
                  f"cannot execute {argv[0]!r}: {found.strerror}")
+
+
+def _enter_cgroups(cgroups: Iterable[str]) -> None:
+    """This process into each of a rank's cgroups (a job's child, or an exec beside it),
+    or exit 126 saying which it could not enter."""
+    for cgroup in cgroups:
+        try:
+            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+        except OSError as exc:
+            _exec_failed(126, f"cannot enter cgroup {cgroup}: {exc.strerror}")
 
 
 def _exec_failed(code: int, message: str) -> None:
