@@ -23,8 +23,10 @@ from tests.conftest import run_cli
 DEADLINE = 60
 PIDS_MAX = 48
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
-                                reason="cgroups need root")
+# beside: its own daemon and cgroup parent, no docker (scripts/test.sh's third process).
+pytestmark = [pytest.mark.beside,
+              pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                                 reason="cgroups need root")]
 
 
 @pytest.fixture(params=["python", "compiled"])
