@@ -118,15 +118,20 @@ def _named(request: web.Request) -> tuple[str, str]:
 
 
 async def _page(request: web.Request, title: str, active: str, body: str) -> web.Response:
-    info = await _link(request).get("/v1/info")
     return _html(pages.layout(title, active, body, request["session"].csrf,
-                              info.get("caller") or {}))
+                              await _caller(request)))
+
+
+async def _info(request: web.Request) -> dict[str, Any]:
+    """The daemon's /v1/info, asked once a request (the layout, the caller's rights)."""
+    if "info" not in request:
+        request["info"] = await _link(request).get("/v1/info")
+    info: dict[str, Any] = request["info"]
+    return info
 
 
 async def _caller(request: web.Request) -> dict[str, Any]:
-    if "caller" not in request:
-        request["caller"] = (await _link(request).get("/v1/info")).get("caller") or {}
-    caller: dict[str, Any] = request["caller"]
+    caller: dict[str, Any] = (await _info(request)).get("caller") or {}
     return caller
 
 
@@ -522,7 +527,7 @@ async def queue_fragment(request: web.Request) -> web.Response:
 
 async def me_page(request: web.Request) -> web.Response:
     link = _link(request)
-    info, mine, du = await asyncio.gather(link.get("/v1/info"), link.get("/v1/me"),
+    info, mine, du = await asyncio.gather(_info(request), link.get("/v1/me"),
                                           link.get("/v1/du"))
     return await _page(request, "Me", "me", pages.me_page(info, du, mine))
 
