@@ -51,29 +51,21 @@ class DaemonLink:
         async with self._client().post(path, params=params, json=body or {}) as resp:
             return await self._json(resp)
 
-    async def lines(self, path: str, params: Params = None,
-                    limit: int | None = None) -> AsyncIterator[bytes]:
+    async def lines(self, path: str, params: Params = None) -> AsyncIterator[bytes]:
         """A streamed answer line by line (a followed log or the event stream); ends with
-        the daemon's stream. LIMIT: at most that many bytes are read (a page's tail)."""
+        the daemon's stream."""
         async with self._client().get(path, params=params) as resp:
             if resp.status >= 400:
                 await self._json(resp)
-            read = 0
             async for line in resp.content:
-                read += len(line)
                 yield line
-                if limit is not None and read >= limit:
-                    break
 
-    async def body(self, path: str, params: Params = None,
-                   limit: int | None = None) -> tuple[bytes, str]:
-        """A whole answer's bytes and content type (a file's content), at most LIMIT
-        bytes."""
+    async def body(self, path: str, params: Params = None, limit: int | None = None) -> bytes:
+        """A whole answer's bytes (a file's content), at most LIMIT bytes."""
         async with self._client().get(path, params=params) as resp:
             if resp.status >= 400:
                 await self._json(resp)
-            data = await (resp.content.read(limit) if limit is not None else resp.read())
-            return data, resp.headers.get("Content-Type", "application/octet-stream")
+            return await (resp.content.read(limit) if limit is not None else resp.read())
 
     @staticmethod
     async def _json(resp: aiohttp.ClientResponse) -> Any:

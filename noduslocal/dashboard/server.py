@@ -299,7 +299,7 @@ async def job_log(request: web.Request) -> web.StreamResponse:
     path = path_of("v1", "jobs", name, "logs")
     params = _log_params(request)
     if request.query.get("download"):
-        data, _ = await link.body(path, params)
+        data = await link.body(path, params)
         return web.Response(body=data, content_type="text/plain", charset="utf-8", headers={
             "Content-Disposition": f'attachment; filename="{_file_name(name)}.log"'})
     lines = link.lines(path, {**params, "follow": "1", "tail": str(LOG_TAIL)})
@@ -351,7 +351,7 @@ async def job_metrics(request: web.Request) -> web.Response:
     columns for a chart: x is `step` when the lines have one, else the line's number."""
     path, params = _job_path(request, "files", "content")
     try:
-        data, _ = await _link(request).body(path, {**dict(params or {}),
+        data = await _link(request).body(path, {**dict(params or {}),
                                                    "path": METRICS_FILE})
     except errors.NotFound:
         data = b""
@@ -380,7 +380,7 @@ async def job_output(request: web.Request) -> web.Response:
     path, params = _job_path(request, "outputs", "content")
     query = {**dict(params or {}), **{k: request.query[k] for k in ("output", "index")
                                       if request.query.get(k)}}
-    data, _ = await _link(request).body(path, query)
+    data = await _link(request).body(path, query)
     return _download(data, request.query.get("output", "output"))
 
 
@@ -395,7 +395,7 @@ async def job_file(request: web.Request) -> web.Response:
     where = request.query.get("path", "")
     path, params = _job_path(request, "files", "content")
     download = bool(request.query.get("download"))
-    data, _ = await _link(request).body(path, {**dict(params or {}), "path": where},
+    data = await _link(request).body(path, {**dict(params or {}), "path": where},
                                         None if download else FILE_VIEW_BYTES + 1)
     if download:
         return _download(data, where.rsplit("/", 1)[-1])
@@ -455,7 +455,7 @@ async def _exemplar_logs(request: web.Request, sweep: dict[str, Any]) -> dict[st
 
     async def tail(job: str) -> str:
         try:
-            data, _ = await _link(request).body(
+            data = await _link(request).body(
                 path_of("v1", "jobs", job, "logs"),
                 {"project": project, "tail": str(EXEMPLAR_LINES)}, EXEMPLAR_BYTES)
         except errors.NodusError as exc:

@@ -62,10 +62,7 @@ def index_dir(directory: Path, index: int) -> Path:
 
 def attempt_of_index(layout: JobLayout, job: JobRecord, index: int) -> int:
     """The last attempt that ran index `index` (a retry skips the ones that succeeded)."""
-    for number in range(job.attempts, 0, -1):
-        if index in _load(layout.attempt_dir(job.id, number))["slots"]:
-            return number
-    return job.attempts
+    return attempts_of_indexes(layout, job).get(index, job.attempts)
 
 
 def attempts_of_indexes(layout: JobLayout, job: JobRecord) -> dict[int, int]:
