@@ -160,6 +160,24 @@ def test_v1_kill_freezes_and_thaws(tmp_path: Path) -> None:
     assert (tmp_path / "freezer" / "nl" / name / "freezer.state").read_text() == "THAWED"
 
 
+def test_release_removes_an_empty_cgroup_at_once_and_leaves_a_busy_one(
+        tmp_path: Path) -> None:
+    """remove_empty() is the release's cheap path on the event loop: an empty cgroup goes
+    in every hierarchy; one the kernel refuses (a file here stands for a process, as the
+    kernel's EBUSY) is left for remove(), which kills what is in it."""
+    v1_tree(tmp_path, "nl", "x")
+    cgroups = Cgroups.detect("nl", tmp_path)
+    name = cgroup_name(5, 1, 0)
+    for controller in V1_JOB_FILES:
+        (tmp_path / controller / "nl" / name).mkdir()
+    (tmp_path / "memory" / "nl" / name).rmdir()  # not made: no memory limit
+    assert cgroups.remove_empty(name)
+    assert not any((tmp_path / c / "nl" / name).exists() for c in V1_JOB_FILES)
+    touch(tmp_path / "pids" / "nl" / name, "cgroup.procs")
+    assert not cgroups.remove_empty(name)
+    assert (tmp_path / "pids" / "nl" / name).exists()
+
+
 def test_parent_is_per_data_dir(tmp_path: Path) -> None:
     system = Path("/var/lib/noduslocal")
     assert parent_name(system, system) == SYSTEM_PARENT

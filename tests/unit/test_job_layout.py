@@ -91,3 +91,20 @@ def test_a_job_directory_with_anything_else_in_it_is_still_refused(
         (layout.workspace(13) / "model.pt").write_text("someone's")
     with pytest.raises(FileExistsError):
         layout.prepare(job(13), 1)
+
+
+def test_an_attempt_takes_what_was_made_ahead_as_it_is(tmp_path: Path) -> None:
+    """A sweep's next cell whose directories were all made ahead starts without a system
+    call on the loop, and finds the same tree the long way makes: the record, an empty
+    workspace and its attempt's directory."""
+    layout = JobLayout(tmp_path)
+    layout.create_root()
+    ahead, slow = job(1), job(2)
+    layout.prepare_ahead(ahead)
+    assert layout.prepare(ahead, 1) == layout.attempt_dir(1, 1)
+    assert layout.prepare(slow, 1) == layout.attempt_dir(2, 1)
+    for job_id in (1, 2):
+        assert json.loads((layout.job_dir(job_id) / RECORD).read_text())["id"] == job_id
+        assert sorted(p.name for p in layout.job_dir(job_id).iterdir()) == [
+            "attempt-1", RECORD, "workspace"]
+        assert not any(layout.workspace(job_id).iterdir())

@@ -67,6 +67,9 @@ class JobLayout:
         self.blobs = BlobStore(data_dir / "blobs")
         self.overlays = Overlays(data_dir, self.jobs_dir, overlay)
         self._ahead: set[int] = set()  # jobs whose first attempt's directories exist
+        # ... all of them made, for a job with nothing to put in its workspace: its first
+        # attempt takes them as they are (no system call on the loop).
+        self._ahead_done: set[int] = set()
 
     def create_root(self) -> None:
         for directory in (self.jobs_dir, self.volumes_dir):
@@ -163,6 +166,10 @@ class JobLayout:
         """Make the attempt's directory, and the job's directory and workspace (owned by the
         job's owner) where an earlier attempt has not; returns the attempt directory."""
         directory = self.attempt_dir(job.id, number)
+        if number == 1 and job.id in self._ahead_done:
+            self._ahead_done.discard(job.id)
+            self._ahead.discard(job.id)
+            return directory
         if number == 1 and (job.id in self._ahead or self._made_ahead(job)):
             self._ahead.discard(job.id)  # made ahead (perhaps by the daemon before us)
             self.job_dir(job.id).mkdir(mode=0o711, exist_ok=True)
@@ -216,6 +223,7 @@ class JobLayout:
     def drop_ahead(self, job_id: int) -> None:
         """The job ended, or was set aside, before an attempt took what was made ahead:
         the mount made ahead goes, and none is made for it any more."""
+        self._ahead_done.discard(job_id)  # a resumed cell's attempt looks at them again
         self.overlays.settled(job_id)
 
     def _attach(self, job: JobRecord) -> None:
@@ -275,6 +283,8 @@ class JobLayout:
                 self._attach(job)
                 self.overlays.mount_ahead(job.id)
             self.attempt_dir(job.id, 1).mkdir(mode=0o700)
+            if not job.spec.source and job.id in self._ahead:  # not taken meanwhile
+                self._ahead_done.add(job.id)
 
     def _unpack(self, directory: Path, job: JobRecord) -> None:
         """The job's source unpacked into a new snapshot directory that the owner's

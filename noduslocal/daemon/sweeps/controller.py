@@ -32,12 +32,17 @@ from noduslocal.domain.sweeps import SweepRecord
 log = logging.getLogger(__name__)
 ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
 RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING})  # not held
+# Held cells read (and their directories made) ahead at once, at least: a read and a trip
+# to the directories' thread per released cell cost a short task more than the task
+# (issue 25, part 5); a read is made again once fewer than max_parallel are left.
+READ_AHEAD = 32
 
 
 class SweepController:
     def __init__(self, store: Store, dispatch: Dispatch, background: Background,
                  webhooks: Webhooks, hub: EventHub, running_cost: Callable[[int], float],
-                 prepare_ahead: Callable[[JobRecord], None] = lambda job: None) -> None:
+                 prepare_ahead: Callable[[list[JobRecord]], None] = lambda jobs: None,
+                 ) -> None:
         """`hub`: told of each transition (a sweep's long polls wait there);
         `running_cost(job_id)`: what a running cell has cost so far; `prepare_ahead`: the
         next cells, read ahead, may have their directories made meanwhile."""
@@ -199,13 +204,15 @@ class SweepController:
 
     async def enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
         """Queue the released cells `ids`, and read the next held ones ahead."""
-        ahead = [j for j in itertools.islice(active.held, active.record.max_parallel)
+        ahead = [j for j in itertools.islice(active.held,
+                                             max(active.record.max_parallel, READ_AHEAD))
                  if j not in active.ready]
+        prepare = []
         for job in await self.store.jobs_by_ids([*ids, *ahead]):
             if job.id not in ids:
                 if job.phase == Phase.PENDING and job.id in active.held:
                     active.ready[job.id] = job
-                    self._prepare_ahead(job)
+                    prepare.append(job)
             # Withdrawn meanwhile (a cancel of that cell, or of the sweep, or a suspend of
             # the sweep) is not queued.
             elif (job.phase == Phase.PENDING and active.record.phase in RELEASING
@@ -213,6 +220,8 @@ class SweepController:
                        or job.id == active.canary)):
                 self.dispatch.enqueue(job)
         active.releasing.difference_update(ids)
+        if prepare:
+            self._prepare_ahead(prepare)
 
     def cell_ending(self, job_id: int, phase: str) -> None:
         """A cell's end is about to be committed (the runner says so before the commit):

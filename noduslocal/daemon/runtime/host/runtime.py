@@ -169,7 +169,8 @@ class HostRuntime:
     async def _launch_rank(self, launch: Launch, rank: int) -> Rank:
         ref = launch.ref
         directory = ref.rank_dir(rank)
-        directory.mkdir(mode=0o700, exist_ok=True)
+        if directory != ref.directory:  # the attempt's own was made with it
+            directory.mkdir(mode=0o700, exist_ok=True)
         if not self.namespaces.enabled and (outside := outside_workspace(ref.job)):
             raise LaunchFailed(
                 f"{outside} is outside /workspace, and a host job sees such a path only in "
@@ -235,7 +236,9 @@ class HostRuntime:
         """Each rank's cgroup, emptied and removed; the shim leaves its files for the logs."""
         if self.cgroups.enabled:
             names = [cgroup_name(ref.job.id, ref.number, h.rank) for h in handles]
-            await asyncio.to_thread(lambda: [self.cgroups.remove(name) for name in names])
+            busy = [name for name in names if not self.cgroups.remove_empty(name)]
+            if busy:  # killed and waited for: off the loop
+                await asyncio.to_thread(lambda: [self.cgroups.remove(name) for name in busy])
 
     async def exec(self, launch: Launch, handle: Handle, command: list[str],
                    timeout: float) -> ExecResult:
