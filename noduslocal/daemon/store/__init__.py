@@ -32,6 +32,7 @@ _PRAGMAS = (
     "PRAGMA synchronous = FULL",
     "PRAGMA busy_timeout = 5000",
     "PRAGMA foreign_keys = ON",
+    "PRAGMA mmap_size = 268435456",
 )
 
 CURRENT = "sweep_id = ? AND superseded_by IS NULL"  # each cell's latest job
