@@ -157,6 +157,8 @@ async def verdict(attempt: Attempt, stop_the_rest: Callable[[], Awaitable[None]]
     Ray-like launchers, rank 0 in any way) stops the rest and is the attempt's end; ends
     that follow from that stop do not count. With none such, rank 0's exit is."""
     gang = attempt.job.spec.gang
+    if len(attempt.ends) == 1:  # its end is the attempt's (shielded: a cancel is ours)
+        return await asyncio.shield(attempt.ends[0])
     rank_of = {end: rank for rank, end in enumerate(attempt.ends)}
     pending, decider = set(rank_of), None
     while pending:

@@ -7,7 +7,6 @@ the job queued again or ended, the share handed on in the same commit as the nex
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -215,10 +214,14 @@ class AttemptRunner:
             attempt.timers.append(asyncio.get_running_loop().call_later(
                 delay, self.stopper.stop_soon, attempt, Reason.TIMEOUT))
         stop = asyncio.Event()
-        # Not awaited at the end: the watcher notices `stop` only at its next step, and
-        # the end reads the file once more itself.
-        self.stopper.background.spawn(follow_metrics(
-            attempt, self.layout.workspace(attempt.job.id), stop))
+        # Only once the attempt has run FOLLOW_AFTER seconds: a watcher costs a thread and
+        # an inotify instance, and even a task waiting for that second cost the short
+        # tasks of a sweep of `true` more than a timer; their metrics are read at their
+        # end. Not awaited at the end: the watcher notices `stop` only at its next step,
+        # and the end reads the file once more itself.
+        follow = asyncio.get_running_loop().call_later(
+            FOLLOW_AFTER, lambda: self.stopper.background.spawn(follow_metrics(
+                attempt, self.layout.workspace(attempt.job.id), stop)))
         merging = None
         if attempt.job.spec.gang is not None:  # its merged log is whole before the end
             merger = LogMerger(attempt.ref.directory, attempt.job.spec.gang.nodes,
@@ -227,6 +230,7 @@ class AttemptRunner:
         try:
             state = await (until or verdict(attempt, lambda: self.stopper.stop_ranks(attempt)))
         finally:
+            follow.cancel()
             stop.set()
         if merging is not None:
             try:
@@ -386,12 +390,8 @@ def read_final_metrics(attempt: Attempt, workspace: Path) -> dict[str, float]:
 
 
 async def follow_metrics(attempt: Attempt, workspace: Path, stop: asyncio.Event) -> None:
-    """Until `stop` is set: the attempt's metrics, read again whenever the file changes.
-    Only once the attempt has run FOLLOW_AFTER seconds: a watcher costs a thread and an
-    inotify instance, which short tasks (a sweep of `true`) would pay for nothing; their
-    metrics are read at their end."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), FOLLOW_AFTER)
+    """Until `stop` is set: the attempt's metrics, read again whenever the file changes."""
+    if stop.is_set():
         return
     try:
         await read_metrics(attempt, workspace)

@@ -111,10 +111,11 @@ class Spawner:
 
     async def launch(self, request: dict[str, Any]) -> int:
         """Start a shim for one attempt; returns the shim's pid."""
-        try:
-            await asyncio.wait_for(self._alive.wait(), SPAWNER_WAIT)
-        except TimeoutError:
-            raise SpawnError("no spawner is running") from None
+        if not self._alive.is_set():  # a wait_for on every launch cost the map's tasks
+            try:
+                await asyncio.wait_for(self._alive.wait(), SPAWNER_WAIT)
+            except TimeoutError:
+                raise SpawnError("no spawner is running") from None
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdin.is_closing():
             raise SpawnError("no spawner is running")
