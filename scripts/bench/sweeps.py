@@ -6,6 +6,9 @@ in the same run.
     python scripts/bench/sweeps.py [TASKS] [CELLS] [ROUNDS]   targets: create < 1 s; map
                                                               faster than parallel, near tsp
     BENCH_DATA_ROOT=/dev/shm ...   the daemon's directory in RAM (CELLS 0: skip creates)
+    BENCH_KEEP=1 ...               leave the daemons' directories (for runs back to back:
+                                   on a file system without a journal, inodes deleted in
+                                   the last minutes make every new one dearer)
 """
 
 from __future__ import annotations
@@ -120,6 +123,9 @@ def main() -> None:
         row("GNU parallel -j2", lambda: run_parallel(n))
         row("task-spooler (tsp -S 2)", lambda: (run_tsp(n) or (0.0, 0.0))[1] or None)
     print(table(rows))
+    if os.environ.get("BENCH_KEEP"):  # runs back to back: a mass deletion slows the next
+        print(f"left in place: {' '.join(map(str, made))}")
+        return
     for path in made:
         shutil.rmtree(path, ignore_errors=True)
 
