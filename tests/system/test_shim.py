@@ -17,7 +17,13 @@ from typing import Any, TypeVar
 import pytest
 
 from noduslocal.daemon.runtime import compiled_shim, shim
-from noduslocal.daemon.runtime.attempt_dir import NO_ROOM_DETAIL, inspect, read_exit, read_pid
+from noduslocal.daemon.runtime.attempt_dir import (
+    NO_ROOM_DETAIL,
+    inspect,
+    locked,
+    read_exit,
+    read_pid,
+)
 from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverStarted, Vanished
 from noduslocal.daemon.runtime.host import spawner as spawner_module
 from noduslocal.daemon.runtime.host.runtime import signal_group
@@ -316,6 +322,26 @@ def test_inspect_a_directory_no_shim_ever_used(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
+def test_a_shim_that_starts_under_the_verdict_never_runs_its_job(tmp_path: Path) -> None:
+    """The daemon judges an attempt under both locks a shim may take (the compiled one's
+    directory, the Python one's file): a shim that starts meanwhile waits for them, finds
+    the attempt abandoned and never runs its job, so the job cannot run beside its retry."""
+    directory = new_dir(tmp_path)
+    ran = tmp_path / "ran"
+
+    async def body(runtime: Spawner) -> AttemptState:
+        with locked(directory) as free:
+            assert free
+            shim_pid = await runtime.launch(request(directory, ["touch", str(ran)]))
+            await asyncio.sleep(0.3)
+            assert not (directory / f".{shim.PID}.tmp").exists()  # waiting for our lock
+            (directory / shim.ABANDONED).touch()
+        return await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+
+    assert isinstance(run(with_runtime(body)), NeverStarted)
+    assert not ran.exists() and not (directory / shim.PID).exists()
+
+
 def test_inspect_a_running_then_finished_shim(tmp_path: Path, cleanup: list[int]) -> None:
     directory = new_dir(tmp_path)
 
@@ -591,8 +617,9 @@ def test_a_full_disk_costs_log_output_but_neither_the_shim_nor_the_exit(
         assert (directory / shim.OUTPUT_LOG).read_text() == (
             f"{'before':>4095}\n[noduslocal] {lost} bytes of output were lost here "
             "(No space left on device)\nafter\n")
+        # The compiled shim's lock is its directory: a file fewer for each task.
         assert sorted(p.name for p in directory.iterdir()) == [
-            shim.LOCK, shim.EXIT, shim.OUTPUT_LOG, shim.PID]
+            *([shim.LOCK] if SHIM[0] is None else []), shim.EXIT, shim.OUTPUT_LOG, shim.PID]
 
 
 def test_no_room_for_its_records_means_the_job_never_starts(tmp_path: Path) -> None:

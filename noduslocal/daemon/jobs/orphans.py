@@ -8,7 +8,6 @@ little is kept aside for an admin, with the steps to restore it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ from typing import Any
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs.indexed_run import JOURNAL
 from noduslocal.daemon.runtime import shim
-from noduslocal.daemon.runtime.attempt_dir import kill_leftovers, read_exit, read_pid
+from noduslocal.daemon.runtime.attempt_dir import kill_leftovers, locked, read_exit, read_pid
 from noduslocal.daemon.runtime.base import Exited
 from noduslocal.daemon.store.restore import LostAttempt, LostJob
 from noduslocal.domain.jobs import JobRecord, JobSpec
@@ -54,14 +53,11 @@ class Orphan:
 def _stop_attempt(directory: Path) -> bool:
     """Kill a live shim of the attempt and what it runs; True when one was alive."""
     try:
-        fd = os.open(directory / shim.LOCK,
-                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        with locked(directory) as free:
+            if free:
+                if not (directory / shim.PID).exists():
+                    (directory / shim.ABANDONED).touch()  # a shim not started yet never runs
+                return False
             pid = read_pid(directory)
             if pid is None or pid.get("boot_id") != shim.boot_id():
                 return False
@@ -69,11 +65,8 @@ def _stop_attempt(directory: Path) -> bool:
                 os.kill(pid["shim_pid"], signal.SIGKILL)
             kill_leftovers(directory, pid["shim_pid"], pid.get("boot_id"))
             return True
-        if not (directory / shim.PID).exists():
-            (directory / shim.ABANDONED).touch()  # a shim not started yet never runs
+    except OSError:
         return False
-    finally:
-        os.close(fd)
 
 
 def _started(directory: Path) -> bool:
@@ -299,7 +292,9 @@ def lost_view(orphans: list[Orphan], caught_up: list[tuple[int, str]], uid: int,
 def _shows_start(directory: Path) -> bool:
     """An attempt directory something was started in (prepare_ahead() makes an empty one
     for a job about to start: that one shows nothing)."""
-    return ((directory / shim.LOCK).exists() or (directory / JOURNAL).exists()
+    # A shim past its lock has reserved its records (the compiled one leaves no LOCK).
+    return ((directory / shim.LOCK).exists() or (directory / f".{shim.PID}.tmp").exists()
+            or (directory / JOURNAL).exists()
             or _started(directory) or any(directory.glob("rank-*"))
             or any(directory.glob("index-*")))
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,33 +73,52 @@ def has_exit(directory: Path) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[bool]:
+    """Both locks a shim may hold on its attempt: the directory (the compiled shim's) and
+    the LOCK file in it (the Python shim's, made here if missing so that one starting now
+    waits for us). True inside when both were taken: no shim lives there, and none starts
+    there until the block ends (it then finds what the block left, such as ABANDONED);
+    False when a shim holds one. FileNotFoundError: no such directory."""
+    fds = []
+    try:
+        fds.append(os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                           | os.O_CLOEXEC))
+        fds.append(os.open(directory / shim.LOCK,
+                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        try:
+            for fd in fds:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def inspect(directory: Path) -> AttemptState:
-    """What became of an attempt, decided under the attempt's lock so a shim that is
+    """What became of an attempt, decided under the attempt's locks so a shim that is
     starting right now cannot slip between the look and the verdict."""
     if (exited := read_exit(directory)) is not None:
         return exited  # written last, by a shim that is done with the job
     try:
-        fd = os.open(directory / shim.LOCK,
-                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
+        with locked(directory) as free:
+            if not free:
+                pid = read_pid(directory)
+                # The shim holds its lock from before it starts the job to its own exit.
+                return Alive(pid["shim_pid"]) if pid else Alive(0)
+            if (exited := read_exit(directory)) is not None:
+                return exited
+            if read_pid(directory) is not None:
+                return Vanished()
+            (directory / shim.ABANDONED).touch()
+            if (directory / shim.NO_ROOM).exists():
+                return NeverStarted(NO_ROOM_DETAIL, certain=True)
+            return NeverStarted()
+    except (FileNotFoundError, NotADirectoryError):
         return NeverStarted()  # the directory was never made: nothing can run there
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = read_pid(directory)
-            # The shim holds the lock from before it starts the job to its own exit.
-            return Alive(pid["shim_pid"]) if pid else Alive(0)
-        if (exited := read_exit(directory)) is not None:
-            return exited
-        if read_pid(directory) is not None:
-            return Vanished()
-        (directory / shim.ABANDONED).touch()
-        if (directory / shim.NO_ROOM).exists():
-            return NeverStarted(NO_ROOM_DETAIL, certain=True)
-        return NeverStarted()
-    finally:
-        os.close(fd)
 
 
 def kill_leftovers(directory: Path, shim_pid: int | None, boot: str | None) -> None:

@@ -1,6 +1,6 @@
-/* The per-attempt shim, compiled: the same protocol as shim.py's run_shim (the attempt
- * directory's attempt.lock, abandoned, pid.json, exit.json and logs), at a fraction of a
- * forked Python's cost. `nodus-shim --serve` is the spawner: the daemon writes requests to
+/* The per-attempt shim, compiled: the same protocol as shim.py's run_shim (abandoned,
+ * pid.json, exit.json and logs in the attempt directory, whose lock is the directory
+ * itself here and shim.py's attempt.lock there), at a fraction of a forked Python's cost. `nodus-shim --serve` is the spawner: the daemon writes requests to
  * its stdin (a 4-byte length, then NUL-terminated fields: see compiled_shim.py), and for
  * each it forks a shim and answers {"id": N, "pid": P} on stdout. A shim leads its own
  * session, outlives the spawner and the daemon, and never runs as anyone but root or the
@@ -851,8 +851,9 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     syscall(SYS_close_range, 3, ~0U, 0);
     null = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
-    char *lock_path = path_in("attempt.lock");
-    int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    /* The attempt directory itself is the lock (shim.py's LOCK file is one inode more a
+     * task): held until we exit, it tells a restarted daemon that we live. */
+    int lock = open(req->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (lock < 0 || flock(lock, LOCK_EX) != 0) die();
     char *abandoned = path_in("abandoned");
     if (access(abandoned, F_OK) == 0) _exit(0); /* a restarted daemon gave up on us */

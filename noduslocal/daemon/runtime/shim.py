@@ -3,16 +3,16 @@
 
 The daemon keeps one spawner as its child and writes one JSON request per line to it; the
 spawner forks a shim per request and answers with the shim's pid. Each shim leads its own
-session, holds an flock on its attempt directory for its whole life (the daemon's liveness
-test after a restart), runs the job in a new process group (and in the rank's cgroups when
-the request names them: all in them is killed at the end, OOM kills recorded; and in a mount
-namespace of its own when it names mounts: its workspace at /workspace), pumps its
-output into the log files (each at most `max_log` bytes: its head, a marker, and its last
-bytes at the end), and writes exit.json atomically before it exits, into room it reserved
-before the job started, so that a disk the job filled still gets its exit. Shims outlive
-the spawner and the daemon. Shared by the runtimes that run a shim (host; a cluster's
-nodes), its log writer also by docker's; attempt_dir.py reads what it writes, shim.c is
-its compiled twin.
+session, holds an flock on its attempt (its LOCK file here, the directory itself in
+shim.c) for its whole life (the daemon's liveness test after a restart), runs the job in a
+new process group (and in the rank's cgroups when the request names them: all in them is
+killed at the end, OOM kills recorded; and in a mount namespace of its own when it names
+mounts: its workspace at /workspace), pumps its output into the log files (each at most
+`max_log` bytes: its head, a marker, and its last bytes at the end), and writes exit.json
+atomically before it exits, into room it reserved before the job started, so that a disk
+the job filled still gets its exit. Shims outlive the spawner and the daemon. Shared by the
+runtimes that run a shim (host; a cluster's nodes), its log writer also by docker's;
+attempt_dir.py reads what it writes, shim.c is its compiled twin.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # annotations only: the shim imports what it runs, no more
 
 # The attempt directory's files: attempt_dir.py and base.LOG_FILES read these names, and
 # shim.c spells the same ones.
+# The Python shim's lock (and every shim's before issue 25, part 5); the compiled shim
+# locks the attempt directory itself, a file fewer for each task (attempt_dir.locked()
+# takes both). The Python shim keeps its file: it also runs on a cluster's nodes, whose
+# shared file systems may not lock a directory (NFS locks need a file open for writing).
 LOCK = "attempt.lock"
 PID = "pid.json"
 EXIT = "exit.json"
