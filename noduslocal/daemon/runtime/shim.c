@@ -1,6 +1,7 @@
 /* The per-attempt shim, compiled: the same protocol as shim.py's run_shim (abandoned,
  * pid.json, exit.json and logs in the attempt directory, whose lock is the directory
- * itself here and shim.py's attempt.lock there), at a fraction of a forked Python's cost. `nodus-shim --serve` is the spawner: the daemon writes requests to
+ * itself here and shim.py's attempt.lock there), at a fraction of a forked Python's cost.
+ * `nodus-shim --serve` is the spawner: the daemon writes requests to
  * its stdin (a 4-byte length, then NUL-terminated fields: see compiled_shim.py), and for
  * each it forks a shim and answers {"id": N, "pid": P} on stdout. A shim leads its own
  * session, outlives the spawner and the daemon, and never runs as anyone but root or the
