@@ -578,10 +578,17 @@ def test_no_cell_starts_once_max_cost_would_be_passed(tmp_path: Path) -> None:
             status = sweep.wait(timeout=120)
         assert (status["phase"], status["reason"]) == ("Failed", "MaxCostExceeded")
         ran = status["counts"].get("Succeeded", 0)
-        assert 2 <= ran <= 3, status["counts"]  # ~0.51 each: a fourth would pass 1.6
-        assert status["counts"].get("Cancelled") == 12 - ran
-        assert status["cost"] <= 1.6, status["cost"]
+        assert ran >= 1 and status["counts"].get("Cancelled") == 12 - ran, status["counts"]
         cells = sweep.cells()
+        # The rule (docs/decisions.md), not a total: one at a time, each cell started only
+        # while what was spent plus a typical (mean) cell stayed within 1.6, and the next
+        # would have passed it. A cell that ran longer than typical may end above 1.6: on
+        # a loaded box the third ~0.5 s cell took 0.63 s and the total was 1.66.
+        costs = [c["cost"] for c in cells if c["phase"] == "Succeeded"]
+        assert len(costs) == ran
+        for k in range(1, ran):
+            assert sum(costs[:k]) * (1 + 1 / k) <= 1.6 + 1e-3, costs
+        assert sum(costs) * (1 + 1 / ran) > 1.6 - 1e-3, costs
         assert {c["reason"] for c in cells if c["phase"] == "Cancelled"} == {"MaxCostExceeded"}
         assert all(c["attempts"] == 0 for c in cells if c["phase"] == "Cancelled")
     finally:
