@@ -32,9 +32,11 @@ from noduslocal.domain.sweeps import SweepRecord
 log = logging.getLogger(__name__)
 ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
 RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING})  # not held
-# Held cells read (and their directories made) ahead at once, at least: a read and a trip
-# to the directories' thread per released cell cost a short task more than the task
-# (issue 25, part 5); a read is made again once fewer than max_parallel are left.
+# Held cells read (and their directories made) ahead at once, at least, for a sweep
+# without code: a read and a trip to the directories' thread per released cell cost a
+# short task more than the task (issue 25, part 5); a read is made again once fewer than
+# max_parallel are left. A sweep with code reads max_parallel ahead: each cell made ahead
+# holds an overlay mount until it starts.
 READ_AHEAD = 32
 
 
@@ -204,9 +206,10 @@ class SweepController:
 
     async def enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
         """Queue the released cells `ids`, and read the next held ones ahead."""
-        ahead = [j for j in itertools.islice(active.held,
-                                             max(active.record.max_parallel, READ_AHEAD))
-                 if j not in active.ready]
+        reach = active.record.max_parallel
+        if not active.record.spec.template.source:
+            reach = max(reach, READ_AHEAD)
+        ahead = [j for j in itertools.islice(active.held, reach) if j not in active.ready]
         prepare = []
         for job in await self.store.jobs_by_ids([*ids, *ahead]):
             if job.id not in ids:
