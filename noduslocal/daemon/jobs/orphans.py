@@ -52,21 +52,22 @@ class Orphan:
 
 def _stop_attempt(directory: Path) -> bool:
     """Kill a live shim of the attempt and what it runs; True when one was alive."""
-    try:
-        with locked(directory) as free:
-            if free:
-                if not (directory / shim.PID).exists():
-                    (directory / shim.ABANDONED).touch()  # a shim not started yet never runs
-                return False
-            pid = read_pid(directory)
-            if pid is None or pid.get("boot_id") != shim.boot_id():
-                return False
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid["shim_pid"], signal.SIGKILL)
-            kill_leftovers(directory, pid["shim_pid"], pid.get("boot_id"))
-            return True
-    except OSError:
-        return False
+    with contextlib.ExitStack() as stack:
+        try:  # only the locks' own failures mean "none alive here" (no such directory)
+            free = stack.enter_context(locked(directory))
+        except OSError:
+            return False
+        if free:
+            if not (directory / shim.PID).exists():
+                (directory / shim.ABANDONED).touch()  # a shim not started yet never runs
+            return False
+        pid = read_pid(directory)
+        if pid is None or pid.get("boot_id") != shim.boot_id():
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid["shim_pid"], signal.SIGKILL)
+        kill_leftovers(directory, pid["shim_pid"], pid.get("boot_id"))
+        return True
 
 
 def _started(directory: Path) -> bool:
@@ -292,9 +293,10 @@ def lost_view(orphans: list[Orphan], caught_up: list[tuple[int, str]], uid: int,
 def _shows_start(directory: Path) -> bool:
     """An attempt directory something was started in (prepare_ahead() makes an empty one
     for a job about to start: that one shows nothing)."""
-    # A shim past its lock has reserved its records (the compiled one leaves no LOCK).
+    # A shim past its lock reserved its records, or said it had no room for them (the
+    # compiled one leaves no LOCK).
     return ((directory / shim.LOCK).exists() or (directory / f".{shim.PID}.tmp").exists()
-            or (directory / JOURNAL).exists()
+            or (directory / shim.NO_ROOM).exists() or (directory / JOURNAL).exists()
             or _started(directory) or any(directory.glob("rank-*"))
             or any(directory.glob("index-*")))
 

@@ -84,7 +84,14 @@ class AttemptRunner:
     def prepare_ahead(self, jobs: list[JobRecord]) -> None:
         """Make the jobs' first directories on a thread of their own before they start,
         in one trip there."""
-        self._ahead_pool.submit(lambda: [self.layout.prepare_ahead(job) for job in jobs])
+        self._ahead_pool.submit(self._prepare_each, jobs)
+
+    def _prepare_each(self, jobs: list[JobRecord]) -> None:
+        for job in jobs:
+            try:
+                self.layout.prepare_ahead(job)
+            except Exception:  # its start makes them itself; the next cells still go ahead
+                log.exception("making the directories of job %s ahead failed", job.name)
 
     def runtime_of(self, job: JobRecord) -> Runtime:
         return self.runtimes[job.spec.runtime]

@@ -1,0 +1,35 @@
+"""What an attempt directory found after a lost database says about a start: the files a
+shim of either kind leaves from the moment it holds its lock, and the stop of one not
+yet started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from noduslocal.daemon.jobs.orphans import _shows_start, _stop_attempt
+from noduslocal.daemon.runtime import shim
+
+
+@pytest.mark.parametrize("left", [
+    shim.LOCK,  # the Python shim's lock
+    f".{shim.PID}.tmp",  # the compiled shim, its records reserved (its lock is the directory)
+    shim.NO_ROOM,  # the compiled shim, no room for its records: it said so and stopped
+    shim.PID,
+])
+def test_a_shim_past_its_lock_shows_a_start(tmp_path: Path, left: str) -> None:
+    (tmp_path / left).touch()
+    assert _shows_start(tmp_path)
+
+
+def test_an_attempt_directory_made_ahead_shows_none(tmp_path: Path) -> None:
+    assert not _shows_start(tmp_path)
+
+
+def test_stopping_where_no_shim_lives(tmp_path: Path) -> None:
+    """None alive: a shim that starts there later finds the attempt abandoned; a missing
+    directory is no shim either."""
+    assert not _stop_attempt(tmp_path)
+    assert (tmp_path / shim.ABANDONED).exists()
+    assert not _stop_attempt(tmp_path / "never-made")
