@@ -108,3 +108,27 @@ def test_an_attempt_takes_what_was_made_ahead_as_it_is(tmp_path: Path) -> None:
         assert sorted(p.name for p in layout.job_dir(job_id).iterdir()) == [
             "attempt-1", RECORD, "workspace"]
         assert not any(layout.workspace(job_id).iterdir())
+
+
+def test_a_start_before_the_thread_gets_to_its_cell_keeps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep hands 32 cells at once to the thread that makes directories ahead; the loop
+    may start one the thread has not begun. The thread used to begin it just then (between
+    the loop's look and its mkdir): the loop's mkdir found the job's directory made and the
+    cell failed. Now the loop claims it first and the thread leaves it alone."""
+    layout = JobLayout(tmp_path)
+    layout.create_root()
+    record = job(7)
+    layout.expect_ahead([7])
+    look = layout._made_ahead
+
+    def thread_begins_meanwhile(j: JobRecord) -> bool:
+        seen = look(j)  # nothing there yet
+        layout.prepare_ahead(j)  # as the thread would, between the look and the mkdir
+        return seen
+
+    monkeypatch.setattr(layout, "_made_ahead", thread_begins_meanwhile)
+    assert layout.prepare(record, 1) == layout.attempt_dir(7, 1)
+    assert sorted(p.name for p in layout.job_dir(7).iterdir()) == [
+        "attempt-1", RECORD, "workspace"]
+    assert not layout.ahead_unused(7)

@@ -66,10 +66,16 @@ class JobLayout:
         self.volumes_dir = data_dir / "volumes"
         self.blobs = BlobStore(data_dir / "blobs")
         self.overlays = Overlays(data_dir, self.jobs_dir, overlay)
+        # What prepare_ahead() (on its thread) and a first attempt's prepare() (on the loop)
+        # know of each other, changed under _claims so that one of them makes a job's
+        # directories from the start and the other only finishes or takes them.
+        self._claims = threading.Lock()
         self._ahead: set[int] = set()  # jobs whose first attempt's directories exist
         # ... all of them made, for a job with nothing to put in its workspace: its first
         # attempt takes them as they are (no system call on the loop).
         self._ahead_done: set[int] = set()
+        self._coming: set[int] = set()  # handed to prepare_ahead()'s thread, not begun
+        self._taken: set[int] = set()  # ... and started meanwhile: the thread skips them
 
     def create_root(self) -> None:
         for directory in (self.jobs_dir, self.volumes_dir):
@@ -166,12 +172,20 @@ class JobLayout:
         """Make the attempt's directory, and the job's directory and workspace (owned by the
         job's owner) where an earlier attempt has not; returns the attempt directory."""
         directory = self.attempt_dir(job.id, number)
-        if number == 1 and job.id in self._ahead_done:
-            self._ahead_done.discard(job.id)
-            self._ahead.discard(job.id)
+        done = ahead = False
+        if number == 1:
+            with self._claims:
+                if job.id in self._coming:  # the thread has yet to begin: it never will
+                    self._coming.discard(job.id)
+                    self._taken.add(job.id)
+                done, ahead = job.id in self._ahead_done, job.id in self._ahead
+                self._ahead_done.discard(job.id)
+                self._ahead.discard(job.id)
+        if done:
             return directory
-        if number == 1 and (job.id in self._ahead or self._made_ahead(job)):
-            self._ahead.discard(job.id)  # made ahead (perhaps by the daemon before us)
+        if number == 1 and (ahead or self._made_ahead(job)):
+            # Made ahead, perhaps in part, perhaps still being made, perhaps by the daemon
+            # before us: what is missing is made here.
             self.job_dir(job.id).mkdir(mode=0o711, exist_ok=True)
             self.write_record(job)
             self.workspace(job.id).mkdir(mode=0o700, exist_ok=True)
@@ -223,8 +237,16 @@ class JobLayout:
     def drop_ahead(self, job_id: int) -> None:
         """The job ended, or was set aside, before an attempt took what was made ahead:
         the mount made ahead goes, and none is made for it any more."""
-        self._ahead_done.discard(job_id)  # a resumed cell's attempt looks at them again
+        with self._claims:
+            self._ahead_done.discard(job_id)  # a resumed cell's attempt looks at them again
         self.overlays.settled(job_id)
+
+    def expect_ahead(self, job_ids: list[int]) -> None:
+        """Jobs about to be handed to prepare_ahead() on its thread: a first attempt that
+        starts before the thread gets to one makes its directories itself, and the thread
+        then leaves that one alone."""
+        with self._claims:
+            self._coming.update(job_ids)
 
     def _attach(self, job: JobRecord) -> None:
         assert job.spec.source is not None
@@ -264,12 +286,16 @@ class JobLayout:
         made while others run so its start does not wait for them; only for a job whose
         workspace needs nothing put in it but its source's overlay (attached and mounted
         here; its first attempt takes the mount). prepare() then finds them."""
-        if (job.attempts or job.spec.checkpoint or job.spec.volumes
-                or (job.spec.source and (self.overlays.unavailable is not None
-                                         or job.spec.region is not None))
-                or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
-            return
-        self._ahead.add(job.id)  # first: prepare() may run while these are being made
+        with self._claims:
+            taken = job.id in self._taken
+            self._taken.discard(job.id)
+            self._coming.discard(job.id)
+            if (taken or job.attempts or job.spec.checkpoint or job.spec.volumes
+                    or (job.spec.source and (self.overlays.unavailable is not None
+                                             or job.spec.region is not None))
+                    or (job.spec.image and job.spec.workdir)) or job.id in self._ahead:
+                return
+            self._ahead.add(job.id)  # first: prepare() may run while these are being made
         try:
             self.job_dir(job.id).mkdir(mode=0o711)
         except OSError:
@@ -283,8 +309,9 @@ class JobLayout:
                 self._attach(job)
                 self.overlays.mount_ahead(job.id)
             self.attempt_dir(job.id, 1).mkdir(mode=0o700)
-            if not job.spec.source and job.id in self._ahead:  # not taken meanwhile
-                self._ahead_done.add(job.id)
+            with self._claims:
+                if not job.spec.source and job.id in self._ahead:  # not taken meanwhile
+                    self._ahead_done.add(job.id)
 
     def _unpack(self, directory: Path, job: JobRecord) -> None:
         """The job's source unpacked into a new snapshot directory that the owner's

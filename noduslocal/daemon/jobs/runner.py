@@ -84,6 +84,7 @@ class AttemptRunner:
     def prepare_ahead(self, jobs: list[JobRecord]) -> None:
         """Make the jobs' first directories on a thread of their own before they start,
         in one trip there."""
+        self.layout.expect_ahead([job.id for job in jobs])
         self._ahead_pool.submit(self._prepare_each, jobs)
 
     def _prepare_each(self, jobs: list[JobRecord]) -> None:
