@@ -92,6 +92,22 @@ def process_gone(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] in ("Z", "X")
 
 
+def pty_output(pid: int, fd: int) -> str:
+    """All a child of `pty.fork()` wrote on its terminal, once it closed it (read returns
+    nothing, or EIO as the last writer goes), the child then reaped."""
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    return out.decode(errors="replace")
+
+
 class Daemon:
     def __init__(self, root: Path | None = None, *, cpus: float | str | None = None,
                  memory: str | None = None, config: str | None = None,

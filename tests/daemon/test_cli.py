@@ -251,17 +251,7 @@ def test_an_attached_run_on_a_terminal_names_its_job_first(daemon: testing.Daemo
         os.environ["NODUSLOCAL_SOCKET"] = str(daemon.socket)
         os.execv(sys.executable, [sys.executable, "-m", "noduslocal.cli", "job", "run",
                                   "--", "echo", "from-the-job"])
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.waitpid(pid, 0)
-    text = seen.decode(errors="replace")
+    text = testing.pty_output(pid, fd)
     named = re.search(r"noduslocal: job (\S+) \(project \S+\); Ctrl-C detaches", text)
     assert named is not None and text.index("noduslocal: job") < text.index("from-the-job"), text
 

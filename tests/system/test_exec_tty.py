@@ -144,17 +144,7 @@ def test_the_local_terminal_is_restored(daemon: testing.Daemon) -> None:
                 code = os.system(f"{sys.executable} -m noduslocal.cli job exec -it tty-restore"
                                  f" -- sh -c 'exit 3'; stty -a")
                 os._exit(os.waitstatus_to_exitcode(code) if code >= 0 else 1)
-            out = b""
-            while True:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            os.waitpid(pid, 0)
-            text = out.decode(errors="replace")
+            text = testing.pty_output(pid, fd)
             assert " icanon" in text and " echo" in text and "-icanon" not in text, text
         finally:
             job.cancel()
