@@ -27,7 +27,9 @@ from noduslocal.domain.jobs import (
     handles_to_json,
 )
 from noduslocal.domain.states import (
+    ATTEMPT_TRANSITIONS,
     TERMINAL,
+    TRANSITIONS,
     AttemptPhase,
     Phase,
     Reason,
@@ -64,33 +66,82 @@ def raise_job_id_floor(conn: sqlite3.Connection, floor: int) -> tuple[None, list
     return None, []
 
 
+@dataclass(frozen=True)
+class Expr:
+    """A column's new value as SQL over its old one (`attempts + 1`), with its parameters:
+    the update computes it, so no SELECT reads the row first."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+def _assignments(columns: dict[str, Any]) -> tuple[str, list[Any]]:
+    sql, params = [], []
+    for col, value in columns.items():
+        if isinstance(value, Expr):
+            sql.append(f", {col} = {value.sql}")
+            params.extend(value.params)
+        else:
+            sql.append(f", {col} = ?")
+            params.append(value)
+    return "".join(sql), params
+
+
+def _sources(table: dict[Any, frozenset[Any]]) -> dict[Any, str]:
+    """For each target phase, the phases it may be reached from, as an SQL list: the
+    update's WHERE checks the transition table, so a legal one costs no SELECT."""
+    return {target: ", ".join(sorted(f"'{p.value}'" for p, to in table.items()
+                                     if target in to)) or "NULL"
+            for target in table}
+
+
+_JOB_SOURCES = _sources(TRANSITIONS)
+_ATTEMPT_SOURCES = _sources(ATTEMPT_TRANSITIONS)
+
+
 def _transition(conn: sqlite3.Connection, job_id: int, target: Phase, at: float,
                 reason: str | None, message: str | None = None, attempt: int | None = None,
                 **columns: Any) -> Event:
-    row = conn.execute("SELECT phase, project, name FROM jobs WHERE id = ?",
-                       (job_id,)).fetchone()
-    if row is None:
-        raise errors.NotFound(f"job {job_id} does not exist")
-    check_transition(row[0], target)
-    sets = ", ".join(f"{col} = ?" for col in columns)
-    conn.execute(
-        f"UPDATE jobs SET phase = ?, reason = ?, message = ?{', ' if sets else ''}{sets} "
-        "WHERE id = ?",
-        (target.value, reason, message, *columns.values(), job_id),
-    )
-    return _event(conn, (job_id, row[1], row[2]), at, target.value, reason, message, attempt)
+    """The job to `target` with its event; `columns` set beside (an Expr computed from the
+    row). NotFound or IllegalTransition, and nothing written, when it may not."""
+    project, name, _ = _update_job(conn, job_id, target, reason, message, **columns)
+    return _event(conn, (job_id, project, name), at, target.value, reason, message, attempt)
+
+
+def _update_job(conn: sqlite3.Connection, job_id: int, target: Phase, reason: str | None,
+                message: str | None, **columns: Any) -> tuple[str, str, int]:
+    """The job's row to `target`: one UPDATE when the transition is legal (its WHERE
+    checks the table); returns the row's project, name and attempts after it."""
+    sets, params = _assignments(columns)
+    rows = conn.execute(
+        f"UPDATE jobs SET phase = ?, reason = ?, message = ?{sets} WHERE id = ? "
+        f"AND phase IN ({_JOB_SOURCES[target]}) RETURNING project, name, attempts",
+        (target.value, reason, message, *params, job_id)).fetchall()
+    if not rows:
+        row = conn.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise errors.NotFound(f"job {job_id} does not exist")
+        check_transition(row[0], target)
+        raise AssertionError(f"job {job_id}: {row[0]} -> {target} was not written")
+    return rows[0]
 
 
 def _attempt_to(conn: sqlite3.Connection, job_id: int, number: int, target: AttemptPhase,
                 **columns: Any) -> None:
+    sets, params = _assignments(columns)
+    cur = conn.execute(
+        f"UPDATE attempts SET phase = ?{sets} WHERE job_id = ? AND number = ? "
+        f"AND phase IN ({_ATTEMPT_SOURCES[target]})",
+        (target.value, *params, job_id, number))
+    if cur.rowcount == 1:
+        return
     row = conn.execute("SELECT phase FROM attempts WHERE job_id = ? AND number = ?",
                        (job_id, number)).fetchone()
     if row is None:
         raise errors.NotFound(f"attempt {number} of job {job_id} does not exist")
     check_attempt_transition(row[0], target)
-    sets = "".join(f", {col} = ?" for col in columns)
-    conn.execute(f"UPDATE attempts SET phase = ?{sets} WHERE job_id = ? AND number = ?",
-                 (target.value, *columns.values(), job_id, number))
+    raise AssertionError(f"attempt {number} of job {job_id}: {row[0]} -> {target} was not "
+                         "written")
 
 
 def insert_job(conn: sqlite3.Connection, req: CreateRequest, owner: Owner, name: str,
@@ -206,12 +257,10 @@ def start_attempt(conn: sqlite3.Connection, job_id: int, now: float,
                   gpus: list[str] | None = None) -> tuple[int, list[Event]]:
     """Pending -> Starting with a new attempt row (and the GPUs it was given); returns the
     attempt number."""
-    row = conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    if row is None:
-        raise errors.NotFound(f"job {job_id} does not exist")
-    number = row[0] + 1
-    event = _transition(conn, job_id, Phase.STARTING, now, Reason.SCHEDULED.value,
-                        attempt=number, attempts=number)
+    project, name, number = _update_job(conn, job_id, Phase.STARTING, Reason.SCHEDULED.value,
+                                        None, attempts=Expr("attempts + 1"))
+    event = _event(conn, (job_id, project, name), now, Phase.STARTING.value,
+                   Reason.SCHEDULED.value, None, number)
     conn.execute("INSERT INTO attempts (job_id, number, phase, created_at, gpus) "
                  "VALUES (?,?,?,?,?)", (job_id, number, AttemptPhase.STARTING.value, now,
                                         json.dumps(gpus) if gpus else None))
@@ -233,9 +282,9 @@ def attempt_running(conn: sqlite3.Connection, job_id: int, number: int, now: flo
     """Starting -> Running, with each rank's handle so a restarted daemon finds them."""
     _attempt_to(conn, job_id, number, AttemptPhase.RUNNING, started_at=now,
                 handles=handles_to_json(handles or []))
-    started = conn.execute("SELECT started_at FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
     return None, [_transition(conn, job_id, Phase.RUNNING, now, Reason.STARTED.value,
-                              attempt=number, started_at=started or now)]
+                              attempt=number,
+                              started_at=Expr("COALESCE(NULLIF(started_at, 0), ?)", (now,)))]
 
 
 def request_stop(conn: sqlite3.Connection, job_id: int, number: int,
@@ -304,7 +353,8 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
     transaction. An attempt that exited replaces every output of an earlier one, so what is
     listed is always one attempt's. `stderr_line`: the last line of its stderr, which a
     sweep's failures are clustered by (None: not read, the clusters read the file)."""
-    if outcome.attempt_phase == AttemptPhase.EXITED and not indexed:  # its indexes' stay
+    if outcome.attempt_phase == AttemptPhase.EXITED and not indexed and number > 1:
+        # Only an earlier attempt leaves outputs to replace (an indexed job's stay).
         conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
     record_outputs(conn, job_id, number, outputs, now)
     _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
@@ -319,8 +369,7 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
     if outcome.job_phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED):
         columns["ended_at"] = now
     if outcome.spend_retry:
-        used = conn.execute("SELECT retries_used FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        columns["retries_used"] = used[0] + 1
+        columns["retries_used"] = Expr("retries_used + 1")
     return None, [_transition(conn, job_id, outcome.job_phase, now, outcome.reason,
                               outcome.message, attempt=number, **columns)]
 
