@@ -784,3 +784,72 @@ def test_the_migration_gives_old_canaries_their_sweep_and_no_one_elses_job() -> 
     assert migrate(conn) >= 22
     rows = dict(conn.execute("SELECT id, canary_of FROM jobs").fetchall())
     assert rows == {10: 7, 11: None, 12: 7, 13: None}
+
+
+def test_an_attempt_costs_one_statement_per_row_it_changes(tmp_path: Path) -> None:
+    """A legal transition is one UPDATE whose WHERE checks the table (no SELECT first):
+    start, Running and end of a first attempt are 9 statements, not 17 (issue 25 part 5);
+    a second attempt's Running keeps the job's first start, and its end replaces the
+    outputs an earlier attempt left."""
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            job = await create(store, "lean")
+            statements = await trace_statements(store)
+            await run_to(store, job.id, Phase.RUNNING)
+            lost = job_writes.Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST,
+                                      spend_retry=True)
+            await store.write(lambda c: job_writes.finish_attempt(c, job.id, 1, lost, NOW + 3))
+            work = [s for s in statements if s not in ("BEGIN IMMEDIATE", "COMMIT")]
+            assert len(work) == 9, work
+            assert not any(s.startswith("SELECT") for s in work)
+
+            await store.write(lambda c: job_writes.start_attempt(c, job.id, NOW + 4))
+            await store.write(lambda c: job_writes.attempt_running(c, job.id, 2, NOW + 5))
+            statements.clear()
+            done = job_writes.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
+                                      exit_code=0)
+            await store.write(lambda c: job_writes.finish_attempt(c, job.id, 2, done, NOW + 6))
+            assert any(s.startswith("DELETE FROM outputs") for s in statements)
+            record = await store.job_by_id(job.id)
+            assert record is not None
+            assert (record.phase, record.attempts, record.retries_used) == ("Succeeded", 2, 1)
+            assert (record.started_at, record.ended_at) == (NOW + 2, NOW + 6)
+
+    run(body())
+
+
+def test_a_lazy_write_rides_with_the_next_commit_or_goes_after_its_delay(
+        tmp_path: Path) -> None:
+    """write_lazily(): an attempt's Running joins the commit of the next write (its end,
+    for a short task) in order before it; alone, it commits within writer.LAZY_DELAY."""
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, committed):
+            job = await create(store, "lazy")
+            number = await store.write(lambda c: job_writes.start_attempt(c, job.id, NOW))
+            statements = await trace_statements(store)
+            committed.clear()
+            running = store.write_lazily(lambda c: job_writes.attempt_running(
+                c, job.id, number, NOW + 1))
+            await asyncio.sleep(0)
+            assert statements == [] and not running.done()
+            done = job_writes.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
+                                      exit_code=0)
+            await store.write(lambda c: job_writes.finish_attempt(c, job.id, number, done,
+                                                                  NOW + 2))
+            assert running.done()
+            assert statements.count("BEGIN IMMEDIATE") == 1
+            assert [e.phase for e in committed] == ["Running", "Succeeded"]
+
+            other = await create(store, "alone")
+            number = await store.write(lambda c: job_writes.start_attempt(c, other.id, NOW))
+            alone = store.write_lazily(lambda c: job_writes.attempt_running(
+                c, other.id, number, NOW + 1))
+            await asyncio.wait_for(alone, 10)
+            record = await store.job_by_id(other.id)
+            assert record is not None and record.phase == "Running"
+
+    run(body())

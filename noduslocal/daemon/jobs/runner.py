@@ -158,8 +158,10 @@ class AttemptRunner:
             if not isinstance(now, float):  # it ended while it waited in a cluster's queue
                 await self.finish(attempt, now)
                 return
-            # Not awaited here: the writer keeps order, so this commits before the end does.
-            running = self.store.write(lambda c: job_writes.attempt_running(
+            # Not awaited here: the writer keeps order, so this commits before the end does,
+            # with it for a short task. Lazily: after a crash before its commit, recovery
+            # reads the attempt's records and adopts it all the same.
+            running = self.store.write_lazily(lambda c: job_writes.attempt_running(
                 c, job.id, attempt.number, now, attempt.handles))
             await self.watch(attempt, now, running,
                              until=self.indexed.follow(attempt, ranks) if array else None)

@@ -123,6 +123,14 @@ class Store:
         assert self._writer is not None, "store is not open"
         return self._writer.submit(op)
 
+    def write_lazily(self, op: Operation) -> asyncio.Future[Any]:
+        """Queue an operation to join the next commit, at most writer.LAZY_DELAY from now:
+        for a record that recovery finds again if a crash loses it (an attempt's Running:
+        its shim's records say it runs), so a short task's start, Running and end cost two
+        commits, not three."""
+        assert self._writer is not None, "store is not open"
+        return self._writer.submit(op, lazy=True)
+
     # --- reads: one statement each on the reader connection -------------------------------
 
     def read_apart(self, queries: list[str]) -> list[list[Any]]:

@@ -25,6 +25,7 @@ from noduslocal.domain.jobs import Event
 
 log = logging.getLogger(__name__)
 FULL_RETRY_MAX = 5.0  # seconds between tries of a batch while the disk is full
+LAZY_DELAY = 0.05  # seconds a lazy operation waits at most for another commit to ride with
 
 # An operation: runs on the raw connection inside the open transaction and returns
 # (result, events). It must not touch anything but the database.
@@ -40,18 +41,25 @@ class Writer:
         self._queue: list[tuple[Operation, asyncio.Future[Any]]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._lazy: asyncio.TimerHandle | None = None
         self._closing = False
         self.stalled_since: float | None = None  # monotonic; while the disk is full
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="store-writer")
 
-    def submit(self, op: Operation) -> asyncio.Future[Any]:
+    def submit(self, op: Operation, lazy: bool = False) -> asyncio.Future[Any]:
+        """`lazy`: the operation waits (LAZY_DELAY at most) to join the commit of the next
+        one that does not, in order with it, instead of costing a commit of its own."""
         if self._closing:
             raise RuntimeError("the store is closing")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._queue.append((op, future))
-        self._wake.set()
+        if not lazy:
+            self._wake.set()
+        elif self._lazy is None and not self._wake.is_set():
+            self._lazy = loop.call_later(LAZY_DELAY, self._wake.set)
         return future
 
     async def close(self) -> None:
@@ -65,6 +73,9 @@ class Writer:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._lazy is not None:  # what it waited for goes now
+                self._lazy.cancel()
+                self._lazy = None
             delay = 0.1
             while self._queue:
                 batch = self._queue[: self._batch_max]
