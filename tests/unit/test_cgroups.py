@@ -242,3 +242,23 @@ def test_an_empty_cgroup_is_removed_without_a_freeze(tmp_path: Path) -> None:
     assert state.read_text() == ""  # never frozen
     for controller in ("memory", "cpu", "pids"):
         assert not (tmp_path / controller / "nl" / name).exists()
+
+
+def test_release_removes_only_the_hierarchies_make_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A v1 box has five hierarchies and a rank without a memory limit or denied GPUs is
+    made in two (cpu, pids): its release tries those two, not five (three rmdirs of
+    missing directories per task, issue 25 part 5); a daemon that did not make it (after a
+    restart) tries every hierarchy."""
+    name = cgroup_name(7, 1, 0)
+    v1_tree(tmp_path, "nl", name)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    made = cgroups.make(name, Limits(None, 1000, 100))
+    assert made == [str(tmp_path / c / "nl" / name) for c in ("cpu", "pids")]
+    tried: list[str] = []
+    monkeypatch.setattr("os.rmdir", lambda path: tried.append(str(path)))
+    assert cgroups.remove_empty(name)
+    assert tried == made
+    tried.clear()
+    assert Cgroups.detect("nl", tmp_path).remove_empty(name)
+    assert tried == [str(p) for p in cgroups.paths(name)]

@@ -80,6 +80,9 @@ class Cgroups:
         self.parents = parents
         self.controllers = controllers
         self.why = why
+        # What make() made, by rank cgroup name: a release removes just those (a v1 box
+        # has five hierarchies, a rank uses two or three); unknown after a restart.
+        self._made: dict[str, list[str]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -143,7 +146,8 @@ class Cgroups:
         Each hierarchy gets only its own controller's files, and only those whose value
         differs from a new cgroup's: a launch pays a mkdir per hierarchy and a write per
         limit, not a stat of every file it might have (issue 25, part 5)."""
-        made = []
+        made: list[str] = []
+        self._made[name] = made
         for controller, path in zip(self._layout(), self.paths(name), strict=True):
             if controller == "memory" and not limits.memory:
                 # No limit to enforce, and a v1 memory cgroup is the dearest to make and
@@ -241,13 +245,15 @@ class Cgroups:
         less than a trip to a thread (issue 25, part 5)."""
         if not self.enabled:
             return True
-        for path in self.paths(name):
+        made = self._made.get(name)
+        for path in made if made is not None else map(str, self.paths(name)):
             try:
-                path.rmdir()
+                os.rmdir(path)
             except FileNotFoundError:
                 continue
             except OSError:
                 return False
+        self._made.pop(name, None)
         return True
 
     def remove(self, name: str) -> None:
@@ -255,6 +261,7 @@ class Cgroups:
         dying keeps it busy a moment)."""
         if not self.enabled:
             return
+        self._made.pop(name, None)  # every hierarchy is looked at: this is the sure way
         # The shim killed what its job left at the main process's end, so at release a
         # cgroup is almost always empty and its rmdir succeeds at once; reading its
         # processes, or freezing it, first cost more than the removal (the 1,000-task
