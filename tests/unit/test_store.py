@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import math
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -801,7 +802,7 @@ def test_an_attempt_costs_one_statement_per_row_it_changes(tmp_path: Path) -> No
             lost = job_writes.Outcome(AttemptPhase.LOST, Phase.PENDING, Reason.LOST,
                                       spend_retry=True)
             await store.write(lambda c: job_writes.finish_attempt(c, job.id, 1, lost, NOW + 3))
-            work = [s for s in statements if s not in ("BEGIN IMMEDIATE", "COMMIT")]
+            work = [s for s in statements if not s.startswith(("BEGIN", "COMMIT", "PRAGMA"))]
             assert len(work) == 9, work
             assert not any(s.startswith("SELECT") for s in work)
 
@@ -850,6 +851,58 @@ def test_a_lazy_write_rides_with_the_next_commit_or_goes_after_its_delay(
                 c, other.id, number, NOW + 1))
             await asyncio.wait_for(alone, 10)
             record = await store.job_by_id(other.id)
+            assert record is not None and record.phase == "Running"
+
+    run(body())
+
+
+def test_a_quick_batch_runs_on_the_loop_and_commits_on_the_thread(tmp_path: Path) -> None:
+    """Quick operations (an attempt's start and end) run their statements on the event
+    loop and only the COMMIT on the writer's thread (issue 25 part 5). One that fails
+    fails alone, as in any batch. While another connection holds the write lock, the loop
+    does not wait for it: the batch goes to the thread, which does, and commits once the
+    lock is released."""
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, committed):
+            loop_thread = threading.get_ident()
+            jobs = [await create(store, f"q{i}") for i in range(3)]
+            done = await create(store, "done")
+            await run_to(store, done.id, Phase.SUCCEEDED)
+            seen: list[tuple[str, bool]] = []
+            assert store._writer_conn is not None
+            await store._writer_conn.set_trace_callback(
+                lambda sql: seen.append((sql, threading.get_ident() == loop_thread)))
+            committed.clear()
+            results = await asyncio.gather(*[
+                store.write(lambda c, job_id=job.id: job_writes.start_attempt(c, job_id, NOW),
+                            quick=True) for job in jobs[:2]])
+            assert results == [1, 1]
+            assert seen[0] == ("BEGIN IMMEDIATE", True) and seen[-1] == ("COMMIT", False)
+            assert all(on_loop for _, on_loop in seen[:-1])
+            assert sorted(e.job_id for e in committed) == sorted(job.id for job in jobs[:2])
+            results = await asyncio.gather(
+                store.write(lambda c: job_writes.start_attempt(c, jobs[2].id, NOW),
+                            quick=True),
+                store.write(lambda c: job_writes.start_attempt(c, done.id, NOW), quick=True),
+                return_exceptions=True)
+            assert results[0] == 1 and isinstance(results[1], IllegalTransition)
+            record = await store.job_by_id(done.id)
+            assert record is not None and record.phase == "Succeeded"
+
+            blocker = sqlite3.connect(path, isolation_level=None)
+            blocker.execute("BEGIN IMMEDIATE")
+            seen.clear()
+            running = store.write(lambda c: job_writes.attempt_running(
+                c, jobs[0].id, 1, NOW + 1), quick=True)
+            await asyncio.sleep(0.3)  # the loop goes on meanwhile: this sleep returns
+            assert not running.done()
+            blocker.execute("COMMIT")
+            blocker.close()
+            await asyncio.wait_for(running, 10)
+            assert ("PRAGMA busy_timeout = 5000", False) in seen
+            record = await store.job_by_id(jobs[0].id)
             assert record is not None and record.phase == "Running"
 
     run(body())

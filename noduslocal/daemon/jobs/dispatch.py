@@ -141,7 +141,7 @@ class Dispatch:
         # Queued now, so it joins the commit of whatever freed the capacity.
         attempt.started = self.store.write(
             lambda c, job_id=attempt.job.id, uuids=attempt.gpus: job_writes.start_attempt(
-                c, job_id, time.time(), uuids))
+                c, job_id, time.time(), uuids), quick=True)
         self._on_start(attempt)
 
     def release(self, attempt: Attempt) -> None:

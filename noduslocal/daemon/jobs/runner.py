@@ -268,9 +268,10 @@ class AttemptRunner:
                     self._collect_pool, self._collect, job)
             reported = read_final_metrics(attempt, self.layout.workspace(job.id))
         line = await self.last_error(attempt, outcome.job_phase)
+        # Quick unless it carries outputs (a row each, perhaps many).
         ended = self.store.write(lambda c: job_writes.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
-            indexed=job.spec.indexed is not None, stderr_line=line))
+            indexed=job.spec.indexed is not None, stderr_line=line), quick=not collected)
         # Its outputs' blobs stay pinned until this commit lands, even if we are cancelled.
         ended.add_done_callback(
             lambda _: self.layout.blobs.release([out.sha256 for out in collected]))

@@ -62,7 +62,10 @@ class Store:
                    job_id_floor: int = 0) -> None:
         """`job_id_floor`: the highest job id found on disk; no new job gets one below."""
         await asyncio.to_thread(self._migrate, job_id_floor)
-        self._writer_conn = await self._connect()
+        # Used on the loop and on its thread in turn (writer.py), never waiting for a lock
+        # there: the writer's thread sets its own wait where it may.
+        self._writer_conn = await self._connect(check_same_thread=False)
+        await self._writer_conn.execute("PRAGMA busy_timeout = 0")
         self._reader = await self._connect()
         await self._reader.execute("PRAGMA query_only = ON")
         self._writer = Writer(self._writer_conn, on_commit, batch_max)
@@ -100,8 +103,9 @@ class Store:
             copy.close()
             source.close()
 
-    async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self.path, isolation_level=None)
+    async def _connect(self, check_same_thread: bool = True) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self.path, isolation_level=None,
+                                       check_same_thread=check_same_thread)
         for pragma in _PRAGMAS:
             await conn.execute(pragma)
         return conn
@@ -118,10 +122,12 @@ class Store:
         """Since when (monotonic) commits wait for disk space; None while they go through."""
         return self._writer.stalled_since if self._writer is not None else None
 
-    def write(self, op: Operation) -> asyncio.Future[Any]:
-        """Queue an operation for the next group commit; the future resolves after COMMIT."""
+    def write(self, op: Operation, quick: bool = False) -> asyncio.Future[Any]:
+        """Queue an operation for the next group commit; the future resolves after COMMIT.
+        `quick`: a few statements on rows by key (an attempt's start or end), which may
+        run on the event loop (writer.py)."""
         assert self._writer is not None, "store is not open"
-        return self._writer.submit(op)
+        return self._writer.submit(op, quick=quick)
 
     def write_lazily(self, op: Operation) -> asyncio.Future[Any]:
         """Queue an operation to join the next commit, at most writer.LAZY_DELAY from now:
@@ -129,7 +135,7 @@ class Store:
         its shim's records say it runs), so a short task's start, Running and end cost two
         commits, not three."""
         assert self._writer is not None, "store is not open"
-        return self._writer.submit(op, lazy=True)
+        return self._writer.submit(op, lazy=True, quick=True)
 
     # --- reads: one statement each on the reader connection -------------------------------
 

@@ -7,7 +7,12 @@ file, cannot restart it); tries back off to FULL_RETRY_MAX, so the writer catche
 seconds of the space returning.
 
 A batch runs as one call on aiosqlite's worker thread: per-statement calls cost about
-100 us each here (docs/benchmarks.md), more than the whole operation.
+100 us each here (docs/benchmarks.md), more than the whole operation. A batch of quick
+operations only (an attempt's start, Running and end: a few statements on rows by key) runs
+its statements on the event loop and only its COMMIT, the fsync, on that thread: the
+thread then holds the GIL for one call, not for each statement, which halved what the
+writer cost a 1,000-task map (issue 25 part 5). The connection is used by one side at a
+time: the loop waits for the COMMIT before it begins the next batch.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from noduslocal.domain.jobs import Event
 log = logging.getLogger(__name__)
 FULL_RETRY_MAX = 5.0  # seconds between tries of a batch while the disk is full
 LAZY_DELAY = 0.05  # seconds a lazy operation waits at most for another commit to ride with
+QUICK_MAX = 64  # quick operations a batch may hold and still run on the loop
+BUSY_WAIT_MS = 5000  # how long the thread waits for a write lock another connection holds
 
 # An operation: runs on the raw connection inside the open transaction and returns
 # (result, events). It must not touch anything but the database.
 Operation = Callable[[sqlite3.Connection], tuple[Any, list[Event]]]
 OnCommit = Callable[[list[Event]], None]
+Queued = tuple[Operation, "asyncio.Future[Any]", bool]  # the bool: quick
 
 
 class Writer:
@@ -38,7 +46,7 @@ class Writer:
         self._conn = conn
         self._on_commit = on_commit
         self._batch_max = batch_max
-        self._queue: list[tuple[Operation, asyncio.Future[Any]]] = []
+        self._queue: list[Queued] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lazy: asyncio.TimerHandle | None = None
@@ -48,14 +56,16 @@ class Writer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="store-writer")
 
-    def submit(self, op: Operation, lazy: bool = False) -> asyncio.Future[Any]:
+    def submit(self, op: Operation, lazy: bool = False,
+               quick: bool = False) -> asyncio.Future[Any]:
         """`lazy`: the operation waits (LAZY_DELAY at most) to join the commit of the next
-        one that does not, in order with it, instead of costing a commit of its own."""
+        one that does not, in order with it, instead of costing a commit of its own.
+        `quick`: a few statements on rows by key, which may run on the event loop."""
         if self._closing:
             raise RuntimeError("the store is closing")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((op, future))
+        self._queue.append((op, future, quick))
         if not lazy:
             self._wake.set()
         elif self._lazy is None and not self._wake.is_set():
@@ -108,18 +118,22 @@ class Writer:
                      time.monotonic() - self.stalled_since)
             self.stalled_since = None
 
-    async def _commit(self, batch: list[tuple[Operation, asyncio.Future[Any]]],
-                      ) -> list[tuple[Operation, asyncio.Future[Any]]]:
+    async def _commit(self, batch: list[Queued]) -> list[Queued]:
         """Commit the batch; what the disk had no room for comes back, unanswered."""
-        ops = [op for op, _ in batch]
+        ops = [op for op, _, _ in batch]
         try:
-            # aiosqlite's private call-on-thread: the one place we rely on it (see module doc).
-            outcomes = await self._conn._execute(_apply, self._conn._conn, ops)
+            outcomes = None
+            if len(batch) <= QUICK_MAX and all(quick for _, _, quick in batch):
+                outcomes = await self._apply_here(ops)
+            if outcomes is None:
+                # aiosqlite's private call-on-thread: the one place we rely on it (see
+                # module doc).
+                outcomes = await self._conn._execute(_apply_waiting, self._conn._conn, ops)
         except Exception as exc:  # the connection itself failed: nobody's work is committed
             if disk_full(exc):
                 return batch
             log.exception("commit failed")
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             return []
@@ -142,6 +156,33 @@ class Writer:
             self._on_commit(events)
         return kept_out
 
+    async def _apply_here(self, ops: list[Operation],
+                          ) -> list[tuple[bool, Any, list[Event]]] | None:
+        """The operations on the loop, their COMMIT on the thread; None (nothing written)
+        when the batch must go to the thread whole as _apply() runs it: the write lock is
+        taken (this connection does not wait for it: the loop must not block), an
+        operation failed (each then runs alone there), or the COMMIT did."""
+        conn = self._conn._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return None
+        try:
+            results = []
+            for op in ops:
+                value, events = op(conn)
+                results.append((True, value, events))
+        except Exception:
+            conn.execute("ROLLBACK")
+            return None
+        try:
+            await self._conn._execute(conn.execute, "COMMIT")
+        except Exception:
+            if conn.in_transaction:
+                await self._conn._execute(conn.execute, "ROLLBACK")
+            return None
+        return results
+
 
 # What SQLite says when the disk has no room: SQLITE_FULL for the database and the WAL, and
 # SQLITE_IOERR_SHMSIZE when the WAL's index (the -shm file, grown 32 KiB at a time) cannot
@@ -152,6 +193,17 @@ NO_ROOM = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR_SHMSIZE})
 def disk_full(exc: BaseException) -> bool:
     return (isinstance(exc, sqlite3.OperationalError)
             and getattr(exc, "sqlite_errorcode", None) in NO_ROOM)
+
+
+def _apply_waiting(conn: sqlite3.Connection,
+                   ops: list[Operation]) -> list[tuple[bool, Any, list[Event]]]:
+    """_apply() on the thread, where waiting for a write lock held elsewhere is allowed
+    (the connection's own timeout is 0: see Writer._apply_here)."""
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_WAIT_MS}")
+    try:
+        return _apply(conn, ops)
+    finally:
+        conn.execute("PRAGMA busy_timeout = 0")
 
 
 def _apply(conn: sqlite3.Connection,
