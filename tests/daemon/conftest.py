@@ -28,8 +28,15 @@ def settle(d: testing.Daemon) -> None:
     for job in client.list_jobs():
         with contextlib.suppress(errors.Conflict, errors.NotFound):
             client.cancel_job(job["name"], job["project"])
-    testing.wait_until(lambda: not client.list_jobs() and not client.list_sweeps(running=True),
-                       "the jobs and sweeps a test left to end", SETTLE)
+    try:
+        testing.wait_until(
+            lambda: not client.list_jobs() and not client.list_sweeps(running=True),
+            "the jobs and sweeps a test left to end", SETTLE)
+    except AssertionError as exc:  # what was left, and what the daemon said last
+        left = [f"job {j['name']} {j['phase']} ({j.get('reason')})" for j in client.list_jobs()]
+        left += [f"sweep {s['name']} {s['phase']}" for s in client.list_sweeps(running=True)]
+        tail = "\n".join(d.log().splitlines()[-40:])
+        raise AssertionError(f"{exc}: {', '.join(left)}\n{tail}") from None
 
 
 def job_names(d: testing.Daemon) -> list[tuple[str, str]]:
