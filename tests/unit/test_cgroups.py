@@ -4,7 +4,9 @@ count read from either, v2's one-write kill, and what exit.json's oom_killed bec
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -247,18 +249,79 @@ def test_an_empty_cgroup_is_removed_without_a_freeze(tmp_path: Path) -> None:
 def test_release_removes_only_the_hierarchies_make_made(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A v1 box has five hierarchies and a rank without a memory limit or denied GPUs is
-    made in two (cpu, pids): its release tries those two, not five (three rmdirs of
-    missing directories per task, issue 25 part 5); a daemon that did not make it (after a
-    restart) tries every hierarchy."""
+    made in two (cpu, pids): its release looks at those two, not five (three rmdirs of
+    missing directories per task, issue 25 part 5), and keeps them for the next rank; a
+    daemon that did not make it (after a restart) tries every hierarchy."""
     name = cgroup_name(7, 1, 0)
-    v1_tree(tmp_path, "nl", name)
+    v1_tree(tmp_path, "nl", name)  # its files, as the kernel makes them with the mkdir
     cgroups = Cgroups.detect("nl", tmp_path)
     made = cgroups.make(name, Limits(None, 1000, 100))
     assert made == [str(tmp_path / c / "nl" / name) for c in ("cpu", "pids")]
     tried: list[str] = []
     monkeypatch.setattr("os.rmdir", lambda path: tried.append(str(path)))
     assert cgroups.remove_empty(name)
-    assert tried == made
-    tried.clear()
+    assert tried == [] and not any(Path(path).exists() for path in made)
     assert Cgroups.detect("nl", tmp_path).remove_empty(name)
     assert tried == [str(p) for p in cgroups.paths(name)]
+
+
+def test_an_empty_cpu_and_pids_cgroup_is_kept_for_the_next_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """v1's cpu and pids cgroups are renamed for the next rank instead of removed and made
+    again; a limit is written only where its value differs; one with a process left in it
+    is not kept; memory's is never kept; the kept ones go at the daemon's end."""
+    rmdir = os.rmdir
+
+    def as_the_kernel(path: str) -> None:  # a cgroup's own files go with it
+        procs = Path(path) / "cgroup.procs"
+        if procs.exists() and procs.read_text():
+            raise OSError(errno.EBUSY, "busy", path)
+        for entry in os.scandir(path):
+            if entry.is_file():
+                os.unlink(entry.path)
+        rmdir(path)
+
+    monkeypatch.setattr("os.rmdir", as_the_kernel)
+    first = cgroup_name(1, 1, 0)
+    v1_tree(tmp_path, "nl", first)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    cgroups.make(first, Limits(1 << 30, 1000, 100))
+    cpu, pids = (tmp_path / c / "nl" for c in ("cpu", "pids"))
+    (cpu / first / "cpu.cfs_quota_us").write_text("100000")  # what the kernel would show
+    assert (pids / first / "pids.max").read_text() == "100"
+    assert cgroups.remove_empty(first)
+    assert not (tmp_path / "memory" / "nl" / first).exists()
+    (idle_cpu,) = [p for p in cpu.iterdir() if p.name.startswith("idle-")]
+    (idle_pids,) = [p for p in pids.iterdir() if p.name.startswith("idle-")]
+    assert (idle_cpu / "cpu.cfs_quota_us").exists()
+
+    second = cgroup_name(2, 1, 0)
+    (idle_pids / "pids.max").write_text("untouched")
+    cgroups.make(second, Limits(None, 1000, 100))
+    assert not idle_cpu.exists() and (cpu / second / "cpu.cfs_quota_us").exists()
+    assert (pids / second / "pids.max").read_text() == "untouched"  # the same value
+    (pids / second / "cgroup.procs").write_text("4242\n")  # a process left behind
+    assert not cgroups.remove_empty(second)
+    assert (pids / second).exists()
+    (pids / second / "cgroup.procs").write_text("")
+    assert cgroups.remove_empty(second)
+
+    third = cgroup_name(3, 1, 0)
+    cgroups.make(third, Limits(None, 0, 200))  # no CPU limit, another pids limit
+    assert (cpu / third / "cpu.cfs_quota_us").read_text() == "-1"
+    assert (pids / third / "pids.max").read_text() == "200"
+    assert cgroups.remove_empty(third)
+    cgroups.remove_parents()
+    assert not list(tmp_path.glob("*/nl/idle-*")) and not cpu.exists()
+
+
+def test_v2_keeps_no_cgroup(tmp_path: Path) -> None:
+    """v2's one cgroup holds the memory controller too, and v2 refuses a rename."""
+    name = cgroup_name(1, 1, 0)
+    v2_tree(tmp_path, "nl", name)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    cgroups.make(name, Limits(None, 1000, 100))
+    for entry in (tmp_path / "nl" / name).iterdir():
+        entry.unlink()
+    assert cgroups.remove_empty(name)
+    assert [p.name for p in (tmp_path / "nl").iterdir() if p.is_dir()] == []

@@ -1,7 +1,8 @@
 """The host jobs' cgroups: which hierarchy the box has (v2, or v1's memory, cpu, pids,
 freezer and devices), this daemon's parent cgroup, one cgroup per attempt's rank with its
 limits written (v1: the GPU nodes of other grants denied), its OOM kills read, every
-process in it killed, and its removal.
+process in it killed, and its removal; v1's cpu and pids cgroups are kept for the next
+rank when empty (renamed, not removed and made again).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import signal
@@ -28,6 +30,15 @@ GPU_MAJOR = 195  # /dev/nvidiaN is c 195:N; nvidiactl (255) and nvidia-modeset (
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 CFS_PERIOD_US = 100_000
 JOB_PREFIX = "job-"
+# v1 hierarchies whose empty cgroup a later rank may take over, renamed: neither holds
+# anything of the last rank but counters nobody reads, and their limits are written again
+# where they differ. Not memory (pages the last rank cached stay charged to it), nor v2
+# (one cgroup for every controller, memory too; and v2 refuses a rename). A rank saves a
+# mkdir, a limit's write and an rmdir in each (0.1 ms of CPU and 0.2 ms of its start on
+# this box, issue 25 part 5).
+POOLED_V1 = ("cpu", "pids")
+IDLE_PREFIX = "idle-"
+IDLE_MAX = 64  # empty cgroups kept in each pooled hierarchy
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,10 @@ class Cgroups:
         # What make() made, by rank cgroup name: a release removes just those (a v1 box
         # has five hierarchies, a rank uses two or three); unknown after a restart.
         self._made: dict[str, list[str]] = {}
+        # Empty cgroups of the pooled hierarchies, by parent: (path, its limit's value).
+        self._idle: dict[Path, list[tuple[str, str]]] = {}
+        self._limits: dict[str, str] = {}  # a pooled rank cgroup's path: its limit's value
+        self._idle_names = itertools.count()
 
     @property
     def enabled(self) -> bool:
@@ -161,6 +176,9 @@ class Cgroups:
                 # pids.max bounds what a fork storm adds meanwhile, and a task saves the
                 # freezer's mkdir, attach and rmdir (issue 25, part 5).
                 continue
+            if self.version == 1 and controller in POOLED_V1:
+                made.append(self._take(path, controller, limits))
+                continue
             path.mkdir(mode=0o755, exist_ok=True)
             made.append(str(path))
             if self.version == 2:
@@ -168,6 +186,47 @@ class Cgroups:
             else:
                 self._limit_v1(controller, path, limits)
         return made
+
+    def _take(self, path: Path, controller: str, limits: Limits) -> str:
+        """The rank's cgroup in a pooled hierarchy: an idle one renamed, or a new one; its
+        limit written unless it holds that value already."""
+        value = (str(limits.pids_max) if controller == "pids" else
+                 str(limits.cpu_m * CFS_PERIOD_US // 1000) if limits.cpu_m > 0 else "-1")
+        where, idle = str(path), self._idle.get(path.parent)
+        if idle:
+            old, held = idle.pop()
+            os.rename(old, where)
+        else:
+            try:
+                os.mkdir(where, 0o755)
+                held = "-1" if controller == "cpu" else ""  # a new cgroup's: no quota
+            except FileExistsError:  # left by a daemon before us: its value unknown
+                held = ""
+        if value != held:
+            _write(Path(where) / ("pids.max" if controller == "pids" else "cpu.cfs_quota_us"),
+                   value)
+        self._limits[where] = value
+        return where
+
+    def _keep(self, path: str) -> bool:
+        """Keep an empty pooled cgroup for the next rank; False (left in place) when
+        processes are still in it, or the pool is full."""
+        parent = os.path.dirname(path)
+        idle = self._idle.setdefault(Path(parent), [])
+        value = self._limits.get(path)
+        if value is None or len(idle) >= IDLE_MAX:
+            return False
+        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.read(fd, 16):
+                return False
+        finally:
+            os.close(fd)
+        kept = os.path.join(parent, f"{IDLE_PREFIX}{next(self._idle_names)}")
+        os.rename(path, kept)
+        del self._limits[path]
+        idle.append((kept, value))
+        return True
 
     def _layout(self) -> list[str]:
         """The controller each parent is for: v1 one hierarchy each, v2 all in one."""
@@ -248,7 +307,8 @@ class Cgroups:
         made = self._made.get(name)
         for path in made if made is not None else map(str, self.paths(name)):
             try:
-                os.rmdir(path)
+                if path not in self._limits or not self._keep(path):
+                    os.rmdir(path)
             except FileNotFoundError:
                 continue
             except OSError:
@@ -262,6 +322,8 @@ class Cgroups:
         if not self.enabled:
             return
         self._made.pop(name, None)  # every hierarchy is looked at: this is the sure way
+        for path in self.paths(name):
+            self._limits.pop(str(path), None)
         # The shim killed what its job left at the main process's end, so at release a
         # cgroup is almost always empty and its rmdir succeeds at once; reading its
         # processes, or freezing it, first cost more than the removal (the 1,000-task
@@ -286,9 +348,21 @@ class Cgroups:
 
     def remove_parents(self) -> None:
         """The parent cgroups, when empty (a job that runs on keeps them)."""
+        self.remove_idle()
         for parent in self.parents:
             with contextlib.suppress(OSError):
                 parent.rmdir()
+
+    def remove_idle(self) -> None:
+        """The empty cgroups kept for later ranks: this daemon's, and any a daemon killed
+        before us left (their values unknown)."""
+        self._idle.clear()
+        for parent in self.parents:
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(parent):
+                    if entry.name.startswith(IDLE_PREFIX) and entry.is_dir():
+                        with contextlib.suppress(OSError):
+                            os.rmdir(entry.path)
 
     def names(self) -> list[str]:
         """The rank cgroups under this daemon's parent."""
@@ -307,6 +381,7 @@ class Cgroups:
         """After a restart: remove this daemon's rank cgroups that hold no process (their
         attempts ended, or never started); a non-empty one is an attempt that still runs
         (adopted, released at its end) or one left by a vanished attempt (clear_lost)."""
+        self.remove_idle()
         removed = 0
         for name in self.names():
             if self.procs(name):
