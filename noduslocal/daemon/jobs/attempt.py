@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from noduslocal.daemon.gpus.cost import Meter
 from noduslocal.daemon.runtime.base import AttemptRef, AttemptState, Handle, failed
@@ -73,6 +74,7 @@ class Attempt:
     number: int = 0
     directory: Path | None = None
     started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
+    running: asyncio.Future[Any] | None = None  # its Running's commit (lazy), once queued
     life: AttemptLife = AttemptLife.STARTING  # moved by the methods below only
     # One per rank: set at launch or adoption; after a restart, as recorded until then.
     handles: list[Handle] = field(default_factory=list)

@@ -161,8 +161,9 @@ class AttemptRunner:
             # Not awaited here: the writer keeps order, so this commits before the end does,
             # with it for a short task. Lazily: after a crash before its commit, recovery
             # reads the attempt's records and adopts it all the same.
-            running = self.store.write_lazily(lambda c: job_writes.attempt_running(
-                c, job.id, attempt.number, now, attempt.handles))
+            running = attempt.running = self.store.write_lazily(
+                lambda c: job_writes.attempt_running(c, job.id, attempt.number, now,
+                                                     attempt.handles))
             await self.watch(attempt, now, running,
                              until=self.indexed.follow(attempt, ranks) if array else None)
         except asyncio.CancelledError:

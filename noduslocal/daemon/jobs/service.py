@@ -11,7 +11,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
@@ -466,7 +466,14 @@ class JobService:
         """A running rank of the job to exec beside, while one of the owner's
         `user_max_execs` places is taken."""
         attempt = self.board.active.get(job.id)
-        if job.phase != Phase.RUNNING or attempt is None or not attempt.launched:
+        phase = job.phase
+        if phase == Phase.STARTING and attempt is not None and attempt.running is not None:
+            # Launched, its Running committed lazily (within writer.LAZY_DELAY): what it
+            # printed may be read already, and an exec must not be refused meanwhile.
+            with suppress(Exception):
+                await asyncio.shield(attempt.running)
+                phase = Phase.RUNNING
+        if phase != Phase.RUNNING or attempt is None or not attempt.launched:
             raise errors.Conflict(f"job {job.name!r} is {job.phase}; exec needs it Running")
         runtime = self.runtimes[job.spec.runtime]
         if not attempt.ends:
