@@ -20,6 +20,7 @@ from noduslocal.daemon.runtime.base import Alive, AttemptState, Vanished
 
 log = logging.getLogger(__name__)
 SPAWNER_WAIT = 10.0  # seconds a launch waits for a spawner that is (re)starting
+REUSE_CHECK = 1.0  # seconds after a watch begins: was its shim's pid another's by then?
 
 
 class SpawnError(RuntimeError):
@@ -145,18 +146,23 @@ class Spawner:
         if pidfd < 0:
             done.set_result(settled(directory))
             return done
-        # Opened before we look for an exit: a shim records it before exiting, so none
-        # recorded means the pid is still our shim.
-        if has_exit(directory):
-            os.close(pidfd)
-            done.set_result(settled(directory))
-            return done
 
         def on_exit() -> None:
             loop.remove_reader(pidfd)
             os.close(pidfd)
+            reused.cancel()
             if not done.done():
                 done.set_result(settled(directory))
 
+        def if_reused() -> None:
+            # The shim records its exit before it exits: a record with the pidfd still
+            # quiet means the shim had gone before the pidfd was opened, and the pid is
+            # another process's now. Looked at once, a second on, not at every launch (a
+            # stat of the directory the shim is writing in, 4 % of the loop in a map of
+            # `true`): a shim that ended that early was a short task anyway.
+            if not done.done() and has_exit(directory):
+                on_exit()
+
+        reused = loop.call_later(REUSE_CHECK, if_reused)
         loop.add_reader(pidfd, on_exit)
         return done
