@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,35 @@ def test_v2_keeps_no_cgroup(tmp_path: Path) -> None:
         entry.unlink()
     assert cgroups.remove_empty(name)
     assert [p.name for p in (tmp_path / "nl").iterdir() if p.is_dir()] == []
+
+
+def test_a_full_pool_removes_and_a_vanished_idle_cgroup_is_made_anew(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past IDLE_MAX an empty cgroup is removed as before (and forgotten: a daemon that
+    runs for months keeps nothing per rank); an idle one removed behind the daemon's back
+    (an admin's cleanup) is made again rather than failing the rank's start."""
+    from noduslocal.daemon.runtime.host import cgroups as module
+
+    name, again = cgroup_name(1, 1, 0), cgroup_name(2, 1, 0)
+    full = tmp_path / "full"
+    v1_tree(full, "nl", name)  # the files the kernel makes with each mkdir
+    cgroups = Cgroups.detect("nl", full)
+    made = cgroups.make(name, Limits(None, 0, 100))
+    monkeypatch.setattr(module, "IDLE_MAX", 0)
+    removed: list[str] = []
+    monkeypatch.setattr("os.rmdir", lambda path: removed.append(str(path)))
+    assert cgroups.remove_empty(name)
+    assert removed == made and not cgroups._limits
+    monkeypatch.undo()
+
+    root = tmp_path / "vanished"
+    v1_tree(root, "nl", name)
+    cgroups = Cgroups.detect("nl", root)
+    cgroups.make(name, Limits(None, 0, 100))
+    assert cgroups.remove_empty(name)
+    for idle in root.glob("*/nl/idle-*"):
+        shutil.rmtree(idle)
+    v1_tree(root, "nl", again)
+    assert cgroups.make(again, Limits(None, 0, 100)) == [
+        str(root / c / "nl" / again) for c in ("cpu", "pids")]
+    assert (root / "pids" / "nl" / again / "pids.max").read_text() == "100"

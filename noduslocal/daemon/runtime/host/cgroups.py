@@ -192,11 +192,13 @@ class Cgroups:
         limit written unless it holds that value already."""
         value = (str(limits.pids_max) if controller == "pids" else
                  str(limits.cpu_m * CFS_PERIOD_US // 1000) if limits.cpu_m > 0 else "-1")
-        where, idle = str(path), self._idle.get(path.parent)
+        where, idle, held = str(path), self._idle.get(path.parent), None
         if idle:
-            old, held = idle.pop()
-            os.rename(old, where)
-        else:
+            old, value_there = idle.pop()
+            with contextlib.suppress(OSError):  # gone meanwhile (an admin's cleanup)
+                os.rename(old, where)
+                held = value_there
+        if held is None:
             try:
                 os.mkdir(where, 0o755)
                 held = "-1" if controller == "cpu" else ""  # a new cgroup's: no quota
@@ -209,12 +211,14 @@ class Cgroups:
         return where
 
     def _keep(self, path: str) -> bool:
-        """Keep an empty pooled cgroup for the next rank; False (left in place) when
-        processes are still in it, or the pool is full."""
+        """Keep an empty pooled cgroup for the next rank; False (to be removed) when it is
+        not one, processes are still in it, or the pool is full."""
+        value = self._limits.get(path)
+        if value is None:  # not a pooled hierarchy's, or not made by this daemon
+            return False
         parent = os.path.dirname(path)
         idle = self._idle.setdefault(Path(parent), [])
-        value = self._limits.get(path)
-        if value is None or len(idle) >= IDLE_MAX:
+        if len(idle) >= IDLE_MAX:
             return False
         fd = os.open(os.path.join(path, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -307,8 +311,9 @@ class Cgroups:
         made = self._made.get(name)
         for path in made if made is not None else map(str, self.paths(name)):
             try:
-                if path not in self._limits or not self._keep(path):
+                if not self._keep(path):
                     os.rmdir(path)
+                    self._limits.pop(path, None)
             except FileNotFoundError:
                 continue
             except OSError:
