@@ -21,6 +21,30 @@ class NotPlain(OSError):
 def open_plain(path: Path | str, owner: int | None = None) -> BinaryIO:
     """The regular file at `path`, opened for reading (FileNotFoundError when absent);
     with `owner`, only when that uid owns it."""
+    fd = _open_plain(path, owner)
+    try:
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_plain(path: Path | str, limit: int, owner: int | None = None) -> bytes:
+    """At most `limit` bytes of the regular file at `path` (see open_plain), read with no
+    file object: every task's end reads its exit record this way. O_NONBLOCK, kept, means
+    nothing to a regular file's reads."""
+    fd = _open_plain(path, owner)
+    try:
+        data = b""
+        while len(data) < limit and (chunk := os.read(fd, limit - len(data))):
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
+def _open_plain(path: Path | str, owner: int | None) -> int:
     try:
         fd = os.open(path, FLAGS)
     except OSError as exc:
@@ -33,14 +57,7 @@ def open_plain(path: Path | str, owner: int | None = None) -> BinaryIO:
             raise NotPlain(f"{path} is not a regular file")
         if owner is not None and info.st_uid != owner:
             raise NotPlain(f"{path} is not owned by uid {owner}")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return fd
     except BaseException:
         os.close(fd)
         raise
-
-
-def read_plain(path: Path | str, limit: int, owner: int | None = None) -> bytes:
-    """At most `limit` bytes of the regular file at `path` (see open_plain)."""
-    with open_plain(path, owner) as file:
-        return file.read(limit)
