@@ -21,7 +21,7 @@ class NotPlain(OSError):
 def open_plain(path: Path | str, owner: int | None = None) -> BinaryIO:
     """The regular file at `path`, opened for reading (FileNotFoundError when absent);
     with `owner`, only when that uid owns it."""
-    fd = _open_plain(path, owner)
+    fd, _ = _open_plain(path, owner)
     try:
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
@@ -32,19 +32,21 @@ def open_plain(path: Path | str, owner: int | None = None) -> BinaryIO:
 
 def read_plain(path: Path | str, limit: int, owner: int | None = None) -> bytes:
     """At most `limit` bytes of the regular file at `path` (see open_plain), read with no
-    file object: every task's end reads its exit record this way. O_NONBLOCK, kept, means
-    nothing to a regular file's reads."""
-    fd = _open_plain(path, owner)
+    file object and up to the size it had when opened (no read to find the end): every
+    task's end reads its exit record this way. O_NONBLOCK, kept, means nothing to a
+    regular file's reads."""
+    fd, size = _open_plain(path, owner)
     try:
-        data = b""
-        while len(data) < limit and (chunk := os.read(fd, limit - len(data))):
+        want, data = min(limit, size), b""
+        while len(data) < want and (chunk := os.read(fd, want - len(data))):
             data += chunk
         return data
     finally:
         os.close(fd)
 
 
-def _open_plain(path: Path | str, owner: int | None) -> int:
+def _open_plain(path: Path | str, owner: int | None) -> tuple[int, int]:
+    """The file's descriptor and its size, checked as open_plain says."""
     try:
         fd = os.open(path, FLAGS)
     except OSError as exc:
@@ -57,7 +59,7 @@ def _open_plain(path: Path | str, owner: int | None) -> int:
             raise NotPlain(f"{path} is not a regular file")
         if owner is not None and info.st_uid != owner:
             raise NotPlain(f"{path} is not owned by uid {owner}")
-        return fd
+        return fd, info.st_size
     except BaseException:
         os.close(fd)
         raise
