@@ -28,13 +28,24 @@ install() {
         slurm-wlm munge >/dev/null
 }
 
+# FILE from the .new beside it, by rename and only when it differs: a slurmctld or slurmd
+# starting meanwhile (`slurmctld -c` forks and reads its config while `up` runs) must never
+# read a file truncated for rewriting; one did, found slurm.conf empty, and died.
+replace() {
+    local file=$1 new
+    new="$(dirname "$1")/.$(basename "$1").new"
+    if cmp -s "$new" "$file"; then
+        rm -f "$new"
+    else
+        mv -f "$new" "$file"
+    fi
+}
+
 configure() {
     local host
     host=$(hostname -s)
     mkdir -p "$CONF_DIR" "$STATE" "$LOGS" /var/spool/slurmd /run/munge
-    local before=
-    [ -f "$CONF_DIR/slurm.conf" ] && before=$(md5sum <"$CONF_DIR/slurm.conf")
-    cat >"$CONF_DIR/slurm.conf" <<EOF
+    cat >"$CONF_DIR/.slurm.conf.new" <<EOF
 # Written by noduslocal's scripts/slurm-cluster.sh: a test cluster on one host.
 ClusterName=noduslocal-test
 SlurmctldHost=$host(127.0.0.1)
@@ -77,17 +88,19 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP PriorityT
 PartitionName=urgent Nodes=n[1-2] MaxTime=INFINITE State=UP PriorityTier=10
 EOF
     # Some settings (PreemptType) take a restart of slurmctld, not a reconfigure.
-    if [ -n "$before" ] && [ "$before" != "$(md5sum <"$CONF_DIR/slurm.conf")" ]; then
+    if [ -f "$CONF_DIR/slurm.conf" ] && ! cmp -s "$CONF_DIR/.slurm.conf.new" "$CONF_DIR/slurm.conf"; then
         CHANGED=1
     fi
+    replace "$CONF_DIR/slurm.conf"
     local i
     for i in 0 1 2 3; do
         [ -e "/dev/fakegpu$i" ] || mknod "/dev/fakegpu$i" c 1 3
     done
-    cat >"$CONF_DIR/gres.conf" <<EOF
+    cat >"$CONF_DIR/.gres.conf.new" <<EOF
 NodeName=n1 Name=gpu Type=fake File=/dev/fakegpu[0-1]
 NodeName=n2 Name=gpu Type=fake File=/dev/fakegpu[2-3]
 EOF
+    replace "$CONF_DIR/gres.conf"
     if [ ! -s /etc/munge/munge.key ]; then
         mkdir -p /etc/munge
         dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none

@@ -72,8 +72,11 @@ class SlurmCluster:
     config = '[regions.cluster]\nruntime = "slurm"\npartition = "debug"\npoll = 0.5\n'
 
     def up(self) -> None:
-        subprocess.run([str(self.script), "up"], check=True, capture_output=True,
-                       timeout=120)
+        done = subprocess.run([str(self.script), "up"], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:  # what the script said is why; CalledProcessError hides it
+            raise RuntimeError(f"{self.script.name} up exited {done.returncode}:\n"
+                               f"{done.stdout}{done.stderr}")
 
     def restart_controller(self, down_for: float = 0.0, forget: bool = False) -> None:
         """slurmctld stopped (SIGTERM: it saves its state), away for DOWN_FOR seconds, and

@@ -283,6 +283,18 @@ def test_cluster_info_and_ping() -> None:
         run(commands.cluster_info("nonexistent"))
 
 
+
+def test_the_cluster_script_leaves_a_config_it_would_not_change_untouched(
+        slurm_cluster: SlurmCluster) -> None:
+    """`slurm-cluster.sh up` on a running cluster rewrites no config file: a slurmctld
+    started meanwhile (the tests' `slurmctld -c`, which forks and reads its config while
+    `up` runs) once read slurm.conf truncated for rewriting, and died of an empty file."""
+    files = [Path("/etc/slurm/slurm.conf"), Path("/etc/slurm/gres.conf")]
+    before = [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files]
+    slurm_cluster.up()
+    assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == before
+    assert not list(Path("/etc/slurm").glob(".*.new"))
+
 def test_start_estimates_for_a_job_pending_behind_others(jobs: Jobs) -> None:
     # Both nodes taken whole for a minute at most; Slurm's backfill pass (every 30 s here)
     # then says when the job behind them starts.

@@ -41,6 +41,16 @@ def lab(slurm_cluster: SlurmCluster) -> Iterator[Box]:
         yield box
 
 
+
+@pytest.fixture(autouse=True)
+def _daemon_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The module's daemon running again after a test that killed it and failed before
+    starting it: else every test after that one fails too, for no fault of its own."""
+    box: Box | None = request.getfixturevalue("lab") if "lab" in request.fixturenames else None
+    yield
+    if box is not None and box.daemon.proc is None:
+        box.daemon.start()
+
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}{result.stderr}"
     return result.stdout
