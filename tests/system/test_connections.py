@@ -26,6 +26,10 @@ from noduslocal.sdk.transport import Transport
 from noduslocal.sdk.wire import _connect_through_a_full_queue
 from tests.conftest import run_cli
 
+# Beside the other system tests (scripts/test.sh): its own daemons, each with descriptor
+# limits of its own.
+pytestmark = pytest.mark.beside
+
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
 

@@ -38,6 +38,10 @@ from tests.daemon.test_job_ends import (
     stubborn,
 )
 
+# Beside the other system tests (scripts/test.sh): its own daemons in temporary
+# directories, no other user, no docker.
+pytestmark = pytest.mark.beside
+
 T = TypeVar("T")
 DEADLINE = 30.0  # generous: how long we wait for something that must happen
 
