@@ -3,9 +3,11 @@ snapshot uploaded once, the canary first, then the rest in the background."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,8 @@ from noduslocal.cli.job import json_option, project_option
 from noduslocal.cli.usage import as_click
 from noduslocal.domain import map_args as expand
 
-CANARY_POLL = 0.5  # seconds between looks at a canary that runs
+CANARY_POLL = 0.5  # seconds a long poll on the canary lasts (a terminal's line)
+CANARY_SETTLE = 0.05  # seconds between looks at a sweep whose canary has ended
 
 
 @click.command("map", context_settings={"allow_interspersed_args": False},
@@ -168,20 +171,38 @@ def map_(name: str | None, replace: bool, project: str | None, image: str | None
 
 
 def _wait_canary(client: Any, sweep: dict[str, Any], quiet: bool) -> dict[str, Any]:
-    """Until the canary (cell 0) has passed or failed, with a live line of how it stands."""
+    """Until the canary (cell 0) has passed or failed: long polls on the canary, so the
+    command returns as soon as it has, with a live line of how it stands on a terminal."""
+    from noduslocal.domain import errors
+
+    live = not quiet and sys.stderr.isatty()
+    with _canary_line(sweep) if live else contextlib.nullcontext(None) as show:
+        while sweep["phase"] == "Canary":
+            try:
+                canary = client.wait_job(sweep["canary_job"], sweep["project"], CANARY_POLL)
+            except errors.WaitTimeout:
+                canary = None
+            sweep = client.get_sweep(sweep["name"], sweep["project"])
+            if canary is not None and sweep["phase"] == "Canary":
+                time.sleep(CANARY_SETTLE)  # its sweep moves on right after it ends
+            if show is not None:
+                show(sweep, canary or client.get_job(sweep["canary_job"], sweep["project"]))
+    return sweep
+
+
+@contextlib.contextmanager
+def _canary_line(sweep: dict[str, Any]) -> Iterator[Callable[[dict[str, Any], dict[str, Any]],
+                                                             None]]:
+    """A live line on stderr of how the canary stands; yields what updates it."""
     from rich.console import Console
 
-    console = Console(stderr=True, quiet=quiet)
     started = time.monotonic()
-    with console.status(f"{sweep['name']}: canary of {sweep['cells']} tasks") as bar:
-        while sweep["phase"] == "Canary":
-            time.sleep(CANARY_POLL)
-            sweep = client.get_sweep(sweep["name"], sweep["project"])
-            canary = client.get_job(sweep["canary_job"], sweep["project"])
-            bar.update(f"{sweep['name']}: canary {canary['name']} {canary['phase']}"
-                       f"{' - ' + canary['hold'] if canary.get('hold') else ''}, "
-                       f"{time.monotonic() - started:.0f}s")
-    return sweep
+    with Console(stderr=True).status(f"{sweep['name']}: canary of {sweep['cells']} "
+                                     "tasks") as bar:
+        yield lambda sweep, canary: bar.update(
+            f"{sweep['name']}: canary {canary['name']} {canary['phase']}"
+            f"{' - ' + canary['hold'] if canary.get('hold') else ''}, "
+            f"{time.monotonic() - started:.0f}s")
 
 
 def _done(sweep: dict[str, Any], as_json: bool, what: str) -> None:

@@ -45,3 +45,30 @@ def test_the_client_imports_none_of_the_daemon_s_dependencies() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
+def test_map_and_sweep_wait_into_a_pipe_draw_nothing_and_wait_on_the_canary(
+        daemon: testing.Daemon) -> None:
+    """Into a pipe `map` and `sweep wait` load no rich (it draws nothing there, and loading
+    it was half of each command's CPU), and `map` waits on its canary in long polls: it
+    slept half a second before its first look, and returned that late after a short one."""
+    probe = ("import sys, time\n"
+             "slept = []\n"
+             "real = time.sleep\n"
+             "time.sleep = lambda s: (slept.append(s), real(s))[1]\n"
+             "from noduslocal.cli.main import main\n"
+             "try:\n"
+             "    main()\n"
+             "except SystemExit as exc:\n"
+             "    code = exc.code\n"
+             "print(code, 'rich' in sys.modules, max(slept, default=0), file=sys.stderr)\n")
+    env = {**os.environ, "NODUSLOCAL_SOCKET": str(daemon.socket)}
+    said = []
+    for args in (["map", "--no-code", "--name", "piped", "--", "true", ":::", "1", "2"],
+                 ["sweep", "wait", "piped"]):
+        done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True,
+                              text=True, timeout=120, cwd=REPO, env=env)
+        said.append(done.stderr.splitlines()[-1])
+    assert said[0].split()[:2] == ["0", "False"], said
+    assert float(said[0].split()[2]) < 0.5, said  # no sleep of CANARY_POLL's length
+    assert said[1].split()[:2] == ["0", "False"], said
