@@ -99,7 +99,7 @@ def encode_request(req: dict[str, Any], req_id: int) -> bytes:
     hide = list(req.get("hide") or ())
     fields += [str(len(mounts)), *mounts, str(len(hide)), *hide, req.get("hide_with") or "",
                "1" if req.get("no_new_privs") else "0"]
-    body = b"".join(f.encode() + b"\0" for f in fields)
+    body = "\0".join(fields).encode() + b"\0"  # one join: a generator cost 70 calls a task
     return len(body).to_bytes(4, "little") + body
 
 
