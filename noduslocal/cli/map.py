@@ -176,6 +176,7 @@ def _wait_canary(client: Any, sweep: dict[str, Any], quiet: bool) -> dict[str, A
     from noduslocal.domain import errors
 
     live = not quiet and sys.stderr.isatty()
+    settle = CANARY_SETTLE
     with _canary_line(sweep) if live else contextlib.nullcontext(None) as show:
         while sweep["phase"] == "Canary":
             try:
@@ -184,7 +185,10 @@ def _wait_canary(client: Any, sweep: dict[str, Any], quiet: bool) -> dict[str, A
                 canary = None
             sweep = client.get_sweep(sweep["name"], sweep["project"])
             if canary is not None and sweep["phase"] == "Canary":
-                time.sleep(CANARY_SETTLE)  # its sweep moves on right after it ends
+                # Its sweep moves on right after it ends; should it not, looked at less
+                # and less often, never in a loop of requests.
+                time.sleep(settle)
+                settle = min(CANARY_POLL, settle * 2)
             if show is not None:
                 show(sweep, canary or client.get_job(sweep["canary_job"], sweep["project"]))
     return sweep
