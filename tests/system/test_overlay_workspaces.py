@@ -278,8 +278,13 @@ def test_a_cancelled_sweep_leaves_no_mount_made_ahead(
                    "--max-parallel", "1", "--", "sh", "-c", "sleep 60", ":::", "a", "b", "c",
                    cwd=code)
     assert made.returncode == 0, made.stderr
-    testing.wait_until(lambda: len(overlay_mounts(daemon.data_dir)) == 2,
-                       "the running cell's mount and the next one's, made ahead")
+    try:
+        testing.wait_until(lambda: len(overlay_mounts(daemon.data_dir)) == 2,
+                           "the running cell's mount and the next one's, made ahead")
+    except AssertionError as exc:  # once in CI, under load: say what there was instead
+        cells = {j["name"]: j["phase"] for j in daemon.client().list_jobs(all=True)}
+        raise AssertionError(f"{exc}; mounted: {overlay_mounts(daemon.data_dir)}; cells: "
+                             f"{cells}; the daemon's log ends:\n{daemon.log()[-3000:]}") from None
     assert run_cli(daemon, "sweep", "cancel", "halted").returncode == 0
     run_cli(daemon, "sweep", "wait", "halted")
     no_mounts(daemon)
