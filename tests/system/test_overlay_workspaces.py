@@ -130,7 +130,10 @@ def test_200_tasks_with_code_across_three_kill_9s(tmp_path: Path, code: Path) ->
             assert overlay_mounts(d.data_dir)  # the running (and next) tasks' workspaces
             d.kill()
             d.start()
-        assert run_cli(d, "sweep", "wait", "big", timeout=180).returncode == 0
+        waited = run_cli(d, "sweep", "wait", "big", timeout=180)
+        failed = [(j["name"], j["phase"], j["reason"], j["message"], j["attempts"])
+                  for j in d.client().list_jobs(all=True) if j["phase"] != "Succeeded"]
+        assert waited.returncode == 0, (waited.stdout, failed, d.log()[-4000:])
         ran = {int(p.name): p.read_text().split() for p in runs.iterdir()}
         assert sorted(ran) == list(range(200))
         assert [task for task, pids in ran.items() if len(pids) != 1] == []

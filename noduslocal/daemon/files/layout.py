@@ -58,6 +58,14 @@ class WorkspaceFailed(RuntimeError):
     owner may not make): the job's failure, not the daemon's."""
 
 
+
+def _empty(directory: Path) -> bool:
+    """Nothing in it, or it is not there (what a killed prepare_ahead() had yet to make)."""
+    try:
+        return not any(os.scandir(directory))
+    except FileNotFoundError:
+        return True
+
 class JobLayout:
     def __init__(self, data_dir: Path, overlay: bool = True) -> None:
         """`overlay`: a source becomes a shared snapshot under an overlay per task where
@@ -266,13 +274,12 @@ class JobLayout:
             # or with a record it never renamed into place. Nothing in them to reuse.
             unfinished = {name for name in top
                           if name.startswith(f".{RECORD}.") and name.endswith(".tmp")}
+            # An overlay's directory made before its upper was is as empty as a missing
+            # one (a kill -9 between the two failed a cell "File exists" in CI).
             if not (top - unfinished <= {"workspace", "attempt-1", RECORD, OVERLAY_DIR}
-                    and (OVERLAY_DIR not in top
-                         or not any(os.scandir(self.job_dir(job_id) / OVERLAY_DIR / "upper")))
-                    and ("workspace" not in top
-                         or not any(os.scandir(self.workspace(job_id))))
-                    and ("attempt-1" not in top
-                         or not any(os.scandir(self.attempt_dir(job_id, 1))))):
+                    and _empty(self.job_dir(job_id) / OVERLAY_DIR / "upper")
+                    and _empty(self.workspace(job_id))
+                    and _empty(self.attempt_dir(job_id, 1))):
                 return False
         except (FileNotFoundError, NotADirectoryError):
             return False
