@@ -358,3 +358,22 @@ def test_a_full_pool_removes_and_a_vanished_idle_cgroup_is_made_anew(
     assert cgroups.make(again, Limits(None, 0, 100)) == [
         str(root / c / "nl" / again) for c in ("cpu", "pids")]
     assert (root / "pids" / "nl" / again / "pids.max").read_text() == "100"
+
+
+def test_a_restart_removes_ended_ranks_cgroups_without_warning_of_missing_ones(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A rank is made in the hierarchies it needs (v1: cpu and pids, no memory limit): the
+    restarted daemon's sweep of ended ranks warned "removing cgroup .../memory/... failed:
+    No such file or directory" for each hierarchy it had never been made in (three lines a
+    rank in the 200-task kill -9 test's log)."""
+    name = cgroup_name(7, 1, 0)
+    for controller in V1_JOB_FILES:
+        touch(tmp_path / controller, "cgroup.procs")
+        touch(tmp_path / controller / "nl", "cgroup.procs")
+    for controller in ("cpu", "pids"):  # empty: the kernel's files go with the rmdir
+        (tmp_path / controller / "nl" / name).mkdir()
+    cgroups = Cgroups.detect("nl", tmp_path)
+    with caplog.at_level("WARNING"):
+        assert cgroups.remove_unheld() == 1
+    assert [r.getMessage() for r in caplog.records] == []
+    assert not any((tmp_path / c / "nl" / name).exists() for c in V1_JOB_FILES)

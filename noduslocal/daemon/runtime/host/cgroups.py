@@ -391,11 +391,12 @@ class Cgroups:
         for name in self.names():
             if self.procs(name):
                 continue
-            for path in self.paths(name):
-                with contextlib.suppress(FileNotFoundError):
-                    try:
-                        path.rmdir()
-                    except OSError as exc:
-                        log.warning("removing cgroup %s failed: %s", path, exc.strerror)
+            for path in self.paths(name):  # a rank is made only where it needs to be
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    log.warning("removing cgroup %s failed: %s", path, exc.strerror)
             removed += 1
         return removed
