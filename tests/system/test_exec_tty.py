@@ -108,8 +108,15 @@ def drive(session: Session) -> None:
     session.send("stty size\r")
     session.expect(r"30 100")
     session.resize(40, 132)
-    session.send("stty size\r")
-    session.expect(r"40 132")
+    # The CLI sends the resize from its SIGWINCH handler, which the next keys may overtake
+    # (a loaded CI box saw "30 100" once): asked again until the new size shows.
+    for _ in range(50):
+        session.send("stty size\r")
+        if session.expect(r"\n(\d+ \d+)\r?\n").group(1) == b"40 132":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the terminal never became 40 x 132")
     session.send("sleep 300\r")
     time.sleep(1)
     session.send("\x03")  # Ctrl-C: the terminal's interrupt, to the sleep, not the job
