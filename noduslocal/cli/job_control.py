@@ -119,14 +119,26 @@ def _interactive(name: str, project: str | None, argv: list[str], rank: int | No
     proc = TerminalProcess(ApiClient().transport.socket_path, name, project, argv or None,
                            rank, index, size.lines, size.columns)
     saved = termios.tcgetattr(fd)
+    # The keys go out on a thread of their own, the SIGWINCH handler runs on this one when
+    # it gets to it: keys typed right after a resize overtook it and met the old size.
+    # So each send first follows the window's size, whichever thread sends.
+    sent = [(size.lines, size.columns)]
+    sizing = threading.RLock()  # the handler may interrupt this thread inside it
+
+    def follow_size() -> None:
+        now = os.get_terminal_size(fd)
+        with sizing:
+            if (now.lines, now.columns) != sent[0]:
+                sent[0] = (now.lines, now.columns)
+                proc.resize(now.lines, now.columns)
 
     def keys() -> None:
         while data := os.read(fd, 4096):
+            follow_size()
             proc.stdin.write(data)
 
     def resized(*_: object) -> None:
-        now = os.get_terminal_size(fd)
-        proc.resize(now.lines, now.columns)
+        follow_size()
 
     try:
         tty.setraw(fd)
