@@ -126,7 +126,10 @@ def _interactive(name: str, project: str | None, argv: list[str], rank: int | No
     sizing = threading.RLock()  # the handler may interrupt this thread inside it
 
     def follow_size() -> None:
-        now = os.get_terminal_size(fd)
+        try:
+            now = os.get_terminal_size(fd)
+        except OSError:  # the terminal went away: its keys end too, and nothing to follow
+            return
         with sizing:
             if (now.lines, now.columns) != sent[0]:
                 sent[0] = (now.lines, now.columns)
