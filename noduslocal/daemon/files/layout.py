@@ -58,13 +58,13 @@ class WorkspaceFailed(RuntimeError):
     owner may not make): the job's failure, not the daemon's."""
 
 
-
 def _empty(directory: Path) -> bool:
     """Nothing in it, or it is not there (what a killed prepare_ahead() had yet to make)."""
     try:
         return not any(os.scandir(directory))
     except FileNotFoundError:
         return True
+
 
 class JobLayout:
     def __init__(self, data_dir: Path, overlay: bool = True) -> None:
