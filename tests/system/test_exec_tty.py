@@ -152,6 +152,7 @@ def test_keys_typed_right_after_a_resize_see_the_new_size(daemon: testing.Daemon
         finally:
             job.cancel()
 
+
 def test_the_local_terminal_is_restored(daemon: testing.Daemon) -> None:
     """The CLI sets its terminal raw for the session and back to its mode after."""
     with daemon.as_default():

@@ -283,7 +283,6 @@ def test_cluster_info_and_ping() -> None:
         run(commands.cluster_info("nonexistent"))
 
 
-
 def test_the_cluster_script_leaves_a_config_it_would_not_change_untouched(
         slurm_cluster: SlurmCluster) -> None:
     """`slurm-cluster.sh up` on a running cluster rewrites no config file: a slurmctld
@@ -294,6 +293,7 @@ def test_the_cluster_script_leaves_a_config_it_would_not_change_untouched(
     slurm_cluster.up()
     assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == before
     assert not list(Path("/etc/slurm").glob(".*.new"))
+
 
 def test_start_estimates_for_a_job_pending_behind_others(jobs: Jobs) -> None:
     # Both nodes taken whole for a minute at most; Slurm's backfill pass (every 30 s here)

@@ -41,7 +41,6 @@ def lab(slurm_cluster: SlurmCluster) -> Iterator[Box]:
         yield box
 
 
-
 @pytest.fixture(autouse=True)
 def _daemon_back(request: pytest.FixtureRequest) -> Iterator[None]:
     """The module's daemon running again after a test that killed it and failed before
@@ -50,6 +49,7 @@ def _daemon_back(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if box is not None and box.daemon.proc is None:
         box.daemon.start()
+
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}{result.stderr}"

@@ -73,7 +73,7 @@ def test_a_next_daemon_starts_a_job_whose_directories_were_made_in_part(
     """A sweep's cell failed with StartFailed "File exists: .../jobs/13" after a kill -9
     caught the thread making its directories ahead (CI, five kill -9s, 2 cells in 50). And
     again where the thread had made a cell's overlay directory and not yet its upper (CI,
-    test_200_tasks_with_code_across_three_kill_9s; here 1 run in 2 to 15 under load)."""
+    test_200_tasks_with_code_across_three_kill_9s; about 1 run in 6 under load here)."""
     record = job(13)
     first = JobLayout(tmp_path)
     first.create_root()
