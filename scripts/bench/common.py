@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -25,3 +28,14 @@ def table(rows: list[dict[str, str]]) -> str:
              "-|-".join("-" * widths[c] for c in columns)]
     lines += [" | ".join(r.get(c, "").ljust(widths[c]) for c in columns) for r in rows]
     return "\n".join(lines)
+
+
+def remove_unless_kept(made: Sequence[Path]) -> None:
+    """The daemons' directories removed at the end of a run, or left and named with
+    BENCH_KEEP=1: on a file system without a journal, inodes deleted in the last minutes
+    make every new one dearer, so runs back to back should not follow a mass deletion."""
+    if os.environ.get("BENCH_KEEP"):
+        print(f"left in place: {' '.join(map(str, made))}")
+        return
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import summary_ms, table
+from common import remove_unless_kept, summary_ms, table
 from throughput import run_tsp
 
 from noduslocal import testing
@@ -123,11 +123,7 @@ def main() -> None:
         row("GNU parallel -j2", lambda: run_parallel(n))
         row("task-spooler (tsp -S 2)", lambda: (run_tsp(n) or (0.0, 0.0))[1] or None)
     print(table(rows))
-    if os.environ.get("BENCH_KEEP"):  # runs back to back: a mass deletion slows the next
-        print(f"left in place: {' '.join(map(str, made))}")
-        return
-    for path in made:
-        shutil.rmtree(path, ignore_errors=True)
+    remove_unless_kept(made)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import table
+from common import remove_unless_kept, table
 
 from noduslocal import testing
 
@@ -115,11 +115,7 @@ def main() -> None:
           "CPU in ms a task (the loop as user+system; the rest: shims, jobs, kernel)")
     made: list[Path] = []
     print(table([one_round(n, root, made) for _ in range(rounds)]))
-    if os.environ.get("BENCH_KEEP"):
-        print(f"left in place: {' '.join(map(str, made))}")
-        return
-    for path in made:
-        shutil.rmtree(path, ignore_errors=True)
+    remove_unless_kept(made)
 
 
 if __name__ == "__main__":
