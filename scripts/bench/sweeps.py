@@ -58,22 +58,27 @@ def run_map(n: int, root: str | None, made: list[Path]) -> tuple[float, float]:
     made.append(d.root)
     try:
         d.start()
-        exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
-        env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
         cpu = busy_cpu_seconds()
         start = time.perf_counter()
-        subprocess.run([exe, "map", "--no-code", "--name", "tp", "--max-parallel", "2", "--",
-                        "true", ":::", *map(str, range(n))], env=env, check=True,
-                       capture_output=True)
-        subprocess.run([exe, "sweep", "wait", "tp"], env=env, check=True,
-                       capture_output=True)
+        map_of_true(d, n)
         total = time.perf_counter() - start
         cpu = busy_cpu_seconds() - cpu
-        assert d.client().get_sweep("tp")["counts"] == {"Succeeded": n}
     finally:
         if d.proc is not None:
             d.kill()
     return total, cpu
+
+
+def map_of_true(d: testing.Daemon, n: int) -> None:
+    """`noduslocal map --no-code --max-parallel 2 -- true ::: 0..n-1` against D and its
+    `sweep wait`, as a user types them; every task must have succeeded."""
+    exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
+    env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
+    subprocess.run([exe, "map", "--no-code", "--name", "tp", "--max-parallel", "2", "--",
+                    "true", ":::", *map(str, range(n))], env=env, check=True,
+                   capture_output=True)
+    subprocess.run([exe, "sweep", "wait", "tp"], env=env, check=True, capture_output=True)
+    assert d.client().get_sweep("tp")["counts"] == {"Succeeded": n}
 
 
 def busy_cpu_seconds() -> float:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,16 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import remove_unless_kept, table
+from sweeps import busy_cpu_seconds, map_of_true
 
 from noduslocal import testing
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def busy_ticks() -> int:
-    """Every CPU's busy time (/proc/stat: all but idle and iowait), in clock ticks."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    return sum(fields[:8]) - fields[3] - fields[4]
 
 
 def stat_fields(path: Path) -> list[str]:
@@ -74,17 +67,13 @@ def one_round(n: int, root: str | None, made: list[Path]) -> dict[str, str]:
         d.start()
         assert d.proc is not None
         pid = d.proc.pid
-        exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
-        env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
         before_threads, before_children = threads(pid), children_of(pid)
-        before_busy, before_cli = busy_ticks(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        before_busy = busy_cpu_seconds()
+        before_cli = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run([exe, "map", "--no-code", "--name", "tp", "--max-parallel", "2", "--",
-                        "true", ":::", *map(str, range(n))], env=env, check=True,
-                       capture_output=True)
-        subprocess.run([exe, "sweep", "wait", "tp"], env=env, check=True, capture_output=True)
+        map_of_true(d, n)
         wall = time.perf_counter() - start
-        busy = busy_ticks() - before_busy
+        busy = (busy_cpu_seconds() - before_busy) * TICK
         after_cli = resource.getrusage(resource.RUSAGE_CHILDREN)
         after_threads, after_children = threads(pid), children_of(pid)
     finally:
