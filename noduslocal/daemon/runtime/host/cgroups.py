@@ -220,6 +220,8 @@ class Cgroups:
         idle = self._idle.setdefault(Path(parent), [])
         if len(idle) >= IDLE_MAX:
             return False
+        # Empty or not, not which processes (_procs): three system calls at every task's
+        # end, no file object.
         fd = os.open(os.path.join(path, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
         try:
             if os.read(fd, 16):
@@ -313,11 +315,11 @@ class Cgroups:
             try:
                 if not self._keep(path):
                     os.rmdir(path)
-                    self._limits.pop(path, None)
             except FileNotFoundError:
-                continue
+                pass  # gone already (an admin's cleanup)
             except OSError:
                 return False
+            self._limits.pop(path, None)
         self._made.pop(name, None)
         return True
 
