@@ -18,6 +18,7 @@ import pytest
 
 from noduslocal.daemon.store import Store, job_writes
 from noduslocal.daemon.store import rows as records
+from noduslocal.daemon.store import writer as writer_module
 from noduslocal.daemon.store.migrate import available, migrate, split_statements
 from noduslocal.domain import errors
 from noduslocal.domain.jobs import CreateRequest, Event, Handle, JobRecord, JobSpec
@@ -904,5 +905,91 @@ def test_a_quick_batch_runs_on_the_loop_and_commits_on_the_thread(tmp_path: Path
             assert ("PRAGMA busy_timeout = 5000", False) in seen
             record = await store.job_by_id(jobs[0].id)
             assert record is not None and record.phase == "Running"
+
+    run(body())
+
+
+def test_volatile_quick_batches_commit_on_the_loop_and_a_durable_write_syncs_them(
+        tmp_path: Path) -> None:
+    """An attempt's start, Running and end on this box (`volatile`) commit whole on the
+    loop with synchronous=NORMAL and without a checkpoint inside the COMMIT; their WAL is
+    checkpointed on the thread every CHECKPOINT_EVERY commits, each of which still
+    commits (a checkpoint's cursor left open once failed every 64th: "SQL statements in
+    progress"); any other write commits FULL on the thread again; a clean close leaves
+    all of it in the file."""
+    path = tmp_path / "db.sqlite"
+    count = writer_module.CHECKPOINT_EVERY * 3 + 5
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            loop_thread = threading.get_ident()
+            jobs = [await create(store, f"v{i}") for i in range(count)]
+            seen: list[tuple[str, bool]] = []
+            assert store._writer_conn is not None
+            await store._writer_conn.set_trace_callback(
+                lambda sql: seen.append((sql, threading.get_ident() == loop_thread)))
+            for job in jobs:  # one commit each, as a sweep of short tasks makes them
+                assert await store.write(
+                    lambda c, job_id=job.id: job_writes.start_attempt(c, job_id, NOW),
+                    quick=True, volatile=True) == 1
+            assert ("PRAGMA synchronous = NORMAL", True) in seen
+            assert ("PRAGMA wal_autocheckpoint = 0", True) in seen
+            commits = [on_loop for sql, on_loop in seen if sql == "COMMIT"]
+            assert len(commits) == count and all(commits)
+            checkpoints = [on_loop for sql, on_loop in seen if "wal_checkpoint" in sql]
+            assert len(checkpoints) == count // writer_module.CHECKPOINT_EVERY
+            assert not any(checkpoints)
+            seen.clear()
+            await create(store, "durable")
+            assert seen[0] == ("PRAGMA synchronous = FULL", True)
+            assert ("COMMIT", False) in seen
+            seen.clear()
+            # A quick batch with one durable operation commits durably, on the thread.
+            await asyncio.gather(
+                store.write(lambda c: job_writes.attempt_running(c, jobs[0].id, 1, NOW),
+                            quick=True, volatile=True),
+                store.write(lambda c: job_writes.attempt_running(c, jobs[1].id, 1, NOW),
+                            quick=True))
+            assert ("COMMIT", False) in seen and ("COMMIT", True) not in seen
+            await store.write(lambda c: job_writes.attempt_running(c, jobs[2].id, 1, NOW),
+                              quick=True, volatile=True)
+        conn = raw(path)
+        try:
+            phases = dict(conn.execute("SELECT name, phase FROM jobs").fetchall())
+        finally:
+            conn.close()
+        assert [phases[f"v{i}"] for i in range(3)] == ["Running"] * 3
+        assert all(phases[f"v{i}"] == "Starting" for i in range(3, count))
+
+    run(body())
+
+
+def test_a_volatile_commit_is_on_the_disk_within_sync_within(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone end on the loop does not wait for CHECKPOINT_EVERY more to be synced: a
+    job that ended a second before a power loss keeps its end. A FULL commit meanwhile
+    syncs it, and the timer is dropped."""
+    monkeypatch.setattr(writer_module, "SYNC_WITHIN", 0.1)
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            loop_thread = threading.get_ident()
+            jobs = [await create(store, f"s{i}") for i in range(2)]
+            seen: list[tuple[str, bool]] = []
+            assert store._writer_conn is not None
+            await store._writer_conn.set_trace_callback(
+                lambda sql: seen.append((sql, threading.get_ident() == loop_thread)))
+            await store.write(lambda c: job_writes.start_attempt(c, jobs[0].id, NOW),
+                              quick=True, volatile=True)
+            assert not any("wal_checkpoint" in sql for sql, _ in seen)
+            await asyncio.sleep(0.5)
+            assert ("PRAGMA wal_checkpoint(PASSIVE)", False) in seen
+            seen.clear()
+            await store.write(lambda c: job_writes.start_attempt(c, jobs[1].id, NOW),
+                              quick=True, volatile=True)
+            await create(store, "durable")  # FULL: syncs the WAL, the start above with it
+            await asyncio.sleep(0.5)
+            assert not any("wal_checkpoint" in sql for sql, _ in seen)
 
     run(body())

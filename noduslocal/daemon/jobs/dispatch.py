@@ -139,9 +139,11 @@ class Dispatch:
     def _start(self, attempt: Attempt) -> None:
         self.board.active[attempt.job.id] = attempt
         # Queued now, so it joins the commit of whatever freed the capacity.
+        # Volatile on this box: a power loss that lost the start stops what it started.
         attempt.started = self.store.write(
             lambda c, job_id=attempt.job.id, uuids=attempt.gpus: job_writes.start_attempt(
-                c, job_id, time.time(), uuids), quick=True)
+                c, job_id, time.time(), uuids), quick=True,
+            volatile=attempt.job.spec.region is None)
         self._on_start(attempt)
 
     def release(self, attempt: Attempt) -> None:

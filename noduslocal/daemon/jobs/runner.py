@@ -163,7 +163,8 @@ class AttemptRunner:
             # reads the attempt's records and adopts it all the same.
             running = attempt.running = self.store.write_lazily(
                 lambda c: job_writes.attempt_running(c, job.id, attempt.number, now,
-                                                     attempt.handles))
+                                                     attempt.handles),
+                volatile=job.spec.region is None)
             await self.watch(attempt, now, running,
                              until=self.indexed.follow(attempt, ranks) if array else None)
         except asyncio.CancelledError:
@@ -269,10 +270,12 @@ class AttemptRunner:
                     self._collect_pool, self._collect, job)
             reported = read_final_metrics(attempt, self.layout.workspace(job.id))
         line = await self.last_error(attempt, outcome.job_phase)
-        # Quick unless it carries outputs (a row each, perhaps many).
+        # Quick unless it carries outputs (a row each, perhaps many); volatile on this box
+        # (a power loss that lost it ended the attempt's processes too: it runs again).
         ended = self.store.write(lambda c: job_writes.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
-            indexed=job.spec.indexed is not None, stderr_line=line), quick=not collected)
+            indexed=job.spec.indexed is not None, stderr_line=line), quick=not collected,
+            volatile=job.spec.region is None)
         # Its outputs' blobs stay pinned until this commit lands, even if we are cancelled.
         ended.add_done_callback(
             lambda _: self.layout.blobs.release([out.sha256 for out in collected]))

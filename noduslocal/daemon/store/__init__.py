@@ -1,5 +1,6 @@
 """The SQLite store: one writer connection (group commits, see writer.py) and one reader
-connection, both through aiosqlite, over a WAL database with synchronous=FULL.
+connection, both through aiosqlite, over a WAL database with synchronous=FULL (NORMAL for
+an attempt's start, Running and end on this box: writer.py says why).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Store:
         await self._writer_conn.execute("PRAGMA busy_timeout = 0")
         self._reader = await self._connect()
         await self._reader.execute("PRAGMA query_only = ON")
-        self._writer = Writer(self._writer_conn, on_commit, batch_max)
+        self._writer = Writer(self._writer_conn, self.path, on_commit, batch_max)
         self._writer.start()
 
     def _migrate(self, job_id_floor: int) -> None:
@@ -122,20 +123,23 @@ class Store:
         """Since when (monotonic) commits wait for disk space; None while they go through."""
         return self._writer.stalled_since if self._writer is not None else None
 
-    def write(self, op: Operation, quick: bool = False) -> asyncio.Future[Any]:
+    def write(self, op: Operation, quick: bool = False,
+              volatile: bool = False) -> asyncio.Future[Any]:
         """Queue an operation for the next group commit; the future resolves after COMMIT.
         `quick`: a few statements on rows by key (an attempt's start or end), which may
-        run on the event loop (writer.py)."""
+        run on the event loop (writer.py). `volatile`: a quick operation on an attempt
+        of this machine, whose processes a power loss would end too: it may commit
+        without an fsync (writer.py)."""
         assert self._writer is not None, "store is not open"
-        return self._writer.submit(op, quick=quick)
+        return self._writer.submit(op, quick=quick, volatile=volatile)
 
-    def write_lazily(self, op: Operation) -> asyncio.Future[Any]:
+    def write_lazily(self, op: Operation, volatile: bool = False) -> asyncio.Future[Any]:
         """Queue an operation to join the next commit, at most writer.LAZY_DELAY from now:
         for a record that recovery finds again if a crash loses it (an attempt's Running:
         its shim's records say it runs), so a short task's start, Running and end cost two
         commits, not three."""
         assert self._writer is not None, "store is not open"
-        return self._writer.submit(op, lazy=True, quick=True)
+        return self._writer.submit(op, lazy=True, quick=True, volatile=volatile)
 
     # --- reads: one statement each on the reader connection -------------------------------
 

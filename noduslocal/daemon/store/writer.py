@@ -10,18 +10,29 @@ A batch runs as one call on aiosqlite's worker thread: per-statement calls cost 
 100 us each here (docs/benchmarks.md), more than the whole operation. A batch of quick
 operations only (an attempt's start, Running and end: a few statements on rows by key) runs
 its statements on the event loop and only its COMMIT, the fsync, on that thread: the
-thread then holds the GIL for one call, not for each statement, which halved what the
-writer cost a 1,000-task map (issue 25 part 5). The connection is used by one side at a
-time: the loop waits for the COMMIT before it begins the next batch.
+thread then holds the GIL for one call, not for each statement. The connection is used by
+one side at a time: the loop waits for the COMMIT before it begins the next batch.
+
+A quick batch whose every operation is `volatile` (it records processes of this machine,
+which a power loss ends too) commits with synchronous=NORMAL, whole on the loop: no fsync,
+so no trip to the thread (issue 25 part 5). A power loss may then lose the last such
+commits, never a part of one: the WAL keeps a prefix of the history, so the next boot sees
+the machine as it was a moment earlier, and recovery retries what it finds started and
+gone. They are on the disk within SYNC_WITHIN seconds, or with the next commit of any other
+batch (FULL) if that comes first: a job that ended more than a second before a power loss
+keeps its end. Their WAL is checkpointed on the thread (CHECKPOINT_EVERY), never by a
+commit on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -33,17 +44,24 @@ FULL_RETRY_MAX = 5.0  # seconds between tries of a batch while the disk is full
 LAZY_DELAY = 0.05  # seconds a lazy operation waits at most for another commit to ride with
 QUICK_MAX = 64  # quick operations a batch may hold and still run on the loop
 BUSY_WAIT_MS = 5000  # how long the thread waits for a write lock another connection holds
+CHECKPOINT_EVERY = 64  # commits on the loop between two checkpoints on the thread
+SYNC_WITHIN = 1.0  # seconds a commit on the loop waits at most to be on the disk
+AUTOCHECKPOINT = 1000  # WAL pages: SQLite's default, for commits on the thread
 
 # An operation: runs on the raw connection inside the open transaction and returns
 # (result, events). It must not touch anything but the database.
 Operation = Callable[[sqlite3.Connection], tuple[Any, list[Event]]]
 OnCommit = Callable[[list[Event]], None]
-Queued = tuple[Operation, "asyncio.Future[Any]", bool]  # the bool: quick
+# The bools: quick, volatile.
+Queued = tuple[Operation, "asyncio.Future[Any]", bool, bool]
 
 
 class Writer:
-    def __init__(self, conn: aiosqlite.Connection, on_commit: OnCommit, batch_max: int) -> None:
+    def __init__(self, conn: aiosqlite.Connection, path: Path, on_commit: OnCommit,
+                 batch_max: int) -> None:
+        """`path`: the database's file (its WAL is synced beside it)."""
         self._conn = conn
+        self._wal = f"{path}-wal"
         self._on_commit = on_commit
         self._batch_max = batch_max
         self._queue: list[Queued] = []
@@ -51,21 +69,26 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._lazy: asyncio.TimerHandle | None = None
         self._closing = False
+        self._volatile_mode = False  # the connection's settings are those of _on_loop()
+        self._since_checkpoint = 0  # commits on the loop since the last checkpoint
+        self._sync_due: asyncio.TimerHandle | None = None  # while some are not on the disk
+        self._sync_now = False
         self.stalled_since: float | None = None  # monotonic; while the disk is full
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="store-writer")
 
-    def submit(self, op: Operation, lazy: bool = False,
-               quick: bool = False) -> asyncio.Future[Any]:
+    def submit(self, op: Operation, lazy: bool = False, quick: bool = False,
+               volatile: bool = False) -> asyncio.Future[Any]:
         """`lazy`: the operation waits (LAZY_DELAY at most) to join the commit of the next
         one that does not, in order with it, instead of costing a commit of its own.
-        `quick`: a few statements on rows by key, which may run on the event loop."""
+        `quick`: a few statements on rows by key, which may run on the event loop.
+        `volatile` (quick only): what it records ends with this machine (see module doc)."""
         if self._closing:
             raise RuntimeError("the store is closing")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((op, future, quick))
+        self._queue.append((op, future, quick, quick and volatile))
         if not lazy:
             self._wake.set()
         elif self._lazy is None and not self._wake.is_set():
@@ -78,6 +101,9 @@ class Writer:
         self._wake.set()
         if self._task is not None:
             await self._task
+        if self._volatile_mode:  # a clean stop leaves every commit durable
+            self._settings(volatile=False)
+            await self._checkpoint()
 
     async def _run(self) -> None:
         while True:
@@ -103,6 +129,8 @@ class Writer:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, FULL_RETRY_MAX)
+            if self._sync_now:
+                await self._checkpoint()
             if self._closing:
                 return
 
@@ -120,12 +148,14 @@ class Writer:
 
     async def _commit(self, batch: list[Queued]) -> list[Queued]:
         """Commit the batch; what the disk had no room for comes back, unanswered."""
-        ops = [op for op, _, _ in batch]
+        ops = [item[0] for item in batch]
         try:
             outcomes = None
-            if len(batch) <= QUICK_MAX and all(quick for _, _, quick in batch):
-                outcomes = await self._apply_here(ops)
+            if len(batch) <= QUICK_MAX and all(item[2] for item in batch):
+                outcomes = await self._apply_here(ops, all(item[3] for item in batch))
             if outcomes is None:
+                self._settings(volatile=False)
+                self._synced()  # a FULL commit syncs the WAL, what the loop wrote included
                 # aiosqlite's private call-on-thread: the one place we rely on it (see
                 # module doc).
                 outcomes = await self._conn._execute(_apply_waiting, self._conn._conn, ops)
@@ -156,13 +186,15 @@ class Writer:
             self._on_commit(events)
         return kept_out
 
-    async def _apply_here(self, ops: list[Operation],
+    async def _apply_here(self, ops: list[Operation], volatile: bool,
                           ) -> list[tuple[bool, Any, list[Event]]] | None:
-        """The operations on the loop, their COMMIT on the thread; None (nothing written)
-        when the batch must go to the thread whole as _apply() runs it: the write lock is
-        taken (this connection does not wait for it: the loop must not block), an
-        operation failed (each then runs alone there), or the COMMIT did."""
+        """The operations on the loop, their COMMIT on the thread (on the loop too when
+        `volatile`); None (nothing written) when the batch must go to the thread whole as
+        _apply() runs it: the write lock is taken (this connection does not wait for it:
+        the loop must not block), an operation failed (each then runs alone there), or the
+        COMMIT did."""
         conn = self._conn._conn
+        self._settings(volatile)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
@@ -176,12 +208,59 @@ class Writer:
             conn.execute("ROLLBACK")
             return None
         try:
-            await self._conn._execute(conn.execute, "COMMIT")
+            if volatile:
+                conn.execute("COMMIT")
+            else:
+                self._synced()
+                await self._conn._execute(conn.execute, "COMMIT")
         except Exception:
             if conn.in_transaction:
-                await self._conn._execute(conn.execute, "ROLLBACK")
+                conn.execute("ROLLBACK")
             return None
+        if volatile:
+            self._since_checkpoint += 1
+            if self._since_checkpoint >= CHECKPOINT_EVERY:
+                await self._checkpoint()
+            elif self._sync_due is None:
+                self._sync_due = asyncio.get_running_loop().call_later(
+                    SYNC_WITHIN, self._sync_soon)
         return results
+
+    def _sync_soon(self) -> None:
+        self._sync_due = None
+        self._sync_now = True
+        self._wake.set()
+
+    def _synced(self) -> None:
+        if self._sync_due is not None:
+            self._sync_due.cancel()
+            self._sync_due = None
+        self._sync_now = False
+
+    def _settings(self, volatile: bool) -> None:
+        """The connection as a batch needs it, changed only when the kind of batch does:
+        with neither an fsync at COMMIT nor a checkpoint inside it for one on the loop."""
+        if volatile == self._volatile_mode:
+            return
+        conn = self._conn._conn
+        if volatile:
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+        else:
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT}")
+        self._volatile_mode = volatile
+
+    async def _checkpoint(self) -> None:
+        """The loop's commits on the disk, and what they added to the WAL into the
+        database, on the thread; PASSIVE: it never waits for a reader, and what it leaves
+        goes next time."""
+        self._since_checkpoint = 0
+        self._synced()
+        try:
+            await self._conn._execute(_checkpoint, self._conn._conn, self._wal)
+        except (OSError, sqlite3.Error) as exc:  # the next one tries again; commits stand
+            log.warning("syncing the database failed: %s", exc)
 
 
 # What SQLite says when the disk has no room: SQLITE_FULL for the database and the WAL, and
@@ -193,6 +272,19 @@ NO_ROOM = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR_SHMSIZE})
 def disk_full(exc: BaseException) -> bool:
     return (isinstance(exc, sqlite3.OperationalError)
             and getattr(exc, "sqlite_errorcode", None) in NO_ROOM)
+
+
+def _checkpoint(conn: sqlite3.Connection, wal: str) -> None:
+    # Its row read here: a cursor left unread would keep the statement open, and the
+    # next COMMIT would fail ("SQL statements in progress").
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    # The WAL synced whatever the checkpoint did: a reader's snapshot can keep it from
+    # copying (and so from syncing) anything.
+    fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _apply_waiting(conn: sqlite3.Connection,
