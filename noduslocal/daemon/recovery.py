@@ -22,6 +22,7 @@ from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.attempt import Attempt, Board, recorded_life
 from noduslocal.daemon.jobs.dispatch import Dispatch
 from noduslocal.daemon.jobs.orphans import (
+    BOOT_RECORD,
     RECOVERED,
     Orphan,
     find_orphans,
@@ -29,8 +30,11 @@ from noduslocal.daemon.jobs.orphans import (
     lost_starts,
     lost_summary,
     lost_view,
+    power_loss_note,
+    swap_boot_record,
 )
 from noduslocal.daemon.jobs.runner import AttemptRunner
+from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.base import NeverStarted, Rank, Runtime
 from noduslocal.daemon.scheduler.queue import Request
 from noduslocal.daemon.store import Store, job_writes
@@ -57,16 +61,21 @@ class Recovery:
         self.orphans: list[Orphan] = []  # job directories the database does not know
         # Known jobs whose lost starts were put back: (owner uid, PROJECT/NAME).
         self.caught_up: list[tuple[int, str]] = []
+        # The last daemon ran in another boot: the machine stopped under it, and the starts
+        # it had not synced may be lost without any damage (store/writer.py).
+        self.machine_stopped = False
 
     def lost_problems(self) -> list[str]:
         """Why the daemon is degraded after finding job directories the database lost."""
-        return lost_problems(self.orphans, self.caught_up)
+        return lost_problems(self.orphans, [] if self.machine_stopped else self.caught_up)
 
     def lost_view(self, uid: int, admin: bool) -> dict[str, Any]:
         return lost_view(self.orphans, self.caught_up, uid, admin)
 
     async def recover(self) -> None:
         self.layout.create_root()
+        previous = await asyncio.to_thread(swap_boot_record, self.layout.root / BOOT_RECORD)
+        self.machine_stopped = previous is not None and previous != shim.boot_id()
         pool = self.dispatch.queue.capacity.gpus
         if pool is not None:
             pool.drained = await self.store.drained_gpus()
@@ -77,8 +86,11 @@ class Recovery:
         jobs = await self.store.active_jobs()
         if await self._catch_up(jobs):
             jobs = await self.store.active_jobs()
-        if self.orphans or self.caught_up:
-            log.error("%s", lost_summary(self.orphans, self.caught_up, self.layout.jobs_dir))
+        damage = [] if self.machine_stopped else self.caught_up
+        if self.orphans or damage:
+            log.error("%s", lost_summary(self.orphans, damage, self.layout.jobs_dir))
+        if self.caught_up and self.machine_stopped:
+            log.warning("%s", power_loss_note(self.caught_up))
         # The sweeps first: an adopted cell's end, committed from here on, then reaches a
         # sweep that knows the cell (it holds back its pending cells; nothing starts yet).
         await self.sweeps.recover()

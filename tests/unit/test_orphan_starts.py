@@ -1,6 +1,6 @@
 """What an attempt directory found after a lost database says about a start: the files a
 shim of either kind leaves from the moment it holds its lock, and the stop of one not
-yet started."""
+yet started; the boot the last daemon started in."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from noduslocal.daemon.jobs import orphans
 from noduslocal.daemon.jobs.orphans import _shows_start, _stop_attempt
 from noduslocal.daemon.runtime import shim
 
@@ -33,3 +34,24 @@ def test_stopping_where_no_shim_lives(tmp_path: Path) -> None:
     assert not _stop_attempt(tmp_path)
     assert (tmp_path / shim.ABANDONED).exists()
     assert not _stop_attempt(tmp_path / "never-made")
+
+
+def test_the_boot_record_says_the_boot_the_last_daemon_started_in(tmp_path: Path) -> None:
+    """A daemon that finds another boot recorded knows the machine stopped under the last
+    one (its unsynced starts may be lost without damage); it records its own, durably."""
+    record = tmp_path / orphans.BOOT_RECORD
+    assert orphans.swap_boot_record(record) is None
+    now = shim.boot_id()
+    assert record.read_text() == f"{now}\n"
+    assert orphans.swap_boot_record(record) == now  # a restart in the same boot
+    record.write_text("another-boot\n")
+    assert orphans.swap_boot_record(record) == "another-boot"
+    assert record.read_text() == f"{now}\n"
+    assert [p.name for p in tmp_path.iterdir()] == [orphans.BOOT_RECORD]
+
+
+def test_a_boot_record_that_cannot_be_written_does_not_stop_the_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    record = tmp_path / "missing" / orphans.BOOT_RECORD  # its directory is not there
+    assert orphans.swap_boot_record(record) is None
+    assert "recording this boot" in caplog.text

@@ -909,14 +909,32 @@ def test_a_quick_batch_runs_on_the_loop_and_commits_on_the_thread(tmp_path: Path
     run(body())
 
 
-def test_volatile_quick_batches_commit_on_the_loop_and_a_durable_write_syncs_them(
-        tmp_path: Path) -> None:
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each fdatasync the writer makes itself: True where the event loop's thread made it."""
+    made: list[bool] = []
+    loop_thread = threading.get_ident()
+    real = writer_module.os.fdatasync
+
+    def recorded(fd: int) -> None:
+        made.append(threading.get_ident() == loop_thread)
+        real(fd)
+
+    monkeypatch.setattr(writer_module.os, "fdatasync", recorded)
+    return made
+
+
+def test_volatile_quick_batches_commit_on_the_loop_and_are_synced_on_the_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncs: list[bool]) -> None:
     """An attempt's start, Running and end on this box (`volatile`) commit whole on the
-    loop with synchronous=NORMAL and without a checkpoint inside the COMMIT; their WAL is
-    checkpointed on the thread every CHECKPOINT_EVERY commits, each of which still
-    commits (a checkpoint's cursor left open once failed every 64th: "SQL statements in
-    progress"); any other write commits FULL on the thread again; a clean close leaves
-    all of it in the file."""
+    loop with synchronous=NORMAL and no autocheckpoint; every CHECKPOINT_EVERY of them a
+    checkpoint and an fdatasync of the WAL run on the thread (a checkpoint's cursor left
+    open once failed every 64th COMMIT: "SQL statements in progress"). The first write
+    after a checkpoint or a FULL batch may start the WAL over, which syncs its header: it
+    commits on the thread. A quick batch with one durable operation commits FULL on the
+    thread. A clean close leaves all of it in the file."""
+    monkeypatch.setattr(writer_module, "SYNC_WITHIN", 600.0)  # only the count here
     path = tmp_path / "db.sqlite"
     count = writer_module.CHECKPOINT_EVERY * 3 + 5
 
@@ -934,17 +952,21 @@ def test_volatile_quick_batches_commit_on_the_loop_and_a_durable_write_syncs_the
                     quick=True, volatile=True) == 1
             assert ("PRAGMA synchronous = NORMAL", True) in seen
             assert ("PRAGMA wal_autocheckpoint = 0", True) in seen
-            commits = [on_loop for sql, on_loop in seen if sql == "COMMIT"]
-            assert len(commits) == count and all(commits)
-            checkpoints = [on_loop for sql, on_loop in seen if "wal_checkpoint" in sql]
+            steps = [(sql, on_loop) for sql, on_loop in seen
+                     if sql == "COMMIT" or "wal_checkpoint" in sql]
+            checkpoints = [on_loop for sql, on_loop in steps if "wal_checkpoint" in sql]
             assert len(checkpoints) == count // writer_module.CHECKPOINT_EVERY
-            assert not any(checkpoints)
+            assert not any(checkpoints) and syncs == [False] * len(checkpoints)
+            # After the FULL creates, and after each checkpoint: on the thread.
+            fresh = [0] + [i + 1 for i, (sql, _) in enumerate(steps) if "wal_checkpoint" in sql]
+            for i, (sql, on_loop) in enumerate(steps):
+                if sql == "COMMIT":
+                    assert on_loop is (i not in fresh), (i, steps[max(0, i - 2):i + 2])
             seen.clear()
             await create(store, "durable")
             assert seen[0] == ("PRAGMA synchronous = FULL", True)
             assert ("COMMIT", False) in seen
             seen.clear()
-            # A quick batch with one durable operation commits durably, on the thread.
             await asyncio.gather(
                 store.write(lambda c: job_writes.attempt_running(c, jobs[0].id, 1, NOW),
                             quick=True, volatile=True),
@@ -953,6 +975,8 @@ def test_volatile_quick_batches_commit_on_the_loop_and_a_durable_write_syncs_the
             assert ("COMMIT", False) in seen and ("COMMIT", True) not in seen
             await store.write(lambda c: job_writes.attempt_running(c, jobs[2].id, 1, NOW),
                               quick=True, volatile=True)
+            syncs.clear()
+        assert syncs == [False]  # the close made the last one durable, on the thread
         conn = raw(path)
         try:
             phases = dict(conn.execute("SELECT name, phase FROM jobs").fetchall())
@@ -965,31 +989,77 @@ def test_volatile_quick_batches_commit_on_the_loop_and_a_durable_write_syncs_the
 
 
 def test_a_volatile_commit_is_on_the_disk_within_sync_within(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncs: list[bool]) -> None:
+    """A lone end on the loop does not wait for CHECKPOINT_EVERY more to be synced: a job
+    that ended a second before a power loss keeps its end. A FULL write meanwhile that
+    failed, or wrote nothing, does not stand for that sync (it once cancelled it)."""
+    monkeypatch.setattr(writer_module, "SYNC_WITHIN", 0.2)
+    path = tmp_path / "db.sqlite"
+
+    def refused(c: sqlite3.Connection) -> tuple[Any, list[Event]]:
+        raise errors.Conflict("no")
+
+    def nothing(c: sqlite3.Connection) -> tuple[Any, list[Event]]:
+        c.execute("UPDATE jobs SET name = name WHERE 0")
+        return None, []
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            job = await create(store, "s")
+            await store.write(lambda c: job_writes.start_attempt(c, job.id, NOW),
+                              quick=True, volatile=True)
+            assert syncs == []
+            with pytest.raises(errors.Conflict):
+                await store.write(refused)
+            await store.write(nothing)
+            deadline = asyncio.get_running_loop().time() + 10
+            while not syncs and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assert syncs == [False]
+
+    run(body())
+
+
+def test_a_failed_sync_of_the_wal_is_tried_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A lone end on the loop does not wait for CHECKPOINT_EVERY more to be synced: a
-    job that ended a second before a power loss keeps its end. A FULL commit meanwhile
-    syncs it, and the timer is dropped."""
     monkeypatch.setattr(writer_module, "SYNC_WITHIN", 0.1)
+    tries: list[int] = []
+    real = writer_module.os.fdatasync
+
+    def flaky(fd: int) -> None:
+        tries.append(fd)
+        if len(tries) == 1:
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(writer_module.os, "fdatasync", flaky)
     path = tmp_path / "db.sqlite"
 
     async def body() -> None:
         async with opened(path) as (store, _):
-            loop_thread = threading.get_ident()
-            jobs = [await create(store, f"s{i}") for i in range(2)]
-            seen: list[tuple[str, bool]] = []
-            assert store._writer_conn is not None
-            await store._writer_conn.set_trace_callback(
-                lambda sql: seen.append((sql, threading.get_ident() == loop_thread)))
-            await store.write(lambda c: job_writes.start_attempt(c, jobs[0].id, NOW),
+            job = await create(store, "f")
+            await store.write(lambda c: job_writes.start_attempt(c, job.id, NOW),
                               quick=True, volatile=True)
-            assert not any("wal_checkpoint" in sql for sql, _ in seen)
-            await asyncio.sleep(0.5)
-            assert ("PRAGMA wal_checkpoint(PASSIVE)", False) in seen
-            seen.clear()
-            await store.write(lambda c: job_writes.start_attempt(c, jobs[1].id, NOW),
-                              quick=True, volatile=True)
-            await create(store, "durable")  # FULL: syncs the WAL, the start above with it
-            await asyncio.sleep(0.5)
-            assert not any("wal_checkpoint" in sql for sql, _ in seen)
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(tries) < 2 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(tries) == 2
+            assert store._writer is not None and not store._writer._unsynced
 
     run(body())
+
+
+def test_a_checkpoint_that_fails_still_syncs_the_wal(
+        tmp_path: Path, syncs: list[bool]) -> None:
+    path = tmp_path / "db.sqlite"
+    conn = raw(path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE t (a)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    closed = sqlite3.connect(path)
+    closed.close()  # its execute raises sqlite3.ProgrammingError
+    try:
+        writer_module._checkpoint_and_sync(closed, f"{path}-wal")
+    finally:
+        conn.close()
+    assert syncs == [True]  # made here, on this (the test's) thread

@@ -70,6 +70,7 @@ class JobLayout:
     def __init__(self, data_dir: Path, overlay: bool = True) -> None:
         """`overlay`: a source becomes a shared snapshot under an overlay per task where
         overlayfs can be mounted (overlay_workspaces), else it is copied into each."""
+        self.root = data_dir
         self.jobs_dir = data_dir / "jobs"
         self.volumes_dir = data_dir / "volumes"
         self.blobs = BlobStore(data_dir / "blobs")

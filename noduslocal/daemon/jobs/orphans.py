@@ -27,6 +27,42 @@ from noduslocal.domain.states import AttemptPhase, Phase, Reason
 
 log = logging.getLogger(__name__)
 RECOVERED = "recovered from its directory after the database lost its records"
+BOOT_RECORD = "boot_id"  # in the data directory: the boot the last daemon started in
+
+
+def swap_boot_record(path: Path) -> str | None:
+    """The boot id the previous daemon recorded at its start (None: none did), and this
+    boot's in its place, on the disk before any job starts. A start lost with a power
+    loss is no damage: an attempt's start, Running and end on this box commit without an
+    fsync, and are synced within a second (store/writer.py)."""
+    try:
+        previous = path.read_text().strip() or None
+    except FileNotFoundError:
+        previous = None
+    now = shim.boot_id()
+    if previous == now:
+        return previous
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, f"{now}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        shim.fsync_dir(str(path.parent))
+    except OSError as exc:  # a full disk: the daemon starts all the same
+        log.warning("recording this boot in %s failed: %s", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return previous
+
+
+def power_loss_note(caught_up: list[tuple[int, str]]) -> str:
+    return (f"the machine stopped while the daemon ran (a power loss or a crash): the "
+            f"starts of {jobs(len(caught_up))} from its last second, which the database "
+            "had not synced yet, were put back from their directories")
 
 
 @dataclass

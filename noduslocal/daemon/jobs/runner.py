@@ -271,7 +271,7 @@ class AttemptRunner:
             reported = read_final_metrics(attempt, self.layout.workspace(job.id))
         line = await self.last_error(attempt, outcome.job_phase)
         # Quick unless it carries outputs (a row each, perhaps many); volatile on this box
-        # (a power loss that lost it ended the attempt's processes too: it runs again).
+        # (synced within a second: a power loss before that is judged to have ended it).
         ended = self.store.write(lambda c: job_writes.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
             indexed=job.spec.indexed is not None, stderr_line=line), quick=not collected,

@@ -734,9 +734,10 @@ def run_shim(req: dict, durable: bool = False) -> None:
             result["exit_code"] = os.waitstatus_to_exitcode(status)
         # While the spawner is our parent the daemon is alive and commits this exit to its
         # database within milliseconds, so syncing it here too would only add two device
-        # flushes to every job's end (a power loss that loses both ended this attempt's
-        # processes as well: recovery runs it again). Once the daemon is gone this file
-        # is the only record until it returns, and it is made durable.
+        # flushes to every job's end (a power loss within the second before that commit
+        # is synced loses both, as it would have ended the job: recovery judges the
+        # attempt lost). Once the daemon is gone this file is the only record until it
+        # returns, and it is made durable.
         write_reserved(exit_record, directory, EXIT, result,
                        durable=durable or os.getppid() != spawner)
     except BaseException:

@@ -17,11 +17,12 @@ A quick batch whose every operation is `volatile` (it records processes of this 
 which a power loss ends too) commits with synchronous=NORMAL, whole on the loop: no fsync,
 so no trip to the thread (issue 25 part 5). A power loss may then lose the last such
 commits, never a part of one: the WAL keeps a prefix of the history, so the next boot sees
-the machine as it was a moment earlier, and recovery retries what it finds started and
-gone. They are on the disk within SYNC_WITHIN seconds, or with the next commit of any other
-batch (FULL) if that comes first: a job that ended more than a second before a power loss
-keeps its end. Their WAL is checkpointed on the thread (CHECKPOINT_EVERY), never by a
-commit on the loop.
+the machine as it was a moment earlier (recovery puts back the starts it finds in the
+attempts' directories, and judges an attempt whose end was lost as one the power loss
+ended). They are on the disk within SYNC_WITHIN seconds: a checkpoint and an fdatasync of
+the WAL on the thread, every CHECKPOINT_EVERY commits too. No commit on the loop syncs:
+autocheckpoint is off for them, and the first write after a checkpoint, which may start
+the WAL over and sync its header, commits on the thread.
 """
 
 from __future__ import annotations
@@ -69,10 +70,12 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._lazy: asyncio.TimerHandle | None = None
         self._closing = False
-        self._volatile_mode = False  # the connection's settings are those of _on_loop()
-        self._since_checkpoint = 0  # commits on the loop since the last checkpoint
-        self._sync_due: asyncio.TimerHandle | None = None  # while some are not on the disk
-        self._sync_now = False
+        self._volatile_mode = False  # the connection is set for volatile batches
+        self._since_checkpoint = 0  # volatile commits since the last checkpoint
+        self._unsynced = False  # volatile commits not known to be on the disk yet
+        self._sync_due: asyncio.TimerHandle | None = None  # armed while _unsynced
+        self._sync_now = False  # _make_durable() at the writer's next step
+        self._fresh_wal = True  # the next write may start the WAL over (and sync it)
         self.stalled_since: float | None = None  # monotonic; while the disk is full
 
     def start(self) -> None:
@@ -101,9 +104,8 @@ class Writer:
         self._wake.set()
         if self._task is not None:
             await self._task
-        if self._volatile_mode:  # a clean stop leaves every commit durable
-            self._settings(volatile=False)
-            await self._checkpoint()
+        if self._unsynced:  # a clean stop leaves every commit durable
+            await self._make_durable()
 
     async def _run(self) -> None:
         while True:
@@ -114,6 +116,8 @@ class Writer:
                 self._lazy = None
             delay = 0.1
             while self._queue:
+                if self._sync_now:  # between batches too: a full disk may hold the queue
+                    await self._make_durable()
                 batch = self._queue[: self._batch_max]
                 del self._queue[: self._batch_max]
                 kept_out = await self._commit(batch)
@@ -130,7 +134,7 @@ class Writer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, FULL_RETRY_MAX)
             if self._sync_now:
-                await self._checkpoint()
+                await self._make_durable()
             if self._closing:
                 return
 
@@ -155,7 +159,7 @@ class Writer:
                 outcomes = await self._apply_here(ops, all(item[3] for item in batch))
             if outcomes is None:
                 self._settings(volatile=False)
-                self._synced()  # a FULL commit syncs the WAL, what the loop wrote included
+                self._fresh_wal = True  # its autocheckpoint may empty the WAL
                 # aiosqlite's private call-on-thread: the one place we rely on it (see
                 # module doc).
                 outcomes = await self._conn._execute(_apply_waiting, self._conn._conn, ops)
@@ -208,34 +212,33 @@ class Writer:
             conn.execute("ROLLBACK")
             return None
         try:
-            if volatile:
+            if volatile and not self._fresh_wal:
                 conn.execute("COMMIT")
             else:
-                self._synced()
                 await self._conn._execute(conn.execute, "COMMIT")
         except Exception:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return None
         if volatile:
+            self._fresh_wal = False  # its frames went in: the WAL goes on from them
+            self._unsynced = True
             self._since_checkpoint += 1
             if self._since_checkpoint >= CHECKPOINT_EVERY:
-                await self._checkpoint()
-            elif self._sync_due is None:
-                self._sync_due = asyncio.get_running_loop().call_later(
-                    SYNC_WITHIN, self._sync_soon)
+                self._sync_soon()
+            elif self._sync_due is None and not self._sync_now:
+                self._arm()
         return results
 
-    def _sync_soon(self) -> None:
-        self._sync_due = None
-        self._sync_now = True
-        self._wake.set()
+    def _arm(self) -> None:
+        self._sync_due = asyncio.get_running_loop().call_later(SYNC_WITHIN, self._sync_soon)
 
-    def _synced(self) -> None:
+    def _sync_soon(self) -> None:
         if self._sync_due is not None:
             self._sync_due.cancel()
             self._sync_due = None
-        self._sync_now = False
+        self._sync_now = True
+        self._wake.set()
 
     def _settings(self, volatile: bool) -> None:
         """The connection as a batch needs it, changed only when the kind of batch does:
@@ -251,16 +254,22 @@ class Writer:
             conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT}")
         self._volatile_mode = volatile
 
-    async def _checkpoint(self) -> None:
-        """The loop's commits on the disk, and what they added to the WAL into the
-        database, on the thread; PASSIVE: it never waits for a reader, and what it leaves
-        goes next time."""
+    async def _make_durable(self) -> None:
+        """The volatile commits on the disk, and what they added to the WAL into the
+        database, on the thread. A failed sync is tried again SYNC_WITHIN later."""
+        self._sync_now = False
         self._since_checkpoint = 0
-        self._synced()
+        unsynced, self._unsynced = self._unsynced, False
         try:
-            await self._conn._execute(_checkpoint, self._conn._conn, self._wal)
-        except (OSError, sqlite3.Error) as exc:  # the next one tries again; commits stand
-            log.warning("syncing the database failed: %s", exc)
+            await self._conn._execute(_checkpoint_and_sync, self._conn._conn, self._wal)
+        except OSError as exc:  # the commits stand; they are not known durable yet
+            log.warning("syncing the database's WAL failed: %s", exc)
+            self._unsynced = self._unsynced or unsynced
+            if not self._closing and self._sync_due is None:
+                self._arm()
+        # Whether the checkpoint copied the whole WAL or not, the next write may start it
+        # over, which syncs its header: that write goes to the thread.
+        self._fresh_wal = True
 
 
 # What SQLite says when the disk has no room: SQLITE_FULL for the database and the WAL, and
@@ -274,12 +283,16 @@ def disk_full(exc: BaseException) -> bool:
             and getattr(exc, "sqlite_errorcode", None) in NO_ROOM)
 
 
-def _checkpoint(conn: sqlite3.Connection, wal: str) -> None:
-    # Its row read here: a cursor left unread would keep the statement open, and the
-    # next COMMIT would fail ("SQL statements in progress").
-    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-    # The WAL synced whatever the checkpoint did: a reader's snapshot can keep it from
-    # copying (and so from syncing) anything.
+def _checkpoint_and_sync(conn: sqlite3.Connection, wal: str) -> None:
+    """PASSIVE: never waits for a reader; what it leaves goes next time."""
+    try:
+        # Its row read here: a cursor left unread would keep the statement open, and the
+        # next COMMIT would fail ("SQL statements in progress").
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    except sqlite3.Error as exc:  # the WAL is synced all the same, below
+        log.warning("checkpointing the database failed: %s", exc)
+    # Synced whatever the checkpoint did: a reader's snapshot can keep it from copying
+    # (and so from syncing) anything.
     fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fdatasync(fd)
