@@ -209,3 +209,32 @@ def test_an_exec_runs_in_its_rank_s_cgroups(daemon: testing.Daemon) -> None:
     assert paths[0].name in done["stdout"], (paths[0].name, done["stdout"])
     c.cancel_job("beside-cg")
     assert c.wait_job("beside-cg", timeout=DEADLINE)["phase"] == "Cancelled"
+
+
+def test_a_rank_an_exec_entered_is_not_pooled_for_the_next(daemon: testing.Daemon) -> None:
+    """v1's cpu and pids cgroups of an ended rank are renamed into a pool for the next
+    rank, but not those of a rank an exec was sent into: the exec enters by path while the
+    rank may be ending, and one that entered right after the release's emptiness check
+    would have run on in the next rank's cgroups, another user's perhaps."""
+    found = cgroups_of(daemon)
+    if found.version != 1:
+        pytest.skip("only v1's cpu and pids cgroups are pooled")
+    c = daemon.client()
+
+    def idle() -> int:
+        return sum(1 for parent in found.parents for _ in parent.glob("idle-*"))
+
+    c.create_job({"name": "pooled", "cpu": 0.5, "command": ["true"]})
+    assert c.wait_job("pooled", timeout=DEADLINE)["phase"] == "Succeeded"
+    wait_until(lambda: not job_cgroups(daemon), "the ended rank's release", timeout=10)
+    pooled = idle()
+    assert pooled >= 2, "an ended rank's cpu and pids cgroups are kept"
+    c.create_job({"name": "entered", "cpu": 0.5, "command": ["sleep", "60"]})
+    wait_until(lambda: c.get_job("entered")["phase"] == "Running", "the job to run",
+               timeout=DEADLINE)
+    assert idle() == pooled - 2  # it took them
+    assert c.exec_job("entered", None, ["true"])["returncode"] == 0
+    c.cancel_job("entered")
+    assert c.wait_job("entered", timeout=DEADLINE)["phase"] == "Cancelled"
+    wait_until(lambda: not job_cgroups(daemon), "the ended rank's release", timeout=10)
+    assert idle() == pooled - 2  # before: pooled again, as if no exec had entered

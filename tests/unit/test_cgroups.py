@@ -377,3 +377,34 @@ def test_a_restart_removes_ended_ranks_cgroups_without_warning_of_missing_ones(
         assert cgroups.remove_unheld() == 1
     assert [r.getMessage() for r in caplog.records] == []
     assert not any((tmp_path / c / "nl" / name).exists() for c in V1_JOB_FILES)
+
+
+
+def test_a_rank_an_exec_was_sent_into_is_not_kept_for_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exec enters a rank's cgroups by path while the rank may be ending; one that
+    entered right after the release's emptiness check would have gone into the pool with
+    the cgroup, and on into the next rank's (another user's perhaps). A rank admit()
+    handed out is removed at its release, not kept; the others still are."""
+    rmdir = os.rmdir
+
+    def as_the_kernel(path: str) -> None:  # a cgroup's own files go with it
+        for entry in os.scandir(path):
+            if entry.is_file():
+                os.unlink(entry.path)
+        rmdir(path)
+
+    monkeypatch.setattr("os.rmdir", as_the_kernel)
+    first, second = cgroup_name(1, 1, 0), cgroup_name(2, 1, 0)
+    for name in (first, second):
+        v1_tree(tmp_path, "nl", name)  # with the files the kernel gives a new cgroup
+    cgroups = Cgroups.detect("nl", tmp_path)
+    cpu, pids = (tmp_path / c / "nl" for c in ("cpu", "pids"))
+    for name in (first, second):
+        cgroups.make(name, Limits(None, 1000, 100))
+    assert {str(cpu / first), str(pids / first)} <= set(cgroups.admit(first))
+    assert cgroups.remove_empty(first)
+    assert not (cpu / first).exists() and not (pids / first).exists()
+    assert not list(tmp_path.glob("*/nl/idle-*"))  # before: kept, and the exec with them
+    assert cgroups.remove_empty(second)
+    assert len(list(tmp_path.glob("*/nl/idle-*"))) == 2  # no exec: kept

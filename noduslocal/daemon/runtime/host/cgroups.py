@@ -98,6 +98,9 @@ class Cgroups:
         self._idle: dict[Path, list[tuple[str, str]]] = {}
         self._limits: dict[str, str] = {}  # a pooled rank cgroup's path: its limit's value
         self._idle_names = itertools.count()
+        # Ranks whose cgroups a process beside them was sent into (an exec): never kept
+        # for another rank, since that process may enter after the rank's end (see admit).
+        self._beside: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -270,6 +273,15 @@ class Cgroups:
             for minor in limits.denied_gpus:
                 _write(path / "devices.deny", f"c {GPU_MAJOR}:{minor} rwm")
 
+    def admit(self, name: str) -> list[str]:
+        """The rank's cgroups (those that exist), for a process to enter beside the rank:
+        an exec, which starts while the rank may be ending. Its cgroups are then removed at
+        the release, not kept: an exec that entered by path after the release's emptiness
+        check, the instant before a rename into the pool, would otherwise run on in the
+        cgroup of the next rank to take it, another user's perhaps."""
+        self._beside.add(name)
+        return [str(p) for p in self.paths(name) if p.is_dir()]
+
     def oom_kills(self, name: str) -> int:
         return oom_kills([str(p) for p in self.paths(name)])
 
@@ -311,9 +323,10 @@ class Cgroups:
         if not self.enabled:
             return True
         made = self._made.get(name)
+        keep = name not in self._beside
         for path in made if made is not None else map(str, self.paths(name)):
             try:
-                if not self._keep(path):
+                if not (keep and self._keep(path)):
                     os.rmdir(path)
             except FileNotFoundError:
                 pass  # gone already (an admin's cleanup)
@@ -321,6 +334,7 @@ class Cgroups:
                 return False
             self._limits.pop(path, None)
         self._made.pop(name, None)
+        self._beside.discard(name)
         return True
 
     def remove(self, name: str) -> None:
@@ -329,6 +343,7 @@ class Cgroups:
         if not self.enabled:
             return
         self._made.pop(name, None)  # every hierarchy is looked at: this is the sure way
+        self._beside.discard(name)
         for path in self.paths(name):
             self._limits.pop(str(path), None)
         # The shim killed what its job left at the main process's end, so at release a

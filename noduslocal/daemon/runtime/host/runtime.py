@@ -260,8 +260,8 @@ class HostRuntime:
         that exist: a hierarchy without a limit to hold has none)."""
         request = self._request(launch, rank, namespace)
         if self.cgroups.enabled:
-            name = cgroup_name(launch.ref.job.id, launch.ref.number, rank)
-            request["cgroups"] = [str(p) for p in self.cgroups.paths(name) if p.is_dir()]
+            request["cgroups"] = self.cgroups.admit(
+                cgroup_name(launch.ref.job.id, launch.ref.number, rank))
         return request
 
     def log_path(self, directory: Path, stream: str, rank: int = 0) -> Path:
