@@ -279,8 +279,10 @@ class Cgroups:
         the release, not kept: an exec that entered by path after the release's emptiness
         check, the instant before a rename into the pool, would otherwise run on in the
         cgroup of the next rank to take it, another user's perhaps."""
-        self._beside.add(name)
-        return [str(p) for p in self.paths(name) if p.is_dir()]
+        paths = [str(p) for p in self.paths(name) if p.is_dir()]
+        if paths:  # none: released already (nothing to keep it from)
+            self._beside.add(name)
+        return paths
 
     def oom_kills(self, name: str) -> int:
         return oom_kills([str(p) for p in self.paths(name)])
