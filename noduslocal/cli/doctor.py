@@ -162,6 +162,11 @@ def lost_jobs_check(lost: dict[str, Any], admin: bool) -> Check:
     kept aside and how to restore it."""
     starts = lost.get("starts", 0)
     if not lost["found"] and not starts:
+        if after_power_loss := lost.get("power_loss_starts", 0):
+            return Check("lost jobs", True, (
+                f"none; the machine had stopped while the daemon ran (a power loss or a "
+                f"crash), and the starts of {_jobs(after_power_loss)} from its last second "
+                "were put back from their directories"))
         return Check("lost jobs", True, "none: the database knew every job directory at the "
                                         "daemon's start")
     more = f", and the starts of {_jobs(starts)} it knows," if starts else ""

@@ -70,6 +70,9 @@ class Recovery:
         return lost_problems(self.orphans, [] if self.machine_stopped else self.caught_up)
 
     def lost_view(self, uid: int, admin: bool) -> dict[str, Any]:
+        if self.machine_stopped:
+            return {**lost_view(self.orphans, [], uid, admin),
+                    "power_loss_starts": len(self.caught_up)}
         return lost_view(self.orphans, self.caught_up, uid, admin)
 
     async def recover(self) -> None:

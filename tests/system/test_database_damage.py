@@ -261,7 +261,7 @@ def test_a_directory_with_an_exit_record_is_never_said_to_have_run_nothing(
 
 @pytest.mark.parametrize("rebooted", [False, True], ids=["damage", "power-loss"])
 def test_a_job_whose_start_the_database_lost_is_not_run_again(
-        tmp_path: Path, rebooted: bool) -> None:
+        lab: Lab, tmp_path: Path, rebooted: bool) -> None:
     """The database kept the job's creation but lost its start: its directory proves the
     attempt ran and how it ended, so it is not started again (before: StartFailed, "File
     exists"), and its end is the one its exit record says. In the same boot that is a
@@ -305,15 +305,18 @@ def test_a_job_whose_start_the_database_lost_is_not_run_again(
                    for e in events_of(client, "queued", job["project"]))
         health = client.transport.request("GET", "/v1/health")
         lines = d.log().splitlines()
+        found = lab.doctor(d)["lost jobs"]
         if rebooted:
             assert not any("starts of" in p for p in health["problems"]), health
             assert any(" WARNING " in line and "power loss" in line
                        and "starts of 1 job" in line for line in lines), d.log()[-3000:]
             assert not any(" ERROR " in line and "starts of" in line for line in lines)
+            assert found["ok"] is True and "power loss" in found["detail"], found
         else:
             assert any("starts of 1 job" in p for p in health["problems"]), health
             assert any(" ERROR " in line and "starts of 1 job" in line
                        for line in lines), d.log()[-3000:]
+            assert found["ok"] is False and "damaged or cut WAL" in found["detail"], found
     finally:
         d.close()
 
