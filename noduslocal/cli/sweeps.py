@@ -202,11 +202,10 @@ def _wait_with_progress(client: ApiClient, name: str, project: str | None,
 
     deadline = None if timeout is None else time.monotonic() + timeout
     doc = client.get_sweep(name, project)
-    live = not quiet and sys.stderr.isatty()
-    if not live:
+    if quiet or not sys.stderr.isatty():
         return doc if doc["phase"] in SWEEP_TERMINAL else client.wait_sweep(
             name, project, None if deadline is None else deadline - time.monotonic())
-    with _cells_bar(name, doc) if live else contextlib.nullcontext(None) as show:
+    with _cells_bar(name, doc) as show:
         while doc["phase"] not in SWEEP_TERMINAL:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -216,8 +215,7 @@ def _wait_with_progress(client: ApiClient, name: str, project: str | None,
                 doc = client.wait_sweep(name, project, min(1.0, left) if left else 1.0)
             except errors.WaitTimeout:
                 doc = client.get_sweep(name, project)
-            if show is not None:
-                show(doc)
+            show(doc)
     return doc
 
 

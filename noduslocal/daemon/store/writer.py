@@ -259,14 +259,14 @@ class Writer:
         database, on the thread. A failed sync is tried again SYNC_WITHIN later."""
         self._sync_now = False
         self._since_checkpoint = 0
-        unsynced, self._unsynced = self._unsynced, False
         try:
             await self._conn._execute(_checkpoint_and_sync, self._conn._conn, self._wal)
         except OSError as exc:  # the commits stand; they are not known durable yet
             log.warning("syncing the database's WAL failed: %s", exc)
-            self._unsynced = self._unsynced or unsynced
             if not self._closing and self._sync_due is None:
                 self._arm()
+        else:
+            self._unsynced = False
         # Whether the checkpoint copied the whole WAL or not, the next write may start it
         # over, which syncs its header: that write goes to the thread.
         self._fresh_wal = True
