@@ -857,6 +857,86 @@ def test_a_lazy_write_rides_with_the_next_commit_or_goes_after_its_delay(
     run(body())
 
 
+def test_a_running_written_with_its_end_leaves_what_two_writes_leave(tmp_path: Path) -> None:
+    """finish_attempt(started=...): a short task's Running, taken back from the queue
+    (withdraw), goes in its end's rows: the same rows and events, in order with their own
+    times and consecutive seqs, in two UPDATEs and one INSERT, not five statements
+    (issue 25 part 5)."""
+    path = tmp_path / "db.sqlite"
+    handles = [Handle("process", "123", 0, "boot-a")]
+    done = job_writes.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
+                              exit_code=0)
+
+    async def body() -> None:
+        async with opened(path) as (store, committed):
+            apart = await create(store, "apart")
+            number = await store.write(lambda c: job_writes.start_attempt(c, apart.id, NOW))
+            await store.write(lambda c: job_writes.attempt_running(c, apart.id, number,
+                                                                   NOW + 1, handles))
+            await store.write(lambda c: job_writes.finish_attempt(c, apart.id, number, done,
+                                                                  NOW + 2))
+
+            merged = await create(store, "merged")
+            number = await store.write(lambda c: job_writes.start_attempt(c, merged.id, NOW))
+            running = store.write_lazily(lambda c: job_writes.attempt_running(
+                c, merged.id, number, NOW + 1, handles))
+            assert store.withdraw(running)
+            assert not store.withdraw(running)  # taken already: nothing to take twice
+            statements = await trace_statements(store)
+            committed.clear()
+            started = job_writes.Started(NOW + 1, handles)
+            await store.write(lambda c: job_writes.finish_attempt(
+                c, merged.id, number, done, NOW + 2, started=started))
+            work = [s for s in statements if not s.startswith(("BEGIN", "COMMIT", "PRAGMA"))]
+            assert len(work) == 3, work
+            assert not running.done()  # its caller answers it (runner.finish)
+
+            def shape(events: list[Event]) -> list[tuple[Any, ...]]:
+                return [(e.phase, e.reason, e.attempt, e.at) for e in events]
+
+            assert shape(await store.events(job_id=merged.id)) == shape(
+                await store.events(job_id=apart.id))
+            assert [e.phase for e in committed] == ["Running", "Succeeded"]
+            stored = await store.events(job_id=merged.id)
+            assert [(e.seq, e.phase) for e in committed] == [(e.seq, e.phase)
+                                                             for e in stored[-2:]]
+            assert committed[1].seq == committed[0].seq + 1
+            for one, other in zip(await store.attempts(apart.id),
+                                  await store.attempts(merged.id), strict=True):
+                assert (one.phase, one.started_at, one.ended_at, one.exit_code,
+                        one.handles) == (other.phase, other.started_at, other.ended_at,
+                                         other.exit_code, other.handles)
+            a, m = await store.job_by_id(apart.id), await store.job_by_id(merged.id)
+            assert a is not None and m is not None
+            assert (a.phase, a.started_at, a.ended_at, a.exit_code) == (
+                m.phase, m.started_at, m.ended_at, m.exit_code)
+
+    run(body())
+
+
+def test_a_running_written_with_its_end_still_checks_the_transitions(tmp_path: Path) -> None:
+    """The merged write requires what Running requires (a Starting attempt and job), and
+    may_end_running() refuses an outcome Running may not lead to."""
+    path = tmp_path / "db.sqlite"
+    done = job_writes.Outcome(AttemptPhase.EXITED, Phase.SUCCEEDED, Reason.COMPLETED,
+                              exit_code=0)
+    assert job_writes.may_end_running(done)
+    assert not job_writes.may_end_running(job_writes.Outcome(
+        AttemptPhase.EXITED, Phase.STARTING, Reason.COMPLETED))
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            job = await create(store, "ran")
+            await run_to(store, job.id, Phase.RUNNING)  # Running already: not from Starting
+            before = snapshot(path)
+            with pytest.raises(IllegalTransition):
+                await store.write(lambda c: job_writes.finish_attempt(
+                    c, job.id, 1, done, NOW + 5, started=job_writes.Started(NOW + 4)))
+            assert snapshot(path) == before
+
+    run(body())
+
+
 def test_a_quick_batch_runs_on_the_loop_and_commits_on_the_thread(tmp_path: Path) -> None:
     """Quick operations (an attempt's start and end) run their statements on the event
     loop and only the COMMIT on the writer's thread (issue 25 part 5). One that fails

@@ -75,6 +75,7 @@ class Attempt:
     directory: Path | None = None
     started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
     running: asyncio.Future[Any] | None = None  # its Running's commit (lazy), once queued
+    running_at: float = 0.0  # when that Running says it started
     life: AttemptLife = AttemptLife.STARTING  # moved by the methods below only
     # One per rank: set at launch or adoption; after a restart, as recorded until then.
     handles: list[Handle] = field(default_factory=list)

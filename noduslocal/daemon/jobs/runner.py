@@ -161,6 +161,7 @@ class AttemptRunner:
             # Not awaited here: the writer keeps order, so this commits before the end does,
             # with it for a short task. Lazily: after a crash before its commit, recovery
             # reads the attempt's records and adopts it all the same.
+            attempt.running_at = now
             running = attempt.running = self.store.write_lazily(
                 lambda c: job_writes.attempt_running(c, job.id, attempt.number, now,
                                                      attempt.handles),
@@ -270,12 +271,20 @@ class AttemptRunner:
                     self._collect_pool, self._collect, job)
             reported = read_final_metrics(attempt, self.layout.workspace(job.id))
         line = await self.last_error(attempt, outcome.job_phase)
+        # A Running still waiting for a commit to ride with (a short task's) is written in
+        # the end's own rows: its statements and event as before, fewer of them.
+        started = (running is not None and not running.done()
+                   and job_writes.may_end_running(outcome) and self.store.withdraw(running))
         # Quick unless it carries outputs (a row each, perhaps many); volatile on this box
         # (synced within a second: a power loss before that is judged to have ended it).
         ended = self.store.write(lambda c: job_writes.finish_attempt(
             c, job.id, attempt.number, outcome, time.time(), collected, reported,
-            indexed=job.spec.indexed is not None, stderr_line=line), quick=not collected,
-            volatile=job.spec.region is None)
+            indexed=job.spec.indexed is not None, stderr_line=line,
+            started=job_writes.Started(attempt.running_at, attempt.handles) if started
+            else None), quick=not collected, volatile=job.spec.region is None)
+        if started:
+            assert running is not None
+            ended.add_done_callback(lambda done: _answer_like(running, done))
         # Its outputs' blobs stay pinned until this commit lands, even if we are cancelled.
         ended.add_done_callback(
             lambda _: self.layout.blobs.release([out.sha256 for out in collected]))
@@ -418,3 +427,15 @@ async def follow_metrics(attempt: Attempt, workspace: Path, stop: asyncio.Event)
         raise
     except Exception:  # a workspace gone or unreadable: the end's own read still counts
         log.exception("following the metrics of job %s failed", attempt.job.name)
+
+
+def _answer_like(future: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
+    """FUTURE answered as DONE was: an operation written with another one's."""
+    if future.done():
+        return
+    if done.cancelled():
+        future.cancel()
+    elif (exc := done.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(None)

@@ -141,6 +141,11 @@ class Store:
         assert self._writer is not None, "store is not open"
         return self._writer.submit(op, lazy=True, quick=True, volatile=volatile)
 
+    def withdraw(self, future: asyncio.Future[Any]) -> bool:
+        """Take a queued operation back before it is committed (writer.py's withdraw)."""
+        assert self._writer is not None, "store is not open"
+        return self._writer.withdraw(future)
+
     # --- reads: one statement each on the reader connection -------------------------------
 
     def read_apart(self, queries: list[str]) -> list[list[Any]]:

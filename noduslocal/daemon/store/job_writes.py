@@ -53,6 +53,20 @@ def _event(conn: sqlite3.Connection, job: tuple[int, str, str], at: float, phase
     return Event(cur.lastrowid or 0, job[0], job[1], job[2], at, phase, reason, message, attempt)
 
 
+def _events(conn: sqlite3.Connection, job: tuple[int, str, str],
+            rows: list[tuple[float, str, str | None, str | None, int | None]]) -> list[Event]:
+    """Several event rows of one job in one statement: (at, phase, reason, message,
+    attempt) each. One INSERT numbers its rows one after another, so the last one's seq
+    gives the others'."""
+    values = [v for at, phase, reason, message, attempt in rows
+              for v in (job[0], at, phase, reason, message, attempt)]
+    cur = conn.execute("INSERT INTO events (job_id, at, phase, reason, message, attempt) "
+                       f"VALUES {', '.join(['(?,?,?,?,?,?)'] * len(rows))}", values)
+    last = cur.lastrowid or 0
+    return [Event(last - len(rows) + 1 + i, job[0], job[1], job[2], *row)
+            for i, row in enumerate(rows)]
+
+
 def next_job_id(conn: sqlite3.Connection) -> int:
     """The next job id: above every job the database knows and above the floor, the
     highest job directory on disk when the daemon started (job_id_floor)."""
@@ -109,29 +123,33 @@ def _transition(conn: sqlite3.Connection, job_id: int, target: Phase, at: float,
 
 
 def _update_job(conn: sqlite3.Connection, job_id: int, target: Phase, reason: str | None,
-                message: str | None, **columns: Any) -> tuple[str, str, int]:
+                message: str | None, via: Phase | None = None,
+                **columns: Any) -> tuple[str, str, int]:
     """The job's row to `target`: one UPDATE when the transition is legal (its WHERE
-    checks the table); returns the row's project, name and attempts after it."""
+    checks the table); returns the row's project, name and attempts after it. `via`: a
+    phase passed through on the way, in the same write (legal to `target`: the caller
+    checked), so the row must be in one it may be reached from."""
     sets, params = _assignments(columns)
     rows = conn.execute(
         f"UPDATE jobs SET phase = ?, reason = ?, message = ?{sets} WHERE id = ? "
-        f"AND phase IN ({_JOB_SOURCES[target]}) RETURNING project, name, attempts",
+        f"AND phase IN ({_JOB_SOURCES[via or target]}) RETURNING project, name, attempts",
         (target.value, reason, message, *params, job_id)).fetchall()
     if not rows:
         row = conn.execute("SELECT phase FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise errors.NotFound(f"job {job_id} does not exist")
-        check_transition(row[0], target)
+        check_transition(row[0], via or target)
         raise AssertionError(f"job {job_id}: {row[0]} -> {target} was not written")
     return rows[0]
 
 
 def _attempt_to(conn: sqlite3.Connection, job_id: int, number: int, target: AttemptPhase,
-                **columns: Any) -> None:
+                via: AttemptPhase | None = None, **columns: Any) -> None:
+    """The attempt's row to `target` (`via`: as _update_job's)."""
     sets, params = _assignments(columns)
     cur = conn.execute(
         f"UPDATE attempts SET phase = ?{sets} WHERE job_id = ? AND number = ? "
-        f"AND phase IN ({_ATTEMPT_SOURCES[target]})",
+        f"AND phase IN ({_ATTEMPT_SOURCES[via or target]})",
         (target.value, *params, job_id, number))
     if cur.rowcount == 1:
         return
@@ -139,7 +157,7 @@ def _attempt_to(conn: sqlite3.Connection, job_id: int, number: int, target: Atte
                        (job_id, number)).fetchone()
     if row is None:
         raise errors.NotFound(f"attempt {number} of job {job_id} does not exist")
-    check_attempt_transition(row[0], target)
+    check_attempt_transition(row[0], via or target)
     raise AssertionError(f"attempt {number} of job {job_id}: {row[0]} -> {target} was not "
                          "written")
 
@@ -344,34 +362,70 @@ def record_outputs(conn: sqlite3.Connection, job_id: int, number: int,
     return None, []
 
 
+@dataclass(frozen=True)
+class Started:
+    """An attempt's Running not written yet (attempt_running's arguments), written with its
+    end instead (finish_attempt's `started`)."""
+
+    at: float
+    handles: list[Handle] | None = None
+
+
+def may_end_running(outcome: Outcome) -> bool:
+    """Whether an attempt that is Running may end as OUTCOME says, its job with it: then
+    its Running may be written in the same write as its end (finish_attempt's `started`)."""
+    return (outcome.attempt_phase in ATTEMPT_TRANSITIONS[AttemptPhase.RUNNING]
+            and outcome.job_phase in TRANSITIONS[Phase.RUNNING])
+
+
 def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: Outcome,
                    now: float, outputs: Sequence[Collected] = (),
                    metrics: dict[str, float] | None = None,
                    indexed: bool = False,
-                   stderr_line: str | None = None) -> tuple[None, list[Event]]:
+                   stderr_line: str | None = None,
+                   started: Started | None = None) -> tuple[None, list[Event]]:
     """The attempt's end, the job's transition, and the outputs collected from it, in one
     transaction. An attempt that exited replaces every output of an earlier one, so what is
     listed is always one attempt's. `stderr_line`: the last line of its stderr, which a
-    sweep's failures are clustered by (None: not read, the clusters read the file)."""
+    sweep's failures are clustered by (None: not read, the clusters read the file).
+    `started`: its Running (may_end_running() said so) goes in the same rows, with its own
+    event before the end's: a short task's Running and end cost two UPDATEs and one
+    INSERT, not five statements (issue 25, part 5)."""
     if outcome.attempt_phase == AttemptPhase.EXITED and not indexed and number > 1:
         # Only an earlier attempt leaves outputs to replace (an indexed job's stay).
         conn.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
     record_outputs(conn, job_id, number, outputs, now)
-    _attempt_to(conn, job_id, number, outcome.attempt_phase, ended_at=now,
-                exit_code=outcome.exit_code, signal=outcome.signal, reason=outcome.reason,
-                message=outcome.message, cost=outcome.cost or None,
-                stderr_line=stderr_line)
+    attempt_columns: dict[str, Any] = {}
+    job_columns: dict[str, Any] = {}
+    if started is not None:
+        attempt_columns = {"started_at": started.at,
+                           "handles": handles_to_json(started.handles or [])}
+        job_columns = {"started_at": Expr("COALESCE(NULLIF(started_at, 0), ?)",
+                                          (started.at,))}
+    via_attempt, via_job = ((AttemptPhase.RUNNING, Phase.RUNNING) if started is not None
+                            else (None, None))
+    _attempt_to(conn, job_id, number, outcome.attempt_phase, via=via_attempt,
+                **attempt_columns, ended_at=now, exit_code=outcome.exit_code,
+                signal=outcome.signal, reason=outcome.reason, message=outcome.message,
+                cost=outcome.cost or None, stderr_line=stderr_line)
     if outcome.cost:
         conn.execute("UPDATE jobs SET cost = cost + ? WHERE id = ?", (outcome.cost, job_id))
-    columns: dict[str, Any] = {"exit_code": outcome.exit_code, "signal": outcome.signal}
+    columns: dict[str, Any] = {**job_columns, "exit_code": outcome.exit_code,
+                               "signal": outcome.signal}
     if metrics:
         columns["metrics"] = json.dumps(metrics)
     if outcome.job_phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED):
         columns["ended_at"] = now
     if outcome.spend_retry:
         columns["retries_used"] = Expr("retries_used + 1")
-    return None, [_transition(conn, job_id, outcome.job_phase, now, outcome.reason,
-                              outcome.message, attempt=number, **columns)]
+    if started is None:
+        return None, [_transition(conn, job_id, outcome.job_phase, now, outcome.reason,
+                                  outcome.message, attempt=number, **columns)]
+    project, name, _ = _update_job(conn, job_id, outcome.job_phase, outcome.reason,
+                                   outcome.message, via=via_job, **columns)
+    return None, _events(conn, (job_id, project, name), [
+        (started.at, Phase.RUNNING.value, Reason.STARTED.value, None, number),
+        (now, outcome.job_phase.value, outcome.reason, outcome.message, number)])
 
 
 def remove_job(conn: sqlite3.Connection, job_id: int, now: float,

@@ -98,6 +98,16 @@ class Writer:
             self._lazy = loop.call_later(LAZY_DELAY, self._wake.set)
         return future
 
+    def withdraw(self, future: asyncio.Future[Any]) -> bool:
+        """Take the operation of FUTURE out of the queue, unanswered, if it is still there
+        (no batch has taken it yet): its caller writes it with another operation instead
+        and answers FUTURE when that one commits. False when it is too late."""
+        for i, item in enumerate(self._queue):
+            if item[1] is future:
+                del self._queue[i]
+                return True
+        return False
+
     async def close(self) -> None:
         """Commit what is queued, then stop."""
         self._closing = True
