@@ -297,6 +297,26 @@ def test_env_is_exactly_the_requested_one(tmp_path: Path, monkeypatch: pytest.Mo
                                                            "NODUS_TEST_LEAK="))]
 
 
+def test_a_signal_the_daemon_ignores_is_at_its_default_in_the_job(tmp_path: Path) -> None:
+    """A daemon started under nohup ignores SIGHUP, and its spawner inherits that; the job
+    must not (the compiled spawner now resets every signal once at its start, no longer in
+    each job's process)."""
+    directory = new_dir(tmp_path)
+    ignored = [signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM]
+    before = [signal.signal(sig, signal.SIG_IGN) for sig in ignored]
+    try:
+        state = run(with_runtime(lambda rt: run_job(
+            rt, directory, ["cat", "/proc/self/status"])))
+    finally:
+        for sig, handler in zip(ignored, before, strict=True):
+            signal.signal(sig, handler)
+    assert isinstance(state, Exited) and state.exit_code == 0
+    (line,) = [x for x in (directory / shim.OUTPUT_LOG).read_text().splitlines()
+               if x.startswith("SigIgn:")]
+    mask = int(line.split()[1], 16)
+    assert not [sig for sig in ignored if mask & (1 << (sig - 1))], line
+
+
 def test_launch_needs_a_started_runtime(tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # A launch waits this long for a spawner that is (re)starting; none ever starts here.

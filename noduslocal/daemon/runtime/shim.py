@@ -725,8 +725,9 @@ def run_shim(req: dict, durable: bool = False) -> None:
                        [value.encode() for value in req.get("mask", ())], cgroups)
         result: dict = {"started_at": started, "ended_at": time.time(), "exit_code": None,
                         "signal": None}
-        if cgroups:
-            result["oom_killed"] = oom_kills(cgroups) > 0
+        if cgroups:  # read only for a failure: read_exit ignores it after an exit 0
+            failed = os.WIFSIGNALED(status) or os.waitstatus_to_exitcode(status) != 0
+            result["oom_killed"] = failed and oom_kills(cgroups) > 0
         if os.WIFSIGNALED(status):
             result["signal"] = os.WTERMSIG(status)
             result["exit_code"] = 128 + result["signal"]
