@@ -200,7 +200,7 @@ class HostRuntime:
             if not isinstance(state, Alive):
                 await asyncio.to_thread(self.cgroups.remove, cgroup)  # no rank holds it
                 raise NotLaunched(state) from None
-            shim_pid = state.shim_pid
+            shim_pid = state.shim_pid or await shim_of(directory)
         return self._rank(ref, rank, shim_pid, time.time())
 
     async def adopt(self, launch: Launch, recorded: list[Handle], recorded_running: bool,
@@ -216,10 +216,11 @@ class HostRuntime:
             if not isinstance(state, Alive):
                 found.append((rank, state, None))
                 continue
+            shim_pid = state.shim_pid or await shim_of(directory)
             log.info("adopting job %s attempt %d rank %d (shim %d)", ref.job.name,
-                     ref.number, rank, state.shim_pid)
+                     ref.number, rank, shim_pid)
             pid = read_pid(directory)
-            found.append((rank, state, self._rank(ref, rank, state.shim_pid,
+            found.append((rank, state, self._rank(ref, rank, shim_pid,
                                                   pid["started_at"] if pid else time.time())))
         return adopted(found, self.kind, recorded)
 
@@ -245,12 +246,14 @@ class HostRuntime:
         # Beside the rank, not inside its process group: with its environment and GPUs,
         # in its mount namespace (where it has one: an adopted job of an older daemon ran
         # on the host's paths).
+        await recorded_pid(launch.ref.rank_dir(handle.rank))
         own = has_own_namespace(launch.ref.rank_dir(handle.rank))
         return await run_in_job(self._exec_request(launch, handle.rank, own), command,
                                 timeout, self.exec_records)
 
     async def open_terminal(self, launch: Launch, handle: Handle, command: list[str],
                             rows: int, cols: int) -> Terminal:
+        await recorded_pid(launch.ref.rank_dir(handle.rank))
         own = has_own_namespace(launch.ref.rank_dir(handle.rank))
         return await PtyTerminal.start(self._exec_request(launch, handle.rank, own), command,
                                        rows, cols, self.exec_records)
@@ -268,18 +271,35 @@ class HostRuntime:
         return rank_dir(directory, rank) / LOG_FILES[stream]
 
 
+async def recorded_pid(directory: Path) -> dict[str, Any] | None:
+    """The rank's pid.json, which its shim writes once the job's process has started: a
+    moment after the launch was answered (the shim's clone returns at the job's exec), so
+    a signal or an exec that follows a launch at once waits for it, 2 s at most. None when
+    the rank ended first, or none came."""
+    for _ in range(200):
+        pid = read_pid(directory)
+        if pid is not None:
+            return pid
+        if has_exit(directory):
+            return None
+        await asyncio.sleep(0.01)
+    return None
+
+
+async def shim_of(directory: Path) -> int:
+    """The pid of the shim that holds the rank's lock but has not written pid.json yet (it
+    does once the job's process has started); 0 when none came, which its watch then
+    judges from the directory at once."""
+    pid = await recorded_pid(directory)
+    return int(pid["shim_pid"]) if pid is not None else 0
+
+
 async def signal_group(directory: Path, sig: int) -> bool:
     """Signal a rank's process group (the shim made it; the shim then records the
     end); False when it has already gone. The group is signalled only while its leader
     is the job that pid.json names (same start time), never a group that reused the id."""
-    for _ in range(200):  # the shim writes pid.json right after starting the job
-        pid = read_pid(directory)
-        if pid is not None:
-            break
-        if has_exit(directory):
-            return False
-        await asyncio.sleep(0.01)
-    else:
+    pid = await recorded_pid(directory)
+    if pid is None:
         return False
     if has_exit(directory) or shim.start_ticks(pid["pgid"]) != pid.get("start_ticks"):
         return False
