@@ -47,3 +47,33 @@ def test_a_live_shim_is_not_taken_for_gone(tmp_path: Path,
         return done
 
     assert asyncio.run(watched()) is False
+
+
+def test_watches_share_one_timer_for_the_check(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """One timer looks at every watch due, not one timer a watch (a map of `true` paid
+    for its own with every task); each watch is looked at once."""
+    monkeypatch.setattr(spawner, "REUSE_CHECK", 0.05)
+    gone, live = tmp_path / "gone", tmp_path / "live"
+    for directory in (gone, live):
+        directory.mkdir()
+    (gone / shim.EXIT).write_text(json.dumps(
+        {"started_at": 1.0, "ended_at": 2.0, "exit_code": 0, "signal": None}))
+
+    async def watched() -> tuple[object, bool, int]:
+        runtime = spawner.Spawner()
+        first = runtime.watch(gone, os.getpid())
+        check = runtime._reuse_checks._timer
+        second = runtime.watch(live, os.getpid())
+        assert check is not None and runtime._reuse_checks._timer is check
+        state = await asyncio.wait_for(first, 5)
+        await asyncio.sleep(0.3)
+        left = len(runtime._reuse_checks._due)
+        done = second.done()
+        second.cancel()
+        await runtime.close()
+        return state, done, left
+
+    state, done, left = asyncio.run(watched())
+    assert isinstance(state, Exited) and state.exit_code == 0
+    assert not done and left == 0

@@ -25,6 +25,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # so that a job whose rows a damaged database lost can be put back (jobs/orphans.py).
 RECORD = "job.json"
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
+JOB_DIRS_KEPT = 4096  # job ids whose directory paths are kept made
 # Run as the job's owner in its new workspace ($1; "." for the cwd it was started in, which
 # it may not reach by path): $2 = 1 to unpack the tar on stdin,
 # then `d PATH` to make a directory and `l PATH TARGET` to link a volume, relative paths.
@@ -85,6 +86,10 @@ class JobLayout:
         self._ahead_done: set[int] = set()
         self._coming: set[int] = set()  # handed to prepare_ahead()'s thread, not begun
         self._taken: set[int] = set()  # ... and started meanwhile: the thread skips them
+        # Paths by job id, made once (prepare_ahead()'s thread shares them: a dict's get
+        # and set are atomic, and a clear() only costs a join again).
+        self._job_dirs: dict[int, Path] = {}
+        self._workspaces: dict[int, Path] = {}
 
     def create_root(self) -> None:
         for directory in (self.jobs_dir, self.volumes_dir):
@@ -96,7 +101,13 @@ class JobLayout:
         return self.volumes_dir / name
 
     def job_dir(self, job_id: int) -> Path:
-        return self.jobs_dir / str(job_id)
+        # Asked for five times a task on the loop, and a Path join costs microseconds.
+        path = self._job_dirs.get(job_id)
+        if path is None:
+            if len(self._job_dirs) >= JOB_DIRS_KEPT:
+                self._job_dirs.clear()
+            path = self._job_dirs[job_id] = self.jobs_dir / str(job_id)
+        return path
 
     def write_record(self, job: JobRecord) -> None:
         """The job's record in its directory (readable by root alone: its spec may carry
@@ -145,7 +156,12 @@ class JobLayout:
         return self.job_dir(job_id) / f"attempt-{number}"
 
     def workspace(self, job_id: int) -> Path:
-        return self.job_dir(job_id) / "workspace"
+        path = self._workspaces.get(job_id)
+        if path is None:
+            if len(self._workspaces) >= JOB_DIRS_KEPT:
+                self._workspaces.clear()
+            path = self._workspaces[job_id] = self.job_dir(job_id) / "workspace"
+        return path
 
     def free(self, job_id: int) -> None:
         """Remove an ended job's workspace and a container's checkpoint beside it; its

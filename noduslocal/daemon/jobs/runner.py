@@ -18,6 +18,7 @@ from typing import Any
 
 import watchfiles
 
+from noduslocal.daemon.coarse_timer import CoarseTimer
 from noduslocal.daemon.files.layout import JobLayout, WorkspaceFailed
 from noduslocal.daemon.files.outputs import OutputLimits
 from noduslocal.daemon.files.outputs import collect as collect_output
@@ -50,7 +51,7 @@ from noduslocal.domain.states import TERMINAL, AttemptPhase, Phase, Reason
 log = logging.getLogger(__name__)
 COLLECT_THREADS = 2  # jobs whose outputs are collected at once
 DEBOUNCE_MS = 200  # a metrics file's changes read at most this often
-FOLLOW_AFTER = 1.0  # seconds an attempt runs before its metrics file is watched
+FOLLOW_AFTER = 1.0  # seconds (to twice that) an attempt runs before its metrics are watched
 
 
 class AttemptRunner:
@@ -79,6 +80,7 @@ class AttemptRunner:
         # and everything else on the default pool never queue behind it.
         self._collect_pool = ThreadPoolExecutor(COLLECT_THREADS, "collect")
         self._ahead_pool = ThreadPoolExecutor(1, "prepare-ahead")
+        self._follow_later = CoarseTimer(FOLLOW_AFTER)  # one timer for every attempt's
         self.indexed = IndexedRun(store, layout, stopper, runtimes, self.collect_index)
 
     def prepare_ahead(self, jobs: list[JobRecord]) -> None:
@@ -232,9 +234,8 @@ class AttemptRunner:
         # tasks of a sweep of `true` more than a timer; their metrics are read at their
         # end. Not awaited at the end: the watcher notices `stop` only at its next step,
         # and the end reads the file once more itself.
-        follow = asyncio.get_running_loop().call_later(
-            FOLLOW_AFTER, lambda: self.stopper.background.spawn(follow_metrics(
-                attempt, self.layout.workspace(attempt.job.id), stop)))
+        follow = self._follow_later.add(lambda: self.stopper.background.spawn(
+            follow_metrics(attempt, self.layout.workspace(attempt.job.id), stop)))
         merging = None
         if attempt.job.spec.gang is not None:  # its merged log is whole before the end
             merger = LogMerger(attempt.ref.directory, attempt.job.spec.gang.nodes,
@@ -243,7 +244,7 @@ class AttemptRunner:
         try:
             state = await (until or verdict(attempt, lambda: self.stopper.stop_ranks(attempt)))
         finally:
-            follow.cancel()
+            self._follow_later.cancel(follow)
             stop.set()
         if merging is not None:
             try:

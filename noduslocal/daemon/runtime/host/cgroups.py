@@ -64,7 +64,7 @@ def cgroup_name(job_id: int, attempt: int, rank: int) -> str:
     return f"{JOB_PREFIX}{job_id}-{attempt}-r{rank}"
 
 
-def _write(path: Path, value: str) -> None:
+def _write(path: Path | str, value: str) -> None:
     # cgroupfs takes one write per value, unbuffered (O_TRUNC as runc opens them).
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
     try:
@@ -95,7 +95,7 @@ class Cgroups:
         # has five hierarchies, a rank uses two or three); unknown after a restart.
         self._made: dict[str, list[str]] = {}
         # Empty cgroups of the pooled hierarchies, by parent: (path, its limit's value).
-        self._idle: dict[Path, list[tuple[str, str]]] = {}
+        self._idle: dict[str, list[tuple[str, str]]] = {}
         self._limits: dict[str, str] = {}  # a pooled rank cgroup's path: its limit's value
         self._idle_names = itertools.count()
         # Ranks whose cgroups a process beside them was sent into (an exec): never kept
@@ -166,7 +166,7 @@ class Cgroups:
         limit, not a stat of every file it might have (issue 25, part 5)."""
         made: list[str] = []
         self._made[name] = made
-        for controller, path in zip(self._layout(), self.paths(name), strict=True):
+        for controller, parent in zip(self._layout(), self.parents, strict=True):
             if controller == "memory" and not limits.memory:
                 # No limit to enforce, and a v1 memory cgroup is the dearest to make and
                 # remove (its charges move to the parent): the rank is killed through the
@@ -180,8 +180,9 @@ class Cgroups:
                 # freezer's mkdir, attach and rmdir (issue 25, part 5).
                 continue
             if self.version == 1 and controller in POOLED_V1:
-                made.append(self._take(path, controller, limits))
+                made.append(self._take(parent, name, controller, limits))
                 continue
+            path = parent / name
             path.mkdir(mode=0o755, exist_ok=True)
             made.append(str(path))
             if self.version == 2:
@@ -190,12 +191,12 @@ class Cgroups:
                 self._limit_v1(controller, path, limits)
         return made
 
-    def _take(self, path: Path, controller: str, limits: Limits) -> str:
-        """The rank's cgroup in a pooled hierarchy: an idle one renamed, or a new one; its
-        limit written unless it holds that value already."""
+    def _take(self, parent: Path, name: str, controller: str, limits: Limits) -> str:
+        """The rank's cgroup `name` in a pooled hierarchy: an idle one renamed, or a new
+        one; its limit written unless it holds that value already."""
         value = (str(limits.pids_max) if controller == "pids" else
                  str(limits.cpu_m * CFS_PERIOD_US // 1000) if limits.cpu_m > 0 else "-1")
-        where, idle, held = str(path), self._idle.get(path.parent), None
+        where, idle, held = f"{parent}/{name}", self._idle.get(str(parent)), None
         if idle:
             old, value_there = idle.pop()
             with contextlib.suppress(OSError):  # gone meanwhile (an admin's cleanup)
@@ -208,7 +209,7 @@ class Cgroups:
             except FileExistsError:  # left by a daemon before us: its value unknown
                 held = ""
         if value != held:
-            _write(Path(where) / ("pids.max" if controller == "pids" else "cpu.cfs_quota_us"),
+            _write(f"{where}/{'pids.max' if controller == 'pids' else 'cpu.cfs_quota_us'}",
                    value)
         self._limits[where] = value
         return where
@@ -220,7 +221,7 @@ class Cgroups:
         if value is None:  # not a pooled hierarchy's, or not made by this daemon
             return False
         parent = os.path.dirname(path)
-        idle = self._idle.setdefault(Path(parent), [])
+        idle = self._idle.setdefault(parent, [])
         if len(idle) >= IDLE_MAX:
             return False
         # Empty or not, not which processes (_procs): three system calls at every task's

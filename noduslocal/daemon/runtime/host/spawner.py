@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from noduslocal.daemon.coarse_timer import CoarseTimer
 from noduslocal.daemon.runtime import compiled_shim, shim
 from noduslocal.daemon.runtime.attempt_dir import has_exit, inspect
 from noduslocal.daemon.runtime.base import Alive, AttemptState, Vanished
@@ -52,6 +53,7 @@ class Spawner:
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self.boot_id = shim.boot_id()
+        self._reuse_checks = CoarseTimer(REUSE_CHECK)  # see watch()
 
     async def start(self) -> None:
         command = ([str(self.compiled), "--serve"] if self.compiled is not None
@@ -64,6 +66,7 @@ class Spawner:
     async def close(self) -> None:
         self._closing = True
         self._alive.clear()
+        self._reuse_checks.close()
         if self._proc is None:
             return
         proc, self._proc = self._proc, None
@@ -147,22 +150,23 @@ class Spawner:
             done.set_result(settled(directory))
             return done
 
-        def on_exit() -> None:
+        def on_exit() -> None:  # once: either removes the other's way to call it
             loop.remove_reader(pidfd)
             os.close(pidfd)
-            reused.cancel()
+            self._reuse_checks.cancel(check)
             if not done.done():
                 done.set_result(settled(directory))
 
         def if_reused() -> None:
             # The shim records its exit before it exits: a record with the pidfd still
             # quiet means the shim had gone before the pidfd was opened, and the pid is
-            # another process's now. Looked at once, a second on, not at every launch (a
-            # stat of the directory the shim is writing in, 4 % of the loop in a map of
-            # `true`): a shim that ended that early was a short task anyway.
-            if not done.done() and has_exit(directory):
+            # another process's now. Looked at once, a second or two on, not at every
+            # launch (a stat of the directory the shim is writing in, 4 % of the loop in a
+            # map of `true`), by a timer shared with every other watch: a shim that ended
+            # that early was a short task anyway.
+            if has_exit(directory):
                 on_exit()
 
-        reused = loop.call_later(REUSE_CHECK, if_reused)
+        check = self._reuse_checks.add(if_reused)
         loop.add_reader(pidfd, on_exit)
         return done
