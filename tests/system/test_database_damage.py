@@ -26,6 +26,7 @@ import pytest
 
 import noduslocal
 from noduslocal import testing
+from noduslocal.daemon.files.layout import RECORD, RECORD_XATTR
 from noduslocal.domain.sockets import SOCKET_ENV
 from tests.system.lab import SOCKET_GROUP, SYSTEM_PYTHON, copy_tree, open_up, run
 
@@ -234,8 +235,11 @@ def test_a_directory_with_an_exit_record_is_never_said_to_have_run_nothing(
         for suffix in ("-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
         db.write_bytes(saved)
+        # As a directory from before the record: neither its attribute nor its file.
+        with contextlib.suppress(OSError):
+            os.removexattr(directory, RECORD_XATTR)
         with contextlib.suppress(FileNotFoundError):
-            (directory / "job.json").unlink()  # as a directory from before the record
+            (directory / RECORD).unlink()
         assert (directory / "attempt-1" / "exit.json").exists()
 
         d.start()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import grp
-import json
 import os
 import shutil
 import stat
@@ -29,6 +28,7 @@ from typing import Any
 import pytest
 
 from noduslocal import testing
+from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.domain.sockets import SOCKET_ENV
 from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.sdk.api_client import ApiClient
@@ -230,9 +230,9 @@ def test_workspace_is_private_to_its_owner(box: Box) -> None:
     # In its own mount namespace the job's workspace is /workspace, as in a container
     # (issue 25; it was the host's path, which it named and started in).
     assert run.stdout.splitlines() == ["/workspace", "/workspace"]
-    (workspace,) = [record.parent / "workspace"
-                    for record in box.daemon.data_dir.glob("jobs/*/job.json")
-                    if json.loads(record.read_text())["name"] == "alice-ws"]
+    layout = JobLayout(box.daemon.data_dir)
+    (workspace,) = [layout.workspace(job_id) for job_id in layout.job_ids_on_disk()
+                    if (layout.read_record(job_id) or {}).get("name") == "alice-ws"]
 
     st = workspace.stat()
     assert (st.st_uid, st.st_gid) == (alice.uid, alice.gid)

@@ -3,15 +3,35 @@ thread that makes a sweep's next cells' directories ahead, possibly at the same 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from noduslocal.daemon.files.layout import RECORD, JobLayout
+from noduslocal.daemon.files.layout import RECORD, RECORD_XATTR, JobLayout
 from noduslocal.daemon.files.overlay import OVERLAY_DIR
 from noduslocal.domain.jobs import JobRecord, JobSpec
+
+
+@pytest.fixture(autouse=True, params=["attribute", "file"])
+def record_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+                ) -> Iterator[str]:
+    """Every test with the record as the directory's extended attribute, and as the file
+    a file system without such attributes gets."""
+    if request.param == "file":
+        def unsupported(*_: object) -> None:
+            raise OSError(errno.ENOTSUP, "Operation not supported")
+        monkeypatch.setattr(os, "setxattr", unsupported)
+    yield request.param
+
+
+def listing(layout: JobLayout, job_id: int) -> list[str]:
+    """What the job's directory holds, its record file aside."""
+    return sorted(p.name for p in layout.job_dir(job_id).iterdir() if p.name != RECORD)
 
 
 def job(job_id: int) -> JobRecord:
@@ -44,7 +64,7 @@ def test_two_writers_of_one_record_at_once_both_succeed(tmp_path: Path) -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        assert json.loads((layout.job_dir(job_id) / RECORD).read_text())["id"] == job_id
+        assert (layout.read_record(job_id) or {})["id"] == job_id
     assert failures == []
     assert not [p for p in tmp_path.rglob("*.tmp")]
 
@@ -84,7 +104,9 @@ def test_a_next_daemon_starts_a_job_whose_directories_were_made_in_part(
 
 
 def layout_record(layout: JobLayout, job_id: int) -> dict:
-    return json.loads((layout.job_dir(job_id) / RECORD).read_text())
+    record = layout.read_record(job_id)
+    assert record is not None
+    return record
 
 
 @pytest.mark.parametrize("other", ["another database's record", "a workspace with files"])
@@ -115,9 +137,8 @@ def test_an_attempt_takes_what_was_made_ahead_as_it_is(tmp_path: Path) -> None:
     assert layout.prepare(ahead, 1) == layout.attempt_dir(1, 1)
     assert layout.prepare(slow, 1) == layout.attempt_dir(2, 1)
     for job_id in (1, 2):
-        assert json.loads((layout.job_dir(job_id) / RECORD).read_text())["id"] == job_id
-        assert sorted(p.name for p in layout.job_dir(job_id).iterdir()) == [
-            "attempt-1", RECORD, "workspace"]
+        assert (layout.read_record(job_id) or {})["id"] == job_id
+        assert listing(layout, job_id) == ["attempt-1", "workspace"]
         assert not any(layout.workspace(job_id).iterdir())
 
 
@@ -140,6 +161,21 @@ def test_a_start_before_the_thread_gets_to_its_cell_keeps_it(
 
     monkeypatch.setattr(layout, "_made_ahead", thread_begins_meanwhile)
     assert layout.prepare(record, 1) == layout.attempt_dir(7, 1)
-    assert sorted(p.name for p in layout.job_dir(7).iterdir()) == [
-        "attempt-1", RECORD, "workspace"]
+    assert listing(layout, 7) == ["attempt-1", "workspace"]
     assert not layout.ahead_unused(7)
+
+
+def test_the_record_is_the_directory_s_attribute_where_it_can_be(
+        tmp_path: Path, record_kind: str) -> None:
+    """No inode a job for its record where the file system takes extended attributes (a
+    map of `true` made six a task, each dearer after deletions on a file system without a
+    journal); a file where it does not. Either way only root reads it."""
+    layout = JobLayout(tmp_path)
+    layout.create_root()
+    layout.prepare(job(5), 1)
+    record = layout.read_record(5)
+    assert record is not None and record["spec"]["command"] == ["true"]
+    assert (layout.job_dir(5) / RECORD).exists() == (record_kind == "file")
+    if record_kind == "attribute":
+        assert json.loads(os.getxattr(layout.job_dir(5), RECORD_XATTR))["id"] == 5
+    assert layout.has_record(5) and not layout.has_record(6)

@@ -24,6 +24,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # In each job's directory: the job as the database has it (owner, project, name, spec),
 # so that a job whose rows a damaged database lost can be put back (jobs/orphans.py).
 RECORD = "job.json"
+RECORD_XATTR = "user.noduslocal.job"  # the same, as the directory's attribute where it can be
+RECORD_XATTR_MAX = 3 * 1024  # bytes: an attribute block holds 4 KiB on ext4; more is a file
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
 JOB_DIRS_KEPT = 4096  # job ids whose directory paths are kept made
 # Run as the job's owner in its new workspace ($1; "." for the cwd it was started in, which
@@ -110,16 +112,31 @@ class JobLayout:
         return path
 
     def write_record(self, job: JobRecord) -> None:
-        """The job's record in its directory (readable by root alone: its spec may carry
-        tokens in its environment), written once, whole or not at all."""
-        path = self.job_dir(job.id) / RECORD
-        if path.exists():
-            return
+        """The job's record on its directory (readable by root alone: its spec may carry
+        tokens in its environment), written once, whole or not at all: an extended
+        attribute of the directory where its file system takes one, else a file in it.
+        The attribute costs no inode: on a file system without a journal each new inode
+        is dearer for every inode deleted in the last minutes (another user's, a test's),
+        and a map of `true` made six a task (issue 25, part 5)."""
+        directory = self.job_dir(job.id)
         record = {"id": job.id, "project": job.project, "name": job.name,
                   "owner": job.owner, "owner_uid": job.owner_uid,
                   "owner_gid": job.owner_gid, "created_at": job.created_at,
                   "labels": job.labels, "sweep_id": job.sweep_id, "cell": job.cell,
                   "spec": job.spec.to_wire()}
+        data = json.dumps(record).encode()
+        if len(data) <= RECORD_XATTR_MAX:
+            try:
+                # The directory is 0711: nobody but its owner (root) may read them.
+                os.setxattr(directory, RECORD_XATTR, data, os.XATTR_CREATE)
+                return
+            except FileExistsError:
+                return  # written already (prepare() and prepare_ahead() both write it)
+            except OSError:
+                pass  # no such attributes here (NFS, an old tmpfs), or no room: a file
+        path = directory / RECORD
+        if path.exists():
+            return
         # A temporary file of this thread's own: prepare() and prepare_ahead() (on
         # another thread) may write the same record at once, and a shared name let one
         # rename the other's away. Both write the same record: whichever rename lands last
@@ -139,11 +156,24 @@ class JobLayout:
 
     def read_record(self, job_id: int) -> dict[str, Any] | None:
         """The record write_record() left, or None (none written, or torn)."""
+        directory = self.job_dir(job_id)
         try:
-            data = json.loads((self.job_dir(job_id) / RECORD).read_bytes())
+            data = json.loads(os.getxattr(directory, RECORD_XATTR))
         except (OSError, ValueError):
-            return None
+            try:
+                data = json.loads((directory / RECORD).read_bytes())
+            except (OSError, ValueError):
+                return None
         return data if isinstance(data, dict) and data.get("id") == job_id else None
+
+    def has_record(self, job_id: int) -> bool:
+        """Whether a record was written (readable or not)."""
+        directory = self.job_dir(job_id)
+        try:
+            os.getxattr(directory, RECORD_XATTR)
+            return True
+        except OSError:
+            return (directory / RECORD).exists()
 
     def job_ids_on_disk(self) -> list[int]:
         """Every job that has a directory, by id."""
@@ -284,7 +314,7 @@ class JobLayout:
         job_id = job.id
         try:
             top = {e.name for e in os.scandir(self.job_dir(job_id))}
-            if RECORD in top and (self.read_record(job_id) or {}).get(
+            if self.has_record(job_id) and (self.read_record(job_id) or {}).get(
                     "created_at") != job.created_at:
                 return False  # another database's job of that id
             # A daemon killed while making them leaves them in part: the directory alone,

@@ -165,9 +165,10 @@ def _prove(layout: JobLayout, job_id: int, record: dict[str, Any] | None,
            attempts: list[Path]) -> tuple[LostJob | None, str]:
     """The job its record and exit records prove, or None and why it is kept aside."""
     if record is None:
-        return None, (f"it has no readable record of its job ({layout.job_dir(job_id)}/"
-                      "job.json: made before this version wrote one, or torn), so it is "
-                      "kept aside for an admin")
+        return None, (f"it has no readable record of its job ({layout.job_dir(job_id)}: "
+                      "the directory's user.noduslocal.job attribute, or job.json where "
+                      "the file system has no such attributes; made before this version "
+                      "wrote one, or torn), so it is kept aside for an admin")
     try:
         spec = JobSpec.from_stored(record["spec"])
         project, name = str(record["project"]), str(record["name"])
