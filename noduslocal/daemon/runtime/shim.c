@@ -43,6 +43,7 @@
 #define TAIL_MAX (1 << 20) /* most bytes of a capped log's end kept for its close */
 #define NOTE_ROOM 512      /* bytes of a capped log left for its two notes */
 #define RECORD_ROOM 4096   /* bytes reserved on disk for pid.json and exit.json */
+#define RECORD_PAD 512     /* both records padded to this: one sector, rewritten in place */
 #define CGROUP_KILL_ROUNDS 500 /* reads of a cgroup's processes, 10 ms apart (shim.py's) */
 
 struct request {
@@ -624,6 +625,18 @@ static void write_record(int fd, const char *name, const char *json, int durable
     free(final);
 }
 
+/* The record's JSON at the start of its reserved file, padded with spaces (JSON's own
+ * whitespace) to RECORD_PAD: the exit record then rewrites the pid record in place, in
+ * one sector and with no change of size, so a reader or a crash finds one or the other. */
+static int put_record(int fd, const char *json) {
+    char padded[RECORD_PAD];
+    size_t n = strlen(json);
+    if (n >= RECORD_PAD) return pwrite(fd, json, n, 0) == (ssize_t)n ? 0 : -1;
+    memcpy(padded, json, n);
+    memset(padded + n, ' ', RECORD_PAD - n);
+    return pwrite(fd, padded, RECORD_PAD, 0) == RECORD_PAD ? 0 : -1;
+}
+
 /* --- the rank's cgroups: every process killed at the end, the OOM killer's count ------- */
 
 static int write_file(const char *dir, const char *name, const char *value) {
@@ -885,20 +898,15 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     if (lock < 0 || flock(lock, LOCK_EX) != 0) die();
     char *abandoned = path_in("abandoned");
     if (access(abandoned, F_OK) == 0) _exit(0); /* a restarted daemon gave up on us */
-    int pid_record = reserve_record("pid.json"), exit_record = reserve_record("exit.json");
-    if (pid_record < 0 || exit_record < 0) {
+    /* One file holds both records (an inode a task fewer: on a file system without a
+     * journal each new one is dearer after recent deletions, issue 25 part 5): the pid
+     * record is written into it and linked as pid.json, and at the end the exit record,
+     * which repeats the pid record's fields, replaces it in place and the file is renamed
+     * exit.json. pid.json then reads as the exit record, which every reader of it takes. */
+    int record = reserve_record("exit.json");
+    if (record < 0) {
         /* A job we could not record would run unseen: judged never started after a
          * restart, it would run twice. Not started, it is (and is queued again). */
-        if (pid_record >= 0) {
-            char *tmp = tmp_path("pid.json");
-            close(pid_record);
-            unlink(tmp);
-        }
-        if (exit_record >= 0) {
-            char *tmp = tmp_path("exit.json");
-            close(exit_record);
-            unlink(tmp);
-        }
         int marker = open(path_in("no-room"), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
         if (marker >= 0) close(marker); /* an empty file: a name needs no block */
         _exit(0);
@@ -924,15 +932,18 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     close(out[1]);
     close(err[1]);
 
-    char json[512], ticks[32];
+    char json[1024], fields[512], ticks[32];
     long long t = start_ticks(pid);
     if (t < 0) snprintf(ticks, sizeof ticks, "null");
     else snprintf(ticks, sizeof ticks, "%lld", t);
-    snprintf(json, sizeof json,
-             "{\"shim_pid\": %d, \"pid\": %d, \"pgid\": %d, \"started_at\": %.6f, "
-             "\"boot_id\": \"%s\", \"start_ticks\": %s}",
+    snprintf(fields, sizeof fields,
+             "\"shim_pid\": %d, \"pid\": %d, \"pgid\": %d, \"started_at\": %.6f, "
+             "\"boot_id\": \"%s\", \"start_ticks\": %s",
              (int)getpid(), (int)pid, (int)pid, started, req->boot_id, ticks);
-    write_record(pid_record, "pid.json", json, 0);
+    snprintf(json, sizeof json, "{%s}", fields);
+    char *record_tmp = tmp_path("exit.json"), *pid_path = path_in("pid.json");
+    if (put_record(record, json) != 0 || link(record_tmp, pid_path) != 0)
+        write_record(-1, "pid.json", json, 0); /* a file of its own: no hard links here */
 
     int status = pump(out[0], err[0], pid);
     char code[32], sig[32];
@@ -947,14 +958,22 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
      * exited 0 outlived any kill), and its probes are four opens a task in a map. */
     int failed = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
     snprintf(json, sizeof json,
-             "{\"started_at\": %.6f, \"ended_at\": %.6f, \"exit_code\": %s, \"signal\": %s%s}",
-             started, now(), code, sig,
+             "{%s, \"ended_at\": %.6f, \"exit_code\": %s, \"signal\": %s%s}",
+             fields, now(), code, sig,
              !req->ncgroups ? "" : failed && oom_kills() > 0 ? ", \"oom_killed\": true"
                                                              : ", \"oom_killed\": false");
     /* While the spawner is our parent the daemon is alive and commits this exit within
      * milliseconds, so syncing it here too would only add device flushes to every end.
      * Once the daemon is gone this file is the only record until it returns. */
-    write_record(exit_record, "exit.json", json, getppid() != spawner);
+    int durable = getppid() != spawner;
+    if (put_record(record, json) == 0) {
+        if (durable) fdatasync(record);
+        close(record);
+        rename(record_tmp, path_in("exit.json"));
+        if (durable) fsync_dir();
+    } else {
+        close(record);
+    }
     _exit(0);
 }
 
