@@ -158,6 +158,34 @@ def test_exit_status_and_the_files_a_shim_leaves(tmp_path: Path) -> None:
     assert inspect(directory) == state
 
 
+def test_the_compiled_shim_keeps_both_records_in_one_file(tmp_path: Path) -> None:
+    """An inode a task fewer (issue 25 part 5): pid.json is a link to the file the exit
+    record later rewrites in place and renames exit.json; the exit record repeats the pid
+    record's fields, so pid.json still names the job's pids after the end, and both read
+    as JSON whatever their padding. (The Python shim writes two files.)"""
+    directory = new_dir(tmp_path)
+
+    async def body(runtime: Spawner) -> tuple[int, AttemptState, dict[str, Any] | None]:
+        shim_pid = await runtime.launch(request(directory, ["sh", "-c", "sleep 0.3"]))
+        while (running := read_pid(directory)) is None:
+            await asyncio.sleep(0.01)
+        assert not (directory / shim.EXIT).exists()
+        state = await asyncio.wait_for(runtime.watch(directory, shim_pid), DEADLINE)
+        return shim_pid, state, running
+
+    shim_pid, state, running = run(with_runtime(body))
+    assert isinstance(state, Exited) and state.exit_code == 0
+    assert running is not None and running["shim_pid"] == shim_pid
+    pid_file, exit_file = directory / shim.PID, directory / shim.EXIT
+    assert os.path.samefile(pid_file, exit_file) == (SHIM[0] is not None)
+    if SHIM[0] is not None:
+        ended = json.loads(exit_file.read_text())
+        assert {k: ended[k] for k in running} == running
+    else:
+        assert read_pid(directory) == running
+    assert not [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_output_log_interleaves_stdout_and_stderr_in_order(tmp_path: Path,
                                                            cleanup: list[int]) -> None:
     directory = new_dir(tmp_path)
