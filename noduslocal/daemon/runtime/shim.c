@@ -875,7 +875,7 @@ static char job_stack[256 * 1024] __attribute__((aligned(16)));
 static int job_main(void *arg) {
     struct job_fds *fds = arg;
     exec_job(fds->null, fds->out_w, fds->err_w);
-    return 127;
+    _exit(127); /* never a return: clone() would exit() through the shim's stdio and atexit */
 }
 
 /* In the forked child of the spawner: run one attempt to its end. Never returns. */
