@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -94,6 +95,7 @@ def proxied() -> Iterator[tuple[testing.Daemon, Proxy]]:
         d.close()
         if proxy.server is not None:
             proxy.server.close()
+        shutil.rmtree(root, ignore_errors=True)  # the proxy's socket directory
 
 
 def test_an_exit_during_a_dropped_link_keeps_its_exit_code(
