@@ -46,11 +46,7 @@ class Created:
 
 def _event(conn: sqlite3.Connection, job: tuple[int, str, str], at: float, phase: str,
            reason: str | None, message: str | None, attempt: int | None) -> Event:
-    cur = conn.execute(
-        "INSERT INTO events (job_id, at, phase, reason, message, attempt) VALUES (?,?,?,?,?,?)",
-        (job[0], at, phase, reason, message, attempt),
-    )
-    return Event(cur.lastrowid or 0, job[0], job[1], job[2], at, phase, reason, message, attempt)
+    return _events(conn, job, [(at, phase, reason, message, attempt)])[0]
 
 
 def _events(conn: sqlite3.Connection, job: tuple[int, str, str],
@@ -397,13 +393,14 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
     record_outputs(conn, job_id, number, outputs, now)
     attempt_columns: dict[str, Any] = {}
     job_columns: dict[str, Any] = {}
-    if started is not None:
+    via_attempt, via_job, events = None, None, []
+    if started is not None:  # what attempt_running() would have written, here
         attempt_columns = {"started_at": started.at,
                            "handles": handles_to_json(started.handles or [])}
         job_columns = {"started_at": Expr("COALESCE(NULLIF(started_at, 0), ?)",
                                           (started.at,))}
-    via_attempt, via_job = ((AttemptPhase.RUNNING, Phase.RUNNING) if started is not None
-                            else (None, None))
+        via_attempt, via_job = AttemptPhase.RUNNING, Phase.RUNNING
+        events = [(started.at, Phase.RUNNING.value, Reason.STARTED.value, None, number)]
     _attempt_to(conn, job_id, number, outcome.attempt_phase, via=via_attempt,
                 **attempt_columns, ended_at=now, exit_code=outcome.exit_code,
                 signal=outcome.signal, reason=outcome.reason, message=outcome.message,
@@ -418,14 +415,10 @@ def finish_attempt(conn: sqlite3.Connection, job_id: int, number: int, outcome: 
         columns["ended_at"] = now
     if outcome.spend_retry:
         columns["retries_used"] = Expr("retries_used + 1")
-    if started is None:
-        return None, [_transition(conn, job_id, outcome.job_phase, now, outcome.reason,
-                                  outcome.message, attempt=number, **columns)]
     project, name, _ = _update_job(conn, job_id, outcome.job_phase, outcome.reason,
                                    outcome.message, via=via_job, **columns)
     return None, _events(conn, (job_id, project, name), [
-        (started.at, Phase.RUNNING.value, Reason.STARTED.value, None, number),
-        (now, outcome.job_phase.value, outcome.reason, outcome.message, number)])
+        *events, (now, outcome.job_phase.value, outcome.reason, outcome.message, number)])
 
 
 def remove_job(conn: sqlite3.Connection, job_id: int, now: float,
