@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,25 @@ class WorkspaceFailed(RuntimeError):
     owner may not make): the job's failure, not the daemon's."""
 
 
+def _kept(paths: dict[int, Path], job_id: int, make: Callable[[], Path]) -> Path:
+    """A job's path from PATHS, made once (prepare_ahead()'s thread shares them: a dict's
+    get and set are atomic, and a clear() only costs a join again)."""
+    path = paths.get(job_id)
+    if path is None:
+        if len(paths) >= JOB_DIRS_KEPT:
+            paths.clear()
+        path = paths[job_id] = make()
+    return path
+
+
+def _parsed_record(stored: bytes | None, job_id: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads(stored) if stored is not None else None
+    except ValueError:  # torn
+        return None
+    return data if isinstance(data, dict) and data.get("id") == job_id else None
+
+
 def _empty(directory: Path) -> bool:
     """Nothing in it, or it is not there (what a killed prepare_ahead() had yet to make)."""
     try:
@@ -88,9 +108,7 @@ class JobLayout:
         self._ahead_done: set[int] = set()
         self._coming: set[int] = set()  # handed to prepare_ahead()'s thread, not begun
         self._taken: set[int] = set()  # ... and started meanwhile: the thread skips them
-        # Paths by job id, made once (prepare_ahead()'s thread shares them: a dict's get
-        # and set are atomic, and a clear() only costs a join again).
-        self._job_dirs: dict[int, Path] = {}
+        self._job_dirs: dict[int, Path] = {}  # by job id, made once (_kept)
         self._workspaces: dict[int, Path] = {}
 
     def create_root(self) -> None:
@@ -104,12 +122,7 @@ class JobLayout:
 
     def job_dir(self, job_id: int) -> Path:
         # Asked for five times a task on the loop, and a Path join costs microseconds.
-        path = self._job_dirs.get(job_id)
-        if path is None:
-            if len(self._job_dirs) >= JOB_DIRS_KEPT:
-                self._job_dirs.clear()
-            path = self._job_dirs[job_id] = self.jobs_dir / str(job_id)
-        return path
+        return _kept(self._job_dirs, job_id, lambda: self.jobs_dir / str(job_id))
 
     def write_record(self, job: JobRecord) -> None:
         """The job's record on its directory (readable by root alone: its spec may carry
@@ -156,24 +169,22 @@ class JobLayout:
 
     def read_record(self, job_id: int) -> dict[str, Any] | None:
         """The record write_record() left, or None (none written, or torn)."""
-        directory = self.job_dir(job_id)
-        try:
-            data = json.loads(os.getxattr(directory, RECORD_XATTR))
-        except (OSError, ValueError):
-            try:
-                data = json.loads((directory / RECORD).read_bytes())
-            except (OSError, ValueError):
-                return None
-        return data if isinstance(data, dict) and data.get("id") == job_id else None
+        return _parsed_record(self._stored_record(job_id), job_id)
 
     def has_record(self, job_id: int) -> bool:
         """Whether a record was written (readable or not)."""
+        return self._stored_record(job_id) is not None
+
+    def _stored_record(self, job_id: int) -> bytes | None:
+        """The record as written, the attribute's or the file's; None where there is none."""
         directory = self.job_dir(job_id)
         try:
-            os.getxattr(directory, RECORD_XATTR)
-            return True
+            return os.getxattr(directory, RECORD_XATTR)
         except OSError:
-            return (directory / RECORD).exists()
+            try:
+                return (directory / RECORD).read_bytes()
+            except OSError:
+                return None
 
     def job_ids_on_disk(self) -> list[int]:
         """Every job that has a directory, by id."""
@@ -186,12 +197,7 @@ class JobLayout:
         return self.job_dir(job_id) / f"attempt-{number}"
 
     def workspace(self, job_id: int) -> Path:
-        path = self._workspaces.get(job_id)
-        if path is None:
-            if len(self._workspaces) >= JOB_DIRS_KEPT:
-                self._workspaces.clear()
-            path = self._workspaces[job_id] = self.job_dir(job_id) / "workspace"
-        return path
+        return _kept(self._workspaces, job_id, lambda: self.job_dir(job_id) / "workspace")
 
     def free(self, job_id: int) -> None:
         """Remove an ended job's workspace and a container's checkpoint beside it; its
@@ -314,7 +320,8 @@ class JobLayout:
         job_id = job.id
         try:
             top = {e.name for e in os.scandir(self.job_dir(job_id))}
-            if self.has_record(job_id) and (self.read_record(job_id) or {}).get(
+            stored = self._stored_record(job_id)
+            if stored is not None and (_parsed_record(stored, job_id) or {}).get(
                     "created_at") != job.created_at:
                 return False  # another database's job of that id
             # A daemon killed while making them leaves them in part: the directory alone,
