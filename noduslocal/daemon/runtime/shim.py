@@ -725,14 +725,13 @@ def run_shim(req: dict, durable: bool = False) -> None:
                        [value.encode() for value in req.get("mask", ())], cgroups)
         result: dict = {"started_at": started, "ended_at": time.time(), "exit_code": None,
                         "signal": None}
-        if cgroups:  # read only for a failure: read_exit ignores it after an exit 0
-            failed = os.WIFSIGNALED(status) or os.waitstatus_to_exitcode(status) != 0
-            result["oom_killed"] = failed and oom_kills(cgroups) > 0
         if os.WIFSIGNALED(status):
             result["signal"] = os.WTERMSIG(status)
             result["exit_code"] = 128 + result["signal"]
         else:
             result["exit_code"] = os.waitstatus_to_exitcode(status)
+        if cgroups:  # read only for a failure: read_exit ignores it after an exit 0
+            result["oom_killed"] = result["exit_code"] != 0 and oom_kills(cgroups) > 0
         # While the spawner is our parent the daemon is alive and commits this exit to its
         # database within milliseconds, so syncing it here too would only add two device
         # flushes to every job's end (a power loss within the second before that commit
