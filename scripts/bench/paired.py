@@ -23,29 +23,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import remove_unless_kept, table
 
+# One run, in a process that imports the tree under test (PYTHONPATH); the map and the
+# machine's CPU are sweeps.py's.
 ONE_RUN = r"""
-import os, sys, tempfile, time, shutil, subprocess
+import sys, tempfile, time
 from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from sweeps import busy_cpu_seconds, map_of_true
 from noduslocal import testing
 n, root = int(sys.argv[1]), sys.argv[2]
 d = testing.Daemon(tempfile.mkdtemp(prefix="nl-pair-", dir=root), cpus=2,
                    log_level="WARNING")
 d.start()
-exe = shutil.which("noduslocal", path=str(Path(sys.executable).parent)) or "noduslocal"
-env = {**os.environ, "NODUSLOCAL_SOCKET": str(d.socket)}
-tick = os.sysconf("SC_CLK_TCK")
-def busy():
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    return (sum(f[:8]) - f[3] - f[4]) / tick
 def daemon_cpu():
     return sum(int((t / "schedstat").read_text().split()[0])
                for t in Path(f"/proc/{d.proc.pid}/task").iterdir()) / 1e9
-b0, c0, w = busy(), daemon_cpu(), time.perf_counter()
-subprocess.run([exe, "map", "--no-code", "--name", "tp", "--max-parallel", "2", "--", "true",
-                ":::", *map(str, range(n))], env=env, check=True, capture_output=True)
-subprocess.run([exe, "sweep", "wait", "tp"], env=env, check=True, capture_output=True)
-w, b1, c1 = time.perf_counter() - w, busy(), daemon_cpu()
-assert d.client().get_sweep("tp")["counts"] == {"Succeeded": n}
+b0, c0, w = busy_cpu_seconds(), daemon_cpu(), time.perf_counter()
+map_of_true(d, n)
+w, b1, c1 = time.perf_counter() - w, busy_cpu_seconds(), daemon_cpu()
 d.kill()
 print(d.root, w, 1000 * (b1 - b0) / n, 1000 * (c1 - c0) / n)
 """
@@ -53,7 +48,8 @@ print(d.root, w, 1000 * (b1 - b0) / n, 1000 * (c1 - c0) / n)
 
 def run(tree: Path, tasks: int, root: str) -> tuple[Path, float, float, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(tasks), root], env=env,
+    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(tasks), root,
+                          str(Path(__file__).resolve().parent)], env=env,
                          check=True, capture_output=True, text=True, cwd="/").stdout.split()
     return Path(out[0]), float(out[1]), float(out[2]), float(out[3])
 
