@@ -1143,3 +1143,29 @@ def test_a_checkpoint_that_fails_still_syncs_the_wal(
     finally:
         conn.close()
     assert syncs == [True]  # made here, on this (the test's) thread
+
+
+def test_a_connection_that_fails_fails_every_write_of_its_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a disk without room (that batch waits), and no operation's own error: each
+    write of the batch gets the connection's error. Before, the batch's items were
+    unpacked in threes and the writer's task died with a ValueError instead."""
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            assert store._writer is not None
+            real = store._writer._conn._execute
+
+            async def broken(fn: Any, *args: Any) -> Any:
+                raise sqlite3.OperationalError("disk I/O error")
+
+            monkeypatch.setattr(store._writer._conn, "_execute", broken)
+            writes = [store.write(insert_op(f"j{i}")) for i in range(3)]
+            results = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True),
+                                             10)
+            assert all(isinstance(r, sqlite3.OperationalError) for r in results), results
+            monkeypatch.setattr(store._writer._conn, "_execute", real)
+            assert (await store.write(insert_op("after"))).created  # the writer goes on
+
+    run(body())

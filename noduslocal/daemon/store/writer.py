@@ -177,7 +177,8 @@ class Writer:
             if disk_full(exc):
                 return batch
             log.exception("commit failed")
-            for _, future, _ in batch:
+            for item in batch:
+                future = item[1]
                 if not future.done():
                     future.set_exception(exc)
             return []
