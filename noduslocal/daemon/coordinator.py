@@ -96,11 +96,12 @@ class Lifecycle:
                                                  settings.max_job_outputs),
                                     self.disk.room,
                                     lambda job_id, phase: self.sweeps.cell_ending(job_id, phase),
-                                    stderr_line=self.reports.stderr_line)
+                                    stderr_line=self.reports.stderr_line,
+                                    on_launch=lambda job_id: self.sweeps.cell_launched(job_id))
         self.webhooks = Webhooks(live, self.background, self.reports)
         self.sweeps = SweepController(store, self.dispatch, self.background, self.webhooks,
                                       hub, lambda job_id: self.jobs.running_cost(job_id),
-                                      self.runner.prepare_ahead)
+                                      self.runner.prepare_ahead, self.runner.arm_ahead)
         self.sweep_admission = SweepAdmission(store, self.admission, self.sweeps)
         self.controls = OwnerControls(store, layout, self.dispatch, self.board, self.stopper,
                                       withdraw=self.sweeps.withdraw,

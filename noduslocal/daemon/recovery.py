@@ -138,8 +138,11 @@ class Recovery:
     async def _catch_up(self, jobs: list[JobRecord]) -> bool:
         """Unended jobs whose directories prove starts the database lost: those starts put
         back, the last attempt left for _reconcile() to adopt or end (never started again
-        into a directory that ran). True when any was."""
+        into a directory that ran). True when any was. The one next attempt of a job whose
+        shim was armed is no loss: that shim was let go as its start was queued, and this
+        daemon's last one was stopped before the commit (runner.py's _launch_armed)."""
         on_disk = set(await asyncio.to_thread(self.layout.job_ids_on_disk))
+        put_back = False
         for job in jobs:
             if job.id not in on_disk or job.phase == Phase.SUSPENDED:
                 continue
@@ -154,12 +157,19 @@ class Recovery:
                 log.exception("job %s: putting back the starts its directory proves failed; "
                               "it is left as the database has it", job.name)
                 continue
-            if number is not None:
-                self.caught_up.append((job.owner_uid, f"{job.project}/{job.name}"))
-                log.warning("job %s: the database had lost the start of attempts %s, which "
-                            "its directory proves; put back", job.name,
-                            ", ".join(str(a.number) for a in later))
-        return bool(self.caught_up)
+            if number is None:
+                continue
+            put_back = True
+            if len(later) == 1 and later[0].armed:
+                log.info("job %s: attempt %d was let go as its start was queued, and the "
+                         "daemon stopped before that start was committed; put back",
+                         job.name, number)
+                continue
+            self.caught_up.append((job.owner_uid, f"{job.project}/{job.name}"))
+            log.warning("job %s: the database had lost the start of attempts %s, which "
+                        "its directory proves; put back", job.name,
+                        ", ".join(str(a.number) for a in later))
+        return put_back
 
     async def _queued_in_clusters(self, jobs: list[JobRecord]) -> set[int]:
         """Pending jobs of cluster regions with an attempt still open: submitted, waiting

@@ -205,10 +205,13 @@ def test_compiled_request_carries_the_cgroups() -> None:
     req = {"dir": "/d", "cwd": "/w", "argv": ["true"], "env": {}, "boot_id": "b",
            "cgroups": ["/sys/fs/cgroup/memory/nl/job-1-1-r0", "/sys/fs/cgroup/pids/nl/x"]}
     body = compiled_shim.encode_request(req, 1)[4:].split(b"\0")
-    # The cgroups, then the mount namespace's fields (none here: no mounts, no hides).
-    assert body[-8:] == [b"2", b"/sys/fs/cgroup/memory/nl/job-1-1-r0",
-                         b"/sys/fs/cgroup/pids/nl/x", b"0", b"0", b"", b"0", b""]
-    assert compiled_shim.encode_request({**req, "cgroups": []}, 1)[4:].split(b"\0")[-6] == b"0"
+    # The cgroups, then the mount namespace's fields (none here: no mounts, no hides), then
+    # the hold (none: not armed).
+    assert body[-9:] == [b"2", b"/sys/fs/cgroup/memory/nl/job-1-1-r0",
+                         b"/sys/fs/cgroup/pids/nl/x", b"0", b"0", b"", b"0", b"0", b""]
+    assert compiled_shim.encode_request({**req, "cgroups": []}, 1)[4:].split(b"\0")[-7] == b"0"
+    armed = compiled_shim.encode_request({**req, "hold": 600}, 1)[4:].split(b"\0")
+    assert armed[-2:] == [b"600", b""]
 
 
 def test_compiled_request_carries_the_mounts() -> None:
@@ -216,9 +219,9 @@ def test_compiled_request_carries_the_mounts() -> None:
            "mounts": [["/data/jobs/1/workspace", "/workspace"], ["/data/volumes/r", "/results"]],
            "hide": ["/dev/nvidia1"], "hide_with": "/data/hidden-device", "no_new_privs": True}
     body = compiled_shim.encode_request(req, 1)[4:].split(b"\0")
-    assert body[-11:] == [b"0", b"4", b"/data/jobs/1/workspace", b"/workspace",
+    assert body[-12:] == [b"0", b"4", b"/data/jobs/1/workspace", b"/workspace",
                           b"/data/volumes/r", b"/results", b"1", b"/dev/nvidia1",
-                          b"/data/hidden-device", b"1", b""]
+                          b"/data/hidden-device", b"1", b"0", b""]
 
 
 def test_host_pids_max_is_a_live_setting(tmp_path: Path) -> None:

@@ -1145,6 +1145,35 @@ def test_a_checkpoint_that_fails_still_syncs_the_wal(
     assert syncs == [True]  # made here, on this (the test's) thread
 
 
+def test_a_commit_waits_one_turn_of_the_loop_for_what_is_ready(tmp_path: Path) -> None:
+    """What is ready to run when a write wakes the writer runs before its commit: an armed
+    attempt queues its start, and its task lets the shim go before that start commits
+    (runner.py's _launch_armed); a write it queues meanwhile joins the same commit."""
+    path = tmp_path / "db.sqlite"
+
+    async def body() -> None:
+        async with opened(path) as (store, _):
+            job = await create(store, "turn")
+            statements = await trace_statements(store)
+            seen: list[int] = []
+
+            def ready() -> None:  # queued after the write: it runs before the commit
+                seen.append(statements.count("COMMIT"))
+                store.write(lambda c: job_writes.attempt_running(c, job.id, 1, NOW + 1),
+                            quick=True, volatile=True)
+
+            started = store.write(lambda c: job_writes.start_attempt(c, job.id, NOW),
+                                  quick=True, volatile=True)
+            asyncio.get_running_loop().call_soon(ready)
+            assert await started == 1
+            assert seen == [0]
+            assert statements.count("COMMIT") == 1  # the start and its Running, together
+            record = await store.job_by_id(job.id)
+            assert record is not None and record.phase == "Running"
+
+    run(body())
+
+
 def test_a_connection_that_fails_fails_every_write_of_its_batch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a disk without room (that batch waits), and no operation's own error: each

@@ -203,6 +203,7 @@ def _attempt(directory: Path, number: int, spec: JobSpec, created_at: float) -> 
     ranks = _rank_dirs(directory, spec)
     exits = [read_exit(p) for p in ranks]
     pids = [read_pid(p) for p in ranks]
+    armed = bool(pids) and all(p is not None and p.get("armed") is True for p in pids)
     starts = [e.started_at for e in exits if e] + [
         float(p["started_at"]) for p in pids if p and "started_at" in p]
     started_at = min(starts) if starts else None
@@ -211,12 +212,12 @@ def _attempt(directory: Path, number: int, spec: JobSpec, created_at: float) -> 
     if decided is not None:
         return LostAttempt(number, AttemptPhase.EXITED, started_at or created_at, started_at,
                            max(e.ended_at for e in ended), decided.exit_code,
-                           decided.signal, *_exit_reason(decided))
+                           decided.signal, *_exit_reason(decided), armed=armed)
     if any(_started(p) for p in ranks):
         return LostAttempt(number, AttemptPhase.LOST, started_at or created_at, started_at,
                            None, None, None, Reason.LOST,
                            "no exit record: it was running when the daemon stopped, and "
-                           "was stopped when it started again")
+                           "was stopped when it started again", armed=armed)
     return LostAttempt(number, AttemptPhase.NOT_STARTED, started_at or created_at, None,
                        None, None, None, Reason.LOST, "it never started")
 

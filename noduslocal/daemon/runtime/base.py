@@ -286,6 +286,22 @@ class ArrayRuntime(Runtime, Protocol):
         """Where an index of the attempt in DIRECTORY keeps its logs, relative to it."""
 
 
+@runtime_checkable
+class ArmingRuntime(Runtime, Protocol):
+    """A runtime that can make an attempt's launch ahead of its start, held until
+    launch() is called for it (the host's: its shim forked and waiting)."""
+
+    def arm(self, launch: Launch) -> bool:
+        """Launch ahead, held; False when not (launch() then makes it as usual). The
+        caller makes sure the attempt has not started."""
+
+    def armed(self, job_id: int, number: int) -> bool:
+        """Whether that attempt is armed (launch() of it lets its shim go at once)."""
+
+    def holds(self, job_id: int, number: int) -> bool:
+        """Whether that attempt is armed or being armed."""
+
+
 def rank_dir(directory: Path, rank: int, indexed: bool = False) -> Path:
     """Where a rank's pid, exit and log files are: the attempt directory for rank 0, a
     directory of its own in there for each further rank; each index of an indexed job has

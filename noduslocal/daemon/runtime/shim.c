@@ -11,6 +11,9 @@
  * recorded. Each log is capped as
  * shim.py's CappedLog does it (its head, a marker, its last bytes at the end), and pid.json
  * and exit.json are written into room reserved before the job runs.
+ * A request may be held (armed): its shim is forked and waits, before it touches the
+ * attempt directory, for SIGUSR1 (go: it runs the job) or SIGUSR2 (the daemon let it go,
+ * or the spawner died: it exits having done nothing), at most its hold's seconds.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -37,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAGIC "NODUS1"
+#define MAGIC "NODUS2"
 #define DRAIN_AFTER_EXIT_MS 2000 /* keep reading pipes that escaped processes hold open */
 #define CHUNK 65536
 #define TAIL_MAX (1 << 20) /* most bytes of a capped log's end kept for its close */
@@ -60,6 +63,7 @@ struct request {
     size_t nmounts, nhide;
     const char *hide_with;
     int no_new_privs;
+    long hold; /* seconds an armed shim waits for its go; 0: it runs the job at once */
 };
 
 struct buffer {
@@ -315,7 +319,8 @@ static struct request *parse_request(char *data, size_t len) {
     r->hide = strings(&r->nhide);
     r->hide_with = field();
     r->no_new_privs = strcmp(field(), "1") == 0;
-    if (!r->argv[0] || r->nmounts % 2) die();
+    r->hold = number();
+    if (!r->argv[0] || r->nmounts % 2 || r->hold < 0) die();
     return r;
 }
 
@@ -878,6 +883,25 @@ static int job_main(void *arg) {
     _exit(127); /* never a return: clone() would exit() through the shim's stdio and atexit */
 }
 
+/* An armed shim: held until the daemon's go (SIGUSR1), true; or false when it let us go
+ * (SIGUSR2), the spawner died (the parent-death signal: the daemon is gone, and with it
+ * the start that would have gone with the go) or the hold ran out. The spawner blocked
+ * both signals before the fork, so a go that comes before we wait is kept pending. */
+static int held_until_go(pid_t spawner) {
+    sigset_t both;
+    sigemptyset(&both);
+    sigaddset(&both, SIGUSR1);
+    sigaddset(&both, SIGUSR2);
+    if (prctl(PR_SET_PDEATHSIG, SIGUSR2) != 0 || getppid() != spawner) return 0;
+    struct timespec left = {req->hold, 0};
+    int sig;
+    do sig = sigtimedwait(&both, NULL, &left);
+    while (sig < 0 && errno == EINTR);
+    /* From here the shim outlives the spawner and the daemon, as every shim does. */
+    prctl(PR_SET_PDEATHSIG, 0);
+    return sig == SIGUSR1;
+}
+
 /* In the forked child of the spawner: run one attempt to its end. Never returns. */
 static void run_shim(char *data, size_t len, pid_t spawner) {
     signal(SIGCHLD, SIG_DFL); /* the spawner's children are reaped for it; ours are not */
@@ -891,6 +915,8 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     if (null > 2) close(null);
     syscall(SYS_close_range, 3, ~0U, 0);
     null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    /* Nothing in the attempt directory yet: a shim let go leaves no trace of itself. */
+    if (req->hold && !held_until_go(spawner)) _exit(0);
 
     /* The attempt directory itself is the lock (shim.py's LOCK file is one inode more a
      * task): held until we exit, it tells a restarted daemon that we live. */
@@ -936,10 +962,13 @@ static void run_shim(char *data, size_t len, pid_t spawner) {
     long long t = start_ticks(pid);
     if (t < 0) snprintf(ticks, sizeof ticks, "null");
     else snprintf(ticks, sizeof ticks, "%lld", t);
+    /* `armed`: let go as its start was queued, perhaps before that start was committed:
+     * a daemon killed in between loses no commit it had made (recovery, orphans.py). */
     snprintf(fields, sizeof fields,
              "\"shim_pid\": %d, \"pid\": %d, \"pgid\": %d, \"started_at\": %.6f, "
-             "\"boot_id\": \"%s\", \"start_ticks\": %s",
-             (int)getpid(), (int)pid, (int)pid, started, req->boot_id, ticks);
+             "\"boot_id\": \"%s\", \"start_ticks\": %s%s",
+             (int)getpid(), (int)pid, (int)pid, started, req->boot_id, ticks,
+             req->hold ? ", \"armed\": true" : "");
     snprintf(json, sizeof json, "{%s}", fields);
     char *record_tmp = tmp_path("exit.json"), *pid_path = path_in("pid.json");
     if (put_record(record, json) != 0 || link(record_tmp, pid_path) != 0)
@@ -1003,6 +1032,14 @@ static int serve(void) {
     sigaction(SIGCHLD, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, SIG_IGN); /* a Ctrl-C at the daemon's terminal is the daemon's */
+    /* An armed shim's go and let-go, blocked before its fork so that neither is lost
+     * (nor, at its default action, kills it) before it waits for them; the job's process
+     * unblocks every signal before its exec. */
+    sigset_t held;
+    sigemptyset(&held);
+    sigaddset(&held, SIGUSR1);
+    sigaddset(&held, SIGUSR2);
+    sigprocmask(SIG_BLOCK, &held, NULL);
     pid_t self = getpid();
     for (;;) {
         unsigned char header[4];

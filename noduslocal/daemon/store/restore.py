@@ -33,6 +33,7 @@ class LostAttempt:
     signal: int | None
     reason: str
     message: str | None
+    armed: bool = False  # its shim was let go as its start was queued (before the commit)
 
 
 @dataclass(frozen=True)

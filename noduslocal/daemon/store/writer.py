@@ -120,6 +120,10 @@ class Writer:
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
+            # One turn of the loop first: what is ready to run goes before the commit (an
+            # armed attempt queued its start and lets its shim go meanwhile: runner.py),
+            # and what it queues joins this batch.
+            await asyncio.sleep(0)
             self._wake.clear()
             if self._lazy is not None:  # what it waited for goes now
                 self._lazy.cancel()

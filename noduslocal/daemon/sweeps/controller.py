@@ -38,17 +38,21 @@ RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING
 # max_parallel are left. A sweep with code reads max_parallel ahead: each cell made ahead
 # holds an overlay mount until it starts.
 READ_AHEAD = 32
+ARM_AHEAD = 4  # a running sweep's next cells launched ahead, held until each starts
 
 
 class SweepController:
     def __init__(self, store: Store, dispatch: Dispatch, background: Background,
                  webhooks: Webhooks, hub: EventHub, running_cost: Callable[[int], float],
                  prepare_ahead: Callable[[list[JobRecord]], None] = lambda jobs: None,
+                 arm_ahead: Callable[[list[JobRecord]], None] = lambda jobs: None,
                  ) -> None:
         """`hub`: told of each transition (a sweep's long polls wait there);
         `running_cost(job_id)`: what a running cell has cost so far; `prepare_ahead`: the
-        next cells, read ahead, may have their directories made meanwhile."""
+        next cells, read ahead, may have their directories made meanwhile; `arm_ahead`:
+        the next few may be launched ahead, held until their start (runner.arm_ahead)."""
         self._prepare_ahead = prepare_ahead
+        self._arm_ahead = arm_ahead
         self.store = store
         self.dispatch = dispatch
         self.background = background
@@ -225,6 +229,26 @@ class SweepController:
         active.releasing.difference_update(ids)
         if prepare:
             self._prepare_ahead(prepare)
+            self._arm_next(active)
+
+    def cell_launched(self, job_id: int) -> None:
+        """A cell was launched: its sweep's next cells may be armed. Not when its room was
+        handed on: the arming's work on the loop would come before that launch."""
+        active = self._sweeps.get(self._cell_of.get(job_id, -1))
+        if active is not None:
+            self._arm_next(active)
+
+    def _arm_next(self, active: ActiveSweep) -> None:
+        """The cells released next, read ahead already, launched ahead where the runtime
+        can hold them: as many as may run at once, ARM_AHEAD at most. A cell that does
+        not start soon (the queue favours another user) is let go by the runtime."""
+        if active.record.phase != SweepPhase.RUNNING:
+            return  # a canary's cells wait for it, perhaps long
+        reach = min(ARM_AHEAD, active.record.max_parallel)
+        jobs = [job for job_id in itertools.islice(active.held, reach)
+                if (job := active.ready.get(job_id)) is not None]
+        if jobs:
+            self._arm_ahead(jobs)
 
     def cell_ending(self, job_id: int, phase: str) -> None:
         """A cell's end is about to be committed (the runner says so before the commit):

@@ -2,19 +2,24 @@
 cgroup of its own (its limits; every process found and killed through it) and a mount
 namespace of its own (namespace.py), its exit recorded in the attempt directory; adopted
 again after a restart by the shim's lock; its shim's request (shim_request.py) gets the
-rank's cgroups and mounts here.
+rank's cgroups and mounts here. An attempt about to start may be armed: its shim launched
+ahead and held until its start lets it go, so the start pays for a signal, not a launch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from noduslocal.daemon.coarse_timer import CoarseTimer
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import (
@@ -55,6 +60,23 @@ from noduslocal.domain.jobs import Diagnosis, JobRecord
 log = logging.getLogger(__name__)
 EXEC_RECORDS = "execs"  # in the data directory: the host execs that run
 LOOPBACK = "127.0.0.1"
+ARM_TTL = 30.0  # seconds (to twice that) an armed shim waits for its start before it goes
+ARM_HOLD = 600  # seconds an armed shim waits at most on its own (a daemon that forgot it)
+ARMED_MAX = 16  # armed shims at once on the box
+ARMED_PER_USER = 4  # armed shims at once of one owner's jobs
+
+AttemptKey = tuple[int, int]  # (job id, attempt number)
+
+
+@dataclass
+class Armed:
+    """A shim launched ahead of its attempt's start and held before it touches the
+    attempt's directory (shim.c's held_until_go)."""
+
+    pid: int
+    pidfd: int
+    cgroup: str | None  # the rank's, made at the arming (empty: only the job enters it)
+    expiry: int = -1  # its key in the runtime's expiry timer
 
 
 class HostRuntime:
@@ -72,6 +94,12 @@ class HostRuntime:
         self.pids_max = pids_max
         self.exec_records = layout.jobs_dir.parent / EXEC_RECORDS
         self.namespaces = Namespaces(False, "the runtime has not started")
+        # Every arming, from its request on: a launch of that attempt waits for it and
+        # uses it. Nothing else takes one out but its expiry and close().
+        self._armed: dict[AttemptKey, asyncio.Future[Armed | None]] = {}
+        self._arm_owners: dict[AttemptKey, int] = {}
+        self._arm_expiry = CoarseTimer(ARM_TTL)
+        self._arming: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         # Execs a daemon killed meanwhile left running: their callers and their timeouts
@@ -92,6 +120,11 @@ class HostRuntime:
         await self.spawner.start()
 
     async def close(self) -> None:
+        self._arm_expiry.close()
+        for task in list(self._arming):
+            await task
+        for key in list(self._armed):
+            self._let_go(key)
         await self.spawner.close()
         # Its parent goes too when no job runs on in it (a test's daemon leaves none).
         await asyncio.to_thread(self.cgroups.remove_parents)
@@ -163,8 +196,120 @@ class HostRuntime:
                     self.spawner.watch(ref.rank_dir(rank), shim_pid))
 
     async def launch(self, launch: Launch) -> list[Rank]:
+        armed = self._armed.pop((launch.ref.job.id, launch.ref.number), None)
+        if armed is not None:
+            self._arm_owners.pop((launch.ref.job.id, launch.ref.number), None)
+            if (rank := await self._go(launch, armed)) is not None:
+                return [rank]
         return await launch_ranks(launch, lambda rank: self._launch_rank(launch, rank),
                                   lambda rank, sig: self.signal(launch.ref, rank.handle, sig))
+
+    # --- arming: an attempt's shim launched ahead, held until its start ----------------
+
+    def armable(self, launch: Launch) -> bool:
+        """Whether this attempt's launch can be made ahead: one rank on no GPU (which GPUs
+        an attempt gets is decided at its start), by the compiled shim (the Python one
+        cannot be held)."""
+        spec = launch.ref.job.spec
+        return (self.spawner.compiled is not None and spec.gang is None
+                and spec.indexed is None and (spec.gpu is None or spec.gpu.count == 0)
+                and not launch.gpus.uuids and launch.index is None)
+
+    def arm(self, launch: Launch) -> bool:
+        """Launch the attempt's shim now, held before it starts the job until launch()
+        lets it go: the fork, the cgroup and the request are paid before the attempt's
+        turn, and its start costs a signal. The caller makes sure the attempt has not
+        started (it would not be launched again). False when it is not armed: not
+        armable, armed already, or the box's or the owner's armed shims are at their cap
+        (ARMED_MAX, ARMED_PER_USER). One not started within ARM_TTL (to twice that) is
+        let go: it exits having touched nothing."""
+        key = (launch.ref.job.id, launch.ref.number)
+        owner = launch.ref.job.owner_uid
+        if (key in self._armed or not self.armable(launch) or len(self._armed) >= ARMED_MAX
+                or sum(1 for uid in self._arm_owners.values() if uid == owner)
+                >= ARMED_PER_USER):
+            return False
+        armed: asyncio.Future[Armed | None] = asyncio.get_running_loop().create_future()
+        self._armed[key] = armed
+        self._arm_owners[key] = owner
+        task = asyncio.create_task(self._arm(launch, armed), name="arm")
+        self._arming.add(task)
+        task.add_done_callback(self._arming.discard)
+        return True
+
+    def holds(self, job_id: int, number: int) -> bool:
+        return (job_id, number) in self._armed
+
+    def armed(self, job_id: int, number: int) -> bool:
+        armed = self._armed.get((job_id, number))
+        return armed is not None and armed.done() and armed.result() is not None
+
+    async def _arm(self, launch: Launch, armed: asyncio.Future[Armed | None]) -> None:
+        ref = launch.ref
+        key = (ref.job.id, ref.number)
+        cgroup = None
+        try:
+            request = self._request(launch, 0)
+            if self.cgroups.enabled:
+                cgroup = cgroup_name(ref.job.id, ref.number, 0)
+                spec = ref.job.spec
+                denied = (launch.rank_gpus(0).other_minors
+                          if self._gpu_fence() == "devices" else [])
+                request["cgroups"] = self.cgroups.make(
+                    cgroup, Limits(spec.memory, spec.cpu_m, self.pids_max(), denied))
+            request["hold"] = ARM_HOLD
+            pid = await self.spawner.launch(request)
+            pidfd = os.pidfd_open(pid)
+        except Exception as exc:  # its start launches it as any other
+            log.info("arming job %s failed: %s", ref.job.name, exc)
+            if cgroup is not None:
+                with contextlib.suppress(OSError):
+                    self.cgroups.remove_empty(cgroup)
+            armed.set_result(None)
+            if self._armed.get(key) is armed:
+                del self._armed[key]
+                self._arm_owners.pop(key, None)
+            return
+        held = Armed(pid, pidfd, cgroup)
+        held.expiry = self._arm_expiry.add(lambda: self._expire(key, armed))
+        armed.set_result(held)
+
+    def _expire(self, key: AttemptKey, armed: asyncio.Future[Armed | None]) -> None:
+        if self._armed.get(key) is armed:
+            self._let_go(key)
+
+    def _let_go(self, key: AttemptKey) -> None:
+        armed = self._armed.pop(key)
+        self._arm_owners.pop(key, None)
+        if armed.done() and (held := armed.result()) is not None:
+            self._release_armed(held)
+
+    async def _go(self, launch: Launch, armed: asyncio.Future[Armed | None]) -> Rank | None:
+        """The armed shim let go to run the job: its rank; None when there is none to
+        use (its arming failed, or it has gone), and the launch is made as usual."""
+        held = await armed
+        if held is None:
+            return None
+        self._arm_expiry.cancel(held.expiry)
+        if not self.armable(launch):  # given GPUs after all: its request is not this one
+            self._release_armed(held)
+            return None
+        try:
+            signal.pidfd_send_signal(held.pidfd, signal.SIGUSR1)
+        except ProcessLookupError:
+            self._release_armed(held)
+            return None
+        return Rank(Handle(self.kind, str(held.pid), 0, self.spawner.boot_id), time.time(),
+                    self.spawner.watch(launch.ref.rank_dir(0), held.pid, held.pidfd))
+
+    def _release_armed(self, held: Armed) -> None:
+        """An armed shim told to exit, its cgroup removed (no job entered it)."""
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(held.pidfd, signal.SIGUSR2)
+        os.close(held.pidfd)
+        if held.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroups.remove_empty(held.cgroup)
 
     async def _launch_rank(self, launch: Launch, rank: int) -> Rank:
         ref = launch.ref

@@ -138,14 +138,17 @@ class Spawner:
             raise SpawnError(f"the spawner went away: {exc}") from None
         return await future
 
-    def watch(self, directory: Path, shim_pid: int) -> asyncio.Future[AttemptState]:
-        """A future that resolves with the attempt's state once its shim has exited."""
+    def watch(self, directory: Path, shim_pid: int,
+              pidfd: int = -1) -> asyncio.Future[AttemptState]:
+        """A future that resolves with the attempt's state once its shim has exited.
+        `pidfd`: the shim's, opened already (the watch closes it)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[AttemptState] = loop.create_future()
-        try:
-            pidfd = os.pidfd_open(shim_pid) if shim_pid > 0 else -1
-        except ProcessLookupError:
-            pidfd = -1
+        if pidfd < 0:
+            try:
+                pidfd = os.pidfd_open(shim_pid) if shim_pid > 0 else -1
+            except ProcessLookupError:
+                pidfd = -1
         if pidfd < 0:
             done.set_result(settled(directory))
             return done

@@ -1,0 +1,250 @@
+"""Armed shims (issue 25, part 5): a sweep's next cells launched ahead and held before they
+touch their attempt directory, let go at their start; let go for good when their start does
+not come, when the daemon or its spawner goes, or when their hold runs out. Real spawners,
+shims and jobs; a real daemon for the sweep and for a start whose commit was lost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from noduslocal import testing
+from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.runtime import compiled_shim, shim
+from noduslocal.daemon.runtime.attempt_dir import read_pid
+from noduslocal.daemon.runtime.base import AttemptRef, Exited, GpuGrant, Launch
+from noduslocal.daemon.runtime.host import runtime as host_runtime
+from noduslocal.daemon.runtime.host.runtime import HostRuntime
+from noduslocal.daemon.runtime.host.spawner import Spawner
+from noduslocal.domain.jobs import JobRecord, JobSpec
+from noduslocal.testing import process_gone as gone
+
+PATH = "/usr/local/bin:/usr/bin:/bin"
+DEADLINE = 15.0
+
+
+@pytest.fixture
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    found = compiled_shim.find(tmp_path_factory.getbasetemp() / "shim-data")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("no compiled shim: scripts/test.sh builds it (needs gcc)")
+        pytest.skip("no C compiler for the compiled shim (the Python one cannot be held)")
+    return found
+
+
+def held_request(directory: Path, argv: list[str], hold: int = 60) -> dict[str, Any]:
+    return {"dir": str(directory), "argv": argv, "env": {"PATH": PATH},
+            "cwd": str(directory), "uid": None, "hold": hold}
+
+
+def wait_for(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_an_armed_shim_touches_nothing_until_its_go(tmp_path: Path, binary: Path) -> None:
+    directory = tmp_path / "attempt"
+    directory.mkdir()
+
+    async def body() -> Exited:
+        spawner = Spawner(binary)
+        await spawner.start()
+        try:
+            pid = await spawner.launch(held_request(directory, ["sh", "-c", "echo ran"]))
+            await asyncio.sleep(0.3)
+            assert not gone(pid) and list(directory.iterdir()) == []
+            pidfd = os.pidfd_open(pid)
+            signal.pidfd_send_signal(pidfd, signal.SIGUSR1)
+            state = await asyncio.wait_for(spawner.watch(directory, pid, pidfd), DEADLINE)
+            assert isinstance(state, Exited)
+            return state
+        finally:
+            await spawner.close()
+
+    state = asyncio.run(body())
+    assert (state.exit_code, state.signal) == (0, None)
+    record = read_pid(directory)
+    assert record is not None and record["armed"] is True  # recovery reads it (orphans.py)
+    assert (directory / shim.OUTPUT_LOG).read_text() == "ran\n"
+
+
+@pytest.mark.parametrize("ending", ["let go", "spawner gone", "hold over"])
+def test_an_armed_shim_that_gets_no_go_exits_having_done_nothing(
+        tmp_path: Path, binary: Path, ending: str) -> None:
+    """Told so (SIGUSR2), its spawner gone (the daemon with it: its parent-death signal),
+    or its hold over: it exits, and the directory is as it was (a later launch there, or
+    a recovery, finds no start)."""
+    directory = tmp_path / "attempt"
+    directory.mkdir()
+    ran = tmp_path / "ran"
+
+    async def body() -> int:
+        spawner = Spawner(binary)
+        await spawner.start()
+        try:
+            pid = await spawner.launch(held_request(
+                directory, ["sh", "-c", f"touch {ran}"], hold=1 if ending == "hold over" else 60))
+            await asyncio.sleep(0.2)
+            assert not gone(pid)
+            if ending == "let go":
+                os.kill(pid, signal.SIGUSR2)
+            elif ending == "spawner gone":
+                await spawner.close()
+            return pid
+        finally:
+            await spawner.close()
+
+    pid = asyncio.run(body())
+    wait_for(lambda: gone(pid), "the armed shim to exit")
+    assert list(directory.iterdir()) == [] and not ran.exists()
+
+
+def job(job_id: int, uid: int = 0) -> JobRecord:
+    return JobRecord(id=job_id, project="p", name=f"j{job_id}", owner_uid=uid, owner_gid=uid,
+                     owner="root" if uid == 0 else "someone", phase="Pending",
+                     spec=JobSpec(command=["sh", "-c", "echo $NODUS_ATTEMPT"]), labels={},
+                     created_at=0.0)
+
+
+def launch_of(layout: JobLayout, record: JobRecord) -> Launch:
+    layout.workspace(record.id).mkdir(parents=True, exist_ok=True)
+    directory = layout.attempt_dir(record.id, 1)
+    directory.mkdir(parents=True, exist_ok=True)
+    return Launch(AttemptRef(record, 1, directory), {}, GpuGrant())
+
+
+@pytest.fixture
+def quick_expiry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(host_runtime, "ARM_TTL", 0.2)
+    yield
+
+
+def test_the_runtime_lets_an_armed_launch_go_at_its_start_and_others_at_their_expiry(
+        tmp_path: Path, binary: Path, quick_expiry: None) -> None:
+    layout = JobLayout(tmp_path)
+
+    async def body() -> None:
+        runtime = HostRuntime(layout, Spawner(binary))
+        await runtime.spawner.start()
+        try:
+            started, unstarted = launch_of(layout, job(7)), launch_of(layout, job(8))
+            assert runtime.arm(started) and runtime.arm(unstarted)
+            assert not runtime.arm(started)  # armed already
+            await testing.eventually(lambda: runtime.armed(7, 1) and runtime.armed(8, 1),
+                                     "both to be armed")
+            held = (await runtime._armed[(7, 1)]).pid  # type: ignore[union-attr]
+            [rank] = await runtime.launch(started)
+            assert rank.handle.ref == str(held)  # the armed shim, let go
+            end = await asyncio.wait_for(rank.ended, DEADLINE)
+            assert isinstance(end, Exited) and end.exit_code == 0
+            other = (await runtime._armed[(8, 1)]).pid  # type: ignore[union-attr]
+            await testing.eventually(lambda: not runtime.holds(8, 1) and gone(other),
+                                     "the unstarted one to be let go", timeout=DEADLINE)
+            assert list(layout.attempt_dir(8, 1).iterdir()) == []
+        finally:
+            await runtime.close()
+
+    asyncio.run(body())
+    assert (layout.attempt_dir(7, 1) / shim.OUTPUT_LOG).read_text() == "1\n"
+
+
+def test_armed_shims_are_capped_per_owner_and_only_for_what_can_be_held(
+        tmp_path: Path, binary: Path) -> None:
+    layout = JobLayout(tmp_path)
+
+    async def body() -> None:
+        runtime = HostRuntime(layout, Spawner(binary))
+        python = HostRuntime(layout, Spawner(None))
+        await runtime.spawner.start()
+        try:
+            armed = [runtime.arm(launch_of(layout, job(i, uid=1000))) for i in range(1, 7)]
+            assert armed == [True] * host_runtime.ARMED_PER_USER + [False] * (
+                6 - host_runtime.ARMED_PER_USER)
+            assert runtime.arm(launch_of(layout, job(20, uid=1001)))  # another owner's lane
+            assert not python.armable(launch_of(layout, job(30)))  # shim.py cannot hold
+            gpu = launch_of(layout, job(31))
+            granted = Launch(gpu.ref, {}, GpuGrant(["GPU-0"]))
+            assert not runtime.armable(granted)  # its GPUs are chosen at its start
+        finally:
+            await runtime.close()
+
+    asyncio.run(body())
+
+
+def test_a_maps_cells_are_armed_and_each_runs_once(tmp_path: Path, binary: Path) -> None:
+    del binary  # the daemon finds it as the fixture did
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with testing.daemon(cpus=2) as d:
+        client = d.client()
+        client.create_sweep({"name": "armed", "canary": "none", "max_parallel": 2,
+                             "template": {"command": ["sh", "-c", f"echo $$ >> {runs}/$X"],
+                                          "cpu": 1},
+                             "grid": {"X": [str(i) for i in range(40)]}})
+        assert client.wait_sweep("armed", timeout=120)["phase"] == "Succeeded"
+        records = [read_pid(p) for p in d.data_dir.glob("jobs/*/attempt-1")]
+        assert sum(1 for r in records if r is not None and r.get("armed")) >= 20, records
+        assert all(len((runs / str(i)).read_text().split()) == 1 for i in range(40))
+        assert not any(j["attempts"] != 1 for j in client.list_jobs(sweep="armed", all=True))
+
+
+def test_an_armed_start_the_database_lost_is_put_back_as_no_damage(tmp_path: Path,
+                                                                   binary: Path) -> None:
+    """An armed cell is let go as its start is queued, before that start commits; a daemon
+    killed -9 in between leaves a database without the start. The start is put back from
+    the cell's records as any lost one, but the record says it was armed: no damage is
+    reported, and the cell is not run again."""
+    del binary
+    release, ran = tmp_path / "release", tmp_path / "ran"
+    d = testing.Daemon(cpus=1, memory="4GiB")
+    try:
+        d.start()
+        client = d.client()
+        client.create_sweep({
+            "name": "lost", "canary": "none", "max_parallel": 1,
+            "template": {"cpu": 1, "command": [
+                "sh", "-c", f'if [ "$X" = 0 ]; then while [ ! -e {release} ]; do '
+                f'sleep 0.05; done; else echo once >> {ran}; echo out; exit 4; fi']},
+            "grid": {"X": ["0", "1"]}})
+        testing.wait_until(lambda: client.get_job("lost-0")["phase"] == "Running",
+                           "the first cell to run")
+        time.sleep(1.0)  # the second one read ahead and armed
+        assert client.get_job("lost-1")["phase"] == "Pending"
+        db = d.data_dir / "noduslocal.db"
+        saved = tmp_path / "saved.db"
+        source, copy = sqlite3.connect(db), sqlite3.connect(saved)
+        source.backup(copy)  # as it was before the second cell started
+        copy.close()
+        source.close()
+        release.touch()
+        assert client.wait_job("lost-1", timeout=DEADLINE)["exit_code"] == 4
+        [record] = [r for p in d.data_dir.glob("jobs/*/attempt-1")
+                    if (r := read_pid(p)) is not None and r.get("exit_code") == 4]
+        assert record.get("armed") is True, record
+        d.kill()
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        shutil.copy(saved, db)
+
+        d.start()
+        cell = client.wait_job("lost-1", timeout=DEADLINE)
+        assert (cell["phase"], cell["exit_code"], cell["attempts"]) == ("Failed", 4, 1), cell
+        assert ran.read_text() == "once\n"
+        health = client.transport.request("GET", "/v1/health")
+        assert not health.get("problems"), health
+        assert "was let go as its start was queued" in d.log()
+        assert " ERROR " not in d.log()
+    finally:
+        d.close()
