@@ -318,3 +318,42 @@ def test_an_adopted_job_keeps_its_namespace(daemon: testing.Daemon) -> None:
     c.cancel_job("kept")
     assert c.wait_job("kept", timeout=DEADLINE)["phase"] == "Cancelled"
     host_workspace_untouched()
+
+
+def holders(namespace: str) -> set[int]:
+    """The processes with a descriptor open on the mount namespace `mnt:[N]`."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == namespace:
+                        found.add(int(proc.name))
+    return found
+
+
+def test_the_spawners_reaper_holds_a_jobs_namespace_until_it_exits(tmp_path: Path) -> None:
+    """The compiled spawner's reaper holds each job's namespace from before its exec and
+    drops it once the job exits, so the job's exit does not unmount the namespace itself
+    (that waited for an RCU grace period before its shim heard of the end). Nothing holds
+    it after."""
+    release = tmp_path / "release"
+    with testing.daemon(cpus=2, memory="8GiB", config=shim_config("compiled")) as d:
+        c = d.client()
+        c.create_job({"name": "held", "command": [
+            "sh", "-c", f"readlink /proc/self/ns/mnt; until [ -e {release} ]; do sleep 0.05; "
+            "done"]})
+        wait_until(lambda: "mnt:[" in log_of(d, "held"), "the job", timeout=DEADLINE)
+        namespace = log_of(d, "held").strip()
+        assert namespace != os.readlink("/proc/self/ns/mnt")  # its own
+        held_by = holders(namespace)
+        assert held_by, "nothing holds the job's namespace"
+        for pid in held_by:  # the reaper: a process of the compiled shim, not the job's
+            exe = os.readlink(f"/proc/{pid}/exe")
+            assert compiled_shim.binary_name() in exe, exe
+        release.touch()
+        assert c.wait_job("held", timeout=DEADLINE)["phase"] == "Succeeded"
+        wait_until(lambda: not holders(namespace), "the namespace to be dropped",
+                   timeout=DEADLINE)
