@@ -76,6 +76,9 @@ class Attempt:
     started: asyncio.Future[int] | None = None  # the start commit; resolves to `number`
     running: asyncio.Future[Any] | None = None  # its Running's commit (lazy), once queued
     running_at: float = 0.0  # when that Running says it started
+    # Why an attempt launched before its start's commit (armed) has no start recorded,
+    # which never happens unless that commit fails; None: recorded, or not yet known.
+    unrecorded: str | None = None
     life: AttemptLife = AttemptLife.STARTING  # moved by the methods below only
     # One per rank: set at launch or adoption; after a restart, as recorded until then.
     handles: list[Handle] = field(default_factory=list)

@@ -194,11 +194,14 @@ class AttemptRunner:
     async def _launch_armed(self, attempt: Attempt,
                             runtime: ArmingRuntime) -> list[Rank] | None:
         """Let the armed shim go as the start is queued, before its commit lands: the
-        commit is work on the loop, and the job's process starts meanwhile. The writer
-        keeps order, so the end commits after the start. A kill -9 of the daemon between
-        the two leaves the shim's records to prove the start, which recovery puts back
-        (the record says it was armed: no loss of the database's, orphans.py). None when
-        the start could not be committed: the job is stopped and fails."""
+        commit is work on the loop, and the job's process starts meanwhile. Nor is the
+        commit waited for after: the writer keeps order, so the end commits after the
+        start, and a writer held up (a checkpoint's sync, a few milliseconds every 64
+        commits) holds up no task's end nor the next one's start. A kill -9 of the daemon
+        before the commit leaves the shim's records to prove the start, which recovery
+        puts back (the record says it was armed: no loss of the database's, orphans.py).
+        A start that is not committed (never expected) stops the job, which fails (see
+        _start_recorded). None when it was not launched."""
         job = attempt.job
         attempt.number = job.attempts + 1
         # Whatever ends it from here is written after its start (the writer keeps order).
@@ -212,19 +215,23 @@ class AttemptRunner:
             await self.finish(attempt, exc.state)
             return None
         self.take(attempt, ranks)
-        try:
-            number = await attempt.started
-            if number != attempt.number:  # a stale record: never expected
-                raise RuntimeError(f"its start was committed as attempt {number}, not "
-                                   f"{attempt.number}")
-        except Exception as exc:
-            log.exception("job %s: its start was not committed; stopping it", job.name)
-            await self.stopper.signal(attempt, signal.SIGKILL)
-            await asyncio.wait(attempt.ends)
-            attempt.number = 0  # no attempt of it is recorded
-            await self.give_up(attempt, f"the daemon could not record its start: {exc}")
-            return None
+        assert attempt.started is not None
+        attempt.started.add_done_callback(lambda done: self._start_recorded(attempt, done))
         return ranks
+
+    def _start_recorded(self, attempt: Attempt, started: asyncio.Future[int]) -> None:
+        """An armed attempt's start committed, or not: then it is killed, and its end
+        (whose write fails without the start's row) fails its job in give_up()."""
+        if started.cancelled():
+            return
+        exc = started.exception()
+        if exc is None and started.result() == attempt.number:
+            return
+        attempt.unrecorded = (f"{exc}" if exc is not None else
+                              f"it was committed as attempt {started.result()}")
+        log.error("job %s: the start of attempt %d was not recorded (%s); stopping it",
+                  attempt.job.name, attempt.number, attempt.unrecorded)
+        self.stopper.background.spawn(self.stopper.signal(attempt, signal.SIGKILL))
 
     async def _launch(self, attempt: Attempt) -> tuple[list[Rank], bool] | None:
         """Once its start is committed: its directory made and its ranks launched, and
@@ -452,7 +459,11 @@ class AttemptRunner:
         try:
             if attempt.launched and attempt.directory is not None:
                 await self.stopper.signal(attempt, signal.SIGKILL)
-            if attempt.number:
+            if attempt.unrecorded is not None:  # no attempt of it is recorded
+                message = f"the daemon could not record its start: {attempt.unrecorded}"
+                await self.store.write(lambda c: job_writes.fail_job(
+                    c, job.id, time.time(), Reason.START_FAILED, message))
+            elif attempt.number:
                 phase = AttemptPhase.LOST if attempt.launched else AttemptPhase.NOT_STARTED
                 outcome = job_writes.Outcome(phase, Phase.FAILED, Reason.START_FAILED, message)
                 line = await self.last_error(attempt, Phase.FAILED)
