@@ -66,6 +66,9 @@ def run_map(n: int, root: str | None, made: list[Path]) -> tuple[float, float]:
     finally:
         if d.proc is not None:
             d.kill()
+        # Its cgroups, which a killed daemon leaves (hundreds after a long series of
+        # runs); its directories stay (see above).
+        d.remove_cgroups()
     return total, cpu
 
 

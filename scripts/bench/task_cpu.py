@@ -79,6 +79,9 @@ def one_round(n: int, root: str | None, made: list[Path]) -> dict[str, str]:
     finally:
         if d.proc is not None:
             d.kill()
+        # Its cgroups, which a killed daemon leaves (hundreds after a long series of
+        # runs); its directories stay (see above).
+        d.remove_cgroups()
 
     def ms(ticks: float) -> str:
         return f"{1000 * ticks / TICK / n:.2f}"
