@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,12 @@ def test_armed_shims_are_capped_per_owner_and_only_for_what_can_be_held(
             gpu = launch_of(layout, job(31))
             granted = Launch(gpu.ref, {}, GpuGrant(["GPU-0"]))
             assert not runtime.armable(granted)  # its GPUs are chosen at its start
+            record = job(32)
+            outside = Launch(AttemptRef(
+                replace(record, spec=replace(record.spec, checkpoint="/ckpt")), 1,
+                layout.attempt_dir(32, 1)), {}, GpuGrant())
+            assert not runtime.namespaces.enabled
+            assert not runtime.armable(outside)  # its launch refuses it, and says why
         finally:
             await runtime.close()
 

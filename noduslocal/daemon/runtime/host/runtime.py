@@ -209,11 +209,13 @@ class HostRuntime:
     def armable(self, launch: Launch) -> bool:
         """Whether this attempt's launch can be made ahead: one rank on no GPU (which GPUs
         an attempt gets is decided at its start), by the compiled shim (the Python one
-        cannot be held)."""
+        cannot be held), and one its launch would not refuse (a path outside /workspace
+        where no namespace can be made: launch() says why)."""
         spec = launch.ref.job.spec
         return (self.spawner.compiled is not None and spec.gang is None
                 and spec.indexed is None and (spec.gpu is None or spec.gpu.count == 0)
-                and not launch.gpus.uuids and launch.index is None)
+                and not launch.gpus.uuids and launch.index is None
+                and (self.namespaces.enabled or outside_workspace(launch.ref.job) is None))
 
     def arm(self, launch: Launch) -> bool:
         """Launch the attempt's shim now, held before it starts the job until launch()
