@@ -15,7 +15,8 @@ from noduslocal.daemon.runtime import shim
 
 @pytest.mark.parametrize("left", [
     shim.LOCK,  # the Python shim's lock
-    f".{shim.PID}.tmp",  # the compiled shim, its records reserved (its lock is the directory)
+    f".{shim.PID}.tmp",  # the Python shim, its pid record reserved
+    f".{shim.EXIT}.tmp",  # the compiled shim, its one record file reserved (no LOCK)
     shim.NO_ROOM,  # the compiled shim, no room for its records: it said so and stopped
     shim.PID,
 ])

@@ -331,9 +331,11 @@ def lost_view(orphans: list[Orphan], caught_up: list[tuple[int, str]], uid: int,
 def _shows_start(directory: Path) -> bool:
     """An attempt directory something was started in (prepare_ahead() makes an empty one
     for a job about to start: that one shows nothing)."""
-    # A shim past its lock reserved its records, or said it had no room for them (the
-    # compiled one leaves no LOCK).
+    # A shim past its lock reserved its records (the Python shim's pid record, the
+    # compiled one's single file for both), or said it had no room for them (the compiled
+    # one leaves no LOCK).
     return ((directory / shim.LOCK).exists() or (directory / f".{shim.PID}.tmp").exists()
+            or (directory / f".{shim.EXIT}.tmp").exists()
             or (directory / shim.NO_ROOM).exists() or (directory / JOURNAL).exists()
             or _started(directory) or any(directory.glob("rank-*"))
             or any(directory.glob("index-*")))
