@@ -151,7 +151,7 @@ class AttemptRunner:
             if (armed := self._armed_runtime(attempt)) is not None:
                 launched = await self._launch_armed(attempt, armed)
                 if launched is None:
-                    return  # its start was not committed: it was stopped, its job failed
+                    return  # not launched: its end (or failure) is recorded already
                 ranks = launched
             else:
                 launched = await self._launch(attempt)
