@@ -196,11 +196,9 @@ class HostRuntime:
                     self.spawner.watch(ref.rank_dir(rank), shim_pid))
 
     async def launch(self, launch: Launch) -> list[Rank]:
-        armed = self._armed.pop((launch.ref.job.id, launch.ref.number), None)
-        if armed is not None:
-            self._arm_owners.pop((launch.ref.job.id, launch.ref.number), None)
-            if (rank := await self._go(launch, armed)) is not None:
-                return [rank]
+        armed = self._forget((launch.ref.job.id, launch.ref.number))
+        if armed is not None and (rank := await self._go(launch, armed)) is not None:
+            return [rank]
         return await launch_ranks(launch, lambda rank: self._launch_rank(launch, rank),
                                   lambda rank, sig: self.signal(launch.ref, rank.handle, sig))
 
@@ -249,16 +247,10 @@ class HostRuntime:
     async def _arm(self, launch: Launch, armed: asyncio.Future[Armed | None]) -> None:
         ref = launch.ref
         key = (ref.job.id, ref.number)
-        cgroup = None
+        cgroup = cgroup_name(ref.job.id, ref.number, 0) if self.cgroups.enabled else None
         try:
             request = self._request(launch, 0)
-            if self.cgroups.enabled:
-                cgroup = cgroup_name(ref.job.id, ref.number, 0)
-                spec = ref.job.spec
-                denied = (launch.rank_gpus(0).other_minors
-                          if self._gpu_fence() == "devices" else [])
-                request["cgroups"] = self.cgroups.make(
-                    cgroup, Limits(spec.memory, spec.cpu_m, self.pids_max(), denied))
+            self._make_cgroups(launch, 0, request)
             request["hold"] = ARM_HOLD
             pid = await self.spawner.launch(request)
             pidfd = os.pidfd_open(pid)
@@ -269,8 +261,7 @@ class HostRuntime:
                     self.cgroups.remove_empty(cgroup)
             armed.set_result(None)
             if self._armed.get(key) is armed:
-                del self._armed[key]
-                self._arm_owners.pop(key, None)
+                self._forget(key)
             return
         held = Armed(pid, pidfd, cgroup)
         held.expiry = self._arm_expiry.add(lambda: self._expire(key, armed))
@@ -280,10 +271,14 @@ class HostRuntime:
         if self._armed.get(key) is armed:
             self._let_go(key)
 
-    def _let_go(self, key: AttemptKey) -> None:
-        armed = self._armed.pop(key)
+    def _forget(self, key: AttemptKey) -> asyncio.Future[Armed | None] | None:
+        """The arming of that attempt taken out of the runtime's books, if there is one."""
         self._arm_owners.pop(key, None)
-        if armed.done() and (held := armed.result()) is not None:
+        return self._armed.pop(key, None)
+
+    def _let_go(self, key: AttemptKey) -> None:
+        armed = self._forget(key)
+        if armed is not None and armed.done() and (held := armed.result()) is not None:
             self._release_armed(held)
 
     async def _go(self, launch: Launch, armed: asyncio.Future[Armed | None]) -> Rank | None:
@@ -313,6 +308,19 @@ class HostRuntime:
             with contextlib.suppress(OSError):
                 self.cgroups.remove_empty(held.cgroup)
 
+    def _make_cgroups(self, launch: Launch, rank: int, request: dict[str, Any]) -> None:
+        """The rank's cgroups made with its limits, named in its request (OSError: some
+        could not be). On the loop: a few mkdirs and writes; a thread's hop cost more (the
+        1,000-task map: 0.6 s more in each of two paired runs)."""
+        if not self.cgroups.enabled:
+            return
+        spec = launch.ref.job.spec
+        denied = (launch.rank_gpus(rank).other_minors if self._gpu_fence() == "devices"
+                  else [])
+        request["cgroups"] = self.cgroups.make(
+            cgroup_name(launch.ref.job.id, launch.ref.number, rank),
+            Limits(spec.memory, spec.cpu_m, self.pids_max(), denied))
+
     async def _launch_rank(self, launch: Launch, rank: int) -> Rank:
         ref = launch.ref
         directory = ref.rank_dir(rank)
@@ -325,18 +333,11 @@ class HostRuntime:
                 "use a path under /workspace, or an image")
         request = self._request(launch, rank)
         cgroup = cgroup_name(ref.job.id, ref.number, rank)
-        if self.cgroups.enabled:
-            spec = ref.job.spec
-            denied = (launch.rank_gpus(rank).other_minors if self._gpu_fence() == "devices"
-                      else [])
-            try:
-                # On the loop: a few mkdirs and writes; a thread's hop cost more (the
-                # 1,000-task map: 0.6 s more in each of two paired runs).
-                request["cgroups"] = self.cgroups.make(
-                    cgroup, Limits(spec.memory, spec.cpu_m, self.pids_max(), denied))
-            except OSError as exc:
-                await asyncio.to_thread(self.cgroups.remove, cgroup)
-                raise LaunchFailed(f"making the job's cgroup failed: {exc}") from None
+        try:
+            self._make_cgroups(launch, rank, request)
+        except OSError as exc:
+            await asyncio.to_thread(self.cgroups.remove, cgroup)
+            raise LaunchFailed(f"making the job's cgroup failed: {exc}") from None
         try:
             shim_pid = await self.spawner.launch(request)
         except SpawnError:
