@@ -147,17 +147,12 @@ class AttemptRunner:
         job = attempt.job
         assert attempt.started is not None
         try:
-            array = False
-            if (armed := self._armed_runtime(attempt)) is not None:
-                launched = await self._launch_armed(attempt, armed)
-                if launched is None:
-                    return  # not launched: its end (or failure) is recorded already
-                ranks = launched
-            else:
-                launched = await self._launch(attempt)
-                if launched is None:
-                    return  # ended or failed before it was launched
-                ranks, array = launched
+            armed = self._armed_runtime(attempt)
+            launched = await (self._launch(attempt) if armed is None
+                              else self._launch_armed(attempt, armed))
+            if launched is None:
+                return  # ended or failed before it was launched: that is recorded
+            ranks, array = launched
             self._on_launch(job.id)
             now = await self.until_running(attempt, ranks)
             if not isinstance(now, float):  # it ended while it waited in a cluster's queue
@@ -192,7 +187,7 @@ class AttemptRunner:
         return runtime
 
     async def _launch_armed(self, attempt: Attempt,
-                            runtime: ArmingRuntime) -> list[Rank] | None:
+                            runtime: ArmingRuntime) -> tuple[list[Rank], bool] | None:
         """Let the armed shim go as the start is queued, before its commit lands: the
         commit is work on the loop, and the job's process starts meanwhile. Nor is the
         commit waited for after: the writer keeps order, so the end commits after the
@@ -201,7 +196,7 @@ class AttemptRunner:
         before the commit leaves the shim's records to prove the start, which recovery
         puts back (the record says it was armed: no loss of the database's, orphans.py).
         A start that is not committed (never expected) stops the job, which fails (see
-        _start_recorded). None when it was not launched."""
+        _start_recorded). As _launch() answers (an armed one is never a job array)."""
         job = attempt.job
         attempt.number = job.attempts + 1
         # Whatever ends it from here is written after its start (the writer keeps order).
@@ -217,7 +212,7 @@ class AttemptRunner:
         self.take(attempt, ranks)
         assert attempt.started is not None
         attempt.started.add_done_callback(lambda done: self._start_recorded(attempt, done))
-        return ranks
+        return ranks, False
 
     def _start_recorded(self, attempt: Attempt, started: asyncio.Future[int]) -> None:
         """An armed attempt's start committed, or not: then it is killed, and its end
