@@ -184,6 +184,23 @@ class Daemon:
         except FileNotFoundError:
             return ""
 
+    def state_dump(self, timeout: float = 5.0) -> str:
+        """The daemon's state and its loop's tasks, as `kill -USR1` makes it write them to
+        its log (main.py's dump_state); "" when it does not within `timeout`."""
+        if self.proc is None:
+            return ""
+        marker = "end of state dump"
+        seen = self.log().count(marker)
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log()
+            if text.count(marker) > seen:
+                end = text.rindex(marker)
+                return text[text.rindex("state dump (SIGUSR1)", 0, end):end + len(marker)]
+            time.sleep(0.05)
+        return ""
+
     @contextlib.contextmanager
     def as_default(self) -> Iterator[Daemon]:
         """Point the SDK and the CLI (NODUSLOCAL_SOCKET) at this daemon for a while."""

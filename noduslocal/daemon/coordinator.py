@@ -180,6 +180,18 @@ class Lifecycle:
                 self.background.spawn(asyncio.to_thread(self.layout.drop_ahead,
                                                         event.job_id))
 
+    def describe(self) -> list[str]:
+        """The lifecycle's state, a line each: what an admin (or a test that found a job
+        stuck) reads after `kill -USR1` of the daemon (main.py)."""
+        attempts = [f"{a.job.name}({job_id})#{a.number}:{a.life.name}"
+                    f"{'' if a.started is None or a.started.done() else ':start-unsaved'}"
+                    f"{':stop=' + a.stop_reason if a.stop_reason else ''}"
+                    for job_id, a in self.board.active.items()]
+        return [f"board: active {attempts[:32]} ({len(attempts)}), finishing "
+                f"{sorted(self.board.finishing)[:16]}, settling {sorted(self.board.settling)[:16]}",
+                self.store.describe(), *self.dispatch.describe(),
+                *self.sweeps.describe()]
+
     def set_inventory(self, inventory: Inventory) -> None:
         self.health.set_inventory(inventory)
 

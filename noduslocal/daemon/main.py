@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -142,6 +143,26 @@ async def refresh_identities() -> None:
         account.cache_clear()
 
 
+def dump_state(lines: list[str]) -> None:
+    """The daemon's state and every task of its loop, where each waits, in one record of
+    its log (`kill -USR1 PID`): what is stuck, and on what, without stopping anything."""
+    tasks = []
+    for task in asyncio.all_tasks():
+        frames = []
+        awaited: Any = task.get_coro()
+        while awaited is not None and len(frames) < 16:  # down the chain of awaits
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                frames.append(type(awaited).__name__)  # a future, or a C-level awaitable
+                break
+            frames.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} "
+                          f"{frame.f_code.co_name}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        tasks.append(f"  task {task.get_name()}: {' > '.join(frames) or '-'}")
+    log.warning("state dump (SIGUSR1)\n%s\n%d tasks:\n%s\nend of state dump",
+                "\n".join(lines), len(tasks), "\n".join(sorted(tasks)))
+
+
 async def serve(settings: Settings, ready: asyncio.Event | None = None,
                 config: tuple[Path, Callable[[], Settings]] | None = None) -> None:
     """Serve until SIGTERM. CONFIG: the file the settings came from and how to load it
@@ -223,6 +244,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None,
         if reloader is not None:
             background.append(asyncio.create_task(reloader.run()))
             loop.add_signal_handler(signal.SIGHUP, reloader.request)
+        loop.add_signal_handler(signal.SIGUSR1,
+                                lambda: dump_state(daemon.lifecycle.describe()))
         if (interval := systemd.watchdog_interval()) is not None:
             background.append(asyncio.create_task(systemd.keep_alive(interval)))
         await stop.wait()

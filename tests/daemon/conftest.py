@@ -36,7 +36,7 @@ def settle(d: testing.Daemon) -> None:
         left = [f"job {j['name']} {j['phase']} ({j.get('reason')})" for j in client.list_jobs()]
         left += [f"sweep {s['name']} {s['phase']}" for s in client.list_sweeps(running=True)]
         tail = "\n".join(d.log().splitlines()[-40:])
-        raise AssertionError(f"{exc}: {', '.join(left)}\n{tail}") from None
+        raise AssertionError(f"{exc}: {', '.join(left)}\n{tail}\n{d.state_dump()}") from None
 
 
 def job_names(d: testing.Daemon) -> list[tuple[str, str]]:

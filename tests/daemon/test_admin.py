@@ -116,3 +116,26 @@ def test_admin_backup_restores(tmp_path: Path) -> None:
         assert {s["name"] for s in d.client().list_secrets()} == {"BEFORE"}
     finally:
         d.close()
+
+
+def test_sigusr1_writes_the_state_and_the_daemon_goes_on(box: testing.Daemon) -> None:
+    client = box.client()
+    client.create_job({"name": "holds-the-cpu", "command": ["sleep", "60"]})
+    testing.wait_until(lambda: client.get_job("holds-the-cpu")["phase"] == "Running",
+                       "holds-the-cpu")
+    client.create_sweep({"name": "dumped", "template": {"command": ["true"]},
+                         "grid": {"X": [1, 2, 3]}})
+    dump = box.state_dump()
+    lines = dump.splitlines()
+    board = next(line for line in lines if line.startswith("board: "))
+    assert "'holds-the-cpu(" in board and ")#1:RUNNING'" in board
+    # The sweep's canary waits in the queue behind the running job (one CPU); the other
+    # cells are held by the sweep.
+    (sweep,) = [line for line in lines if line.startswith("sweep ") and " dumped " in line]
+    assert " Canary: " in sweep and "running [" in sweep
+    queue = next(line for line in lines if line.startswith("queue: "))
+    assert "(1)" in queue
+    assert any("task store-writer: writer.py:" in line for line in lines)
+    assert lines[-1] == "end of state dump"
+    assert client.get_job("holds-the-cpu")["phase"] == "Running"  # it serves on
+    client.cancel_job("holds-the-cpu")

@@ -104,6 +104,18 @@ class Dispatch:
             return f"retrying in {max(0.0, later[1] - time.time()):.0f}s"
         return self.lanes.wait_reason(job_id)
 
+    def describe(self) -> list[str]:
+        """What waits where, a line each (the daemon's state dump, main.py's SIGUSR1)."""
+        cap = self.queue.capacity
+        queued = [r.job_id for r in self.queue.last_order() if r.job_id in self.queue]
+        return [f"dispatch: pending {sorted(self.pending)[:16]} ({len(self.pending)}), "
+                f"later {sorted(self._later)[:16]}, gate {sorted(self.gate.waiting)[:16]}, "
+                f"scheduled {self._scheduled}, ready {self.ready}",
+                f"queue: {queued[:16]} "
+                f"({len(self.queue)}), running "
+                f"{sorted(cap.running)[:16]} ({len(cap.running)}), cpu {cap.used_cpu_m}/"
+                f"{cap.cpu_m}m, memory {cap.used_memory}/{cap.memory}"]
+
     def kick(self) -> None:
         """A pass soon, once for everything that changed meanwhile."""
         if not self._scheduled and not self.background.closed:

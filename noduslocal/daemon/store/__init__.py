@@ -123,6 +123,9 @@ class Store:
         """Since when (monotonic) commits wait for disk space; None while they go through."""
         return self._writer.stalled_since if self._writer is not None else None
 
+    def describe(self) -> str:
+        return self._writer.describe() if self._writer is not None else "writer: closed"
+
     def write(self, op: Operation, quick: bool = False,
               volatile: bool = False) -> asyncio.Future[Any]:
         """Queue an operation for the next group commit; the future resolves after COMMIT.

@@ -98,6 +98,13 @@ class Writer:
             self._lazy = loop.call_later(LAZY_DELAY, self._wake.set)
         return future
 
+    def describe(self) -> str:
+        """The writer's state in a line (the daemon's state dump)."""
+        task = self._task
+        return (f"writer: {len(self._queue)} queued, woken {self._wake.is_set()}, "
+                f"task {'gone' if task is None or task.done() else 'running'}, "
+                f"unsynced {self._unsynced}, stalled since {self.stalled_since}")
+
     def withdraw(self, future: asyncio.Future[Any]) -> bool:
         """Take the operation of FUTURE out of the queue, unanswered, if it is still there
         (no batch has taken it yet): its caller writes it with another operation instead

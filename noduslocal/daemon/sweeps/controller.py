@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from noduslocal.daemon.events import EventHub, sweep_topic
 from noduslocal.daemon.jobs.background import Background
@@ -430,6 +430,18 @@ class SweepController:
         if (after := self.dispatch.gate.sweep_wait_reason(active.record.id)) is not None:
             return f"sweep {active.record.name}: {after}"
         return held_because(active, self.smoke(active.record) is not None)
+
+    def describe(self) -> list[str]:
+        """Each active sweep's cells as this controller holds them, a line each (the
+        daemon's state dump, main.py's SIGUSR1)."""
+        def few(ids: Iterable[int]) -> str:
+            ids = list(ids)
+            return f"{ids[:8]}{'+' + str(len(ids) - 8) if len(ids) > 8 else ''}"
+        return [f"sweep {a.record.id} {a.record.name} {a.record.phase}: canary {a.canary}, "
+                f"held {few(a.held)}, ready {few(a.ready)}, running {few(sorted(a.running))}, "
+                f"releasing {few(sorted(a.releasing))}, stopping {few(sorted(a.stopping))}, "
+                f"settle {a.settle.name}, budget {a.budget.name}"
+                for a in self._sweeps.values()]
 
     def is_cell(self, job_id: int) -> bool:
         """A cell of a sweep that runs (released or held)."""
