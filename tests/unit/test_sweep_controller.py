@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,6 +204,93 @@ def test_cells_all_let_go_but_one_suspended_settle_nothing_until_it_ends(
     run(tmp_path, body)
 
 
+def test_an_end_that_a_suspend_came_before_is_worked_out_again_after_the_resume(
+        tmp_path: Path) -> None:
+    """The settle look's end and a suspend both move the Running sweep: the suspend's
+    commit lands first, so the end is not applied. The look goes back to idle, and the
+    resume ends the sweep (it had stayed Running for good, its look Ending)."""
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("raced", grid={"X": [1]}, canary="none")
+        (cell,) = await h.cells(sweep)
+        (rank,) = await h.launched(cell.id)
+        active = h.lifecycle.sweeps.active(sweep.id)
+        assert active is not None
+        store = h.store
+        reading, read = asyncio.Event(), asyncio.Event()
+        totals = store.sweep_totals
+
+        async def held_totals(sweep_id: int) -> Any:
+            reading.set()
+            await read.wait()
+            return await totals(sweep_id)
+
+        store.sweep_totals = held_totals  # type: ignore[method-assign]
+        rank.exit(0)
+        await asyncio.wait_for(reading.wait(), 10)  # the look reads, the cell has ended
+        # Another connection holds the write lock: the suspend's commit waits for it.
+        blocker = sqlite3.connect(store.path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        writes: list[object] = []
+        write = store.write
+
+        def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
+            writes.append(op)
+            return write(op, *args, **kwargs)
+
+        store.write = counted  # type: ignore[method-assign]
+        suspend = asyncio.ensure_future(h.lifecycle.sweep_controls.suspend(
+            await h.sweep(sweep)))
+        await eventually(lambda: writes, "the suspend's commit asked for")
+        store.write = write  # type: ignore[method-assign]
+        read.set()  # the look's end is asked for while the suspend's is not committed
+        await eventually(lambda: active.settle is not SettleLook.LOOKING, "the look to end")
+        await asyncio.sleep(0.05)
+        blocker.execute("COMMIT")
+        blocker.close()
+        await suspend
+        store.sweep_totals = totals  # type: ignore[method-assign]
+        assert (await h.sweep(sweep)).phase == SweepPhase.SUSPENDED
+        await eventually(lambda: active.settle is SettleLook.IDLE, "the look idle again")
+        await h.lifecycle.sweep_controls.resume(await h.sweep(sweep))
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+
+    run(tmp_path, body)
+
+
+def test_a_sweep_suspended_while_its_end_is_worked_out_ends_after_its_resume(
+        tmp_path: Path) -> None:
+    """Suspended (committed) while the look reads that every cell ended: not ended while
+    suspended (Suspended -> Succeeded is no transition; the look's task died of it and the
+    sweep stayed Running for good after the resume), and ended once resumed."""
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("paused", grid={"X": [1]}, canary="none")
+        (cell,) = await h.cells(sweep)
+        (rank,) = await h.launched(cell.id)
+        active = h.lifecycle.sweeps.active(sweep.id)
+        assert active is not None
+        store = h.store
+        reading, read = asyncio.Event(), asyncio.Event()
+        totals = store.sweep_totals
+
+        async def held_totals(sweep_id: int) -> Any:
+            reading.set()
+            await read.wait()
+            return await totals(sweep_id)
+
+        store.sweep_totals = held_totals  # type: ignore[method-assign]
+        rank.exit(0)
+        await asyncio.wait_for(reading.wait(), 10)
+        await h.lifecycle.sweep_controls.suspend(await h.sweep(sweep))
+        store.sweep_totals = totals  # type: ignore[method-assign]
+        read.set()
+        await eventually(lambda: active.settle is SettleLook.IDLE, "the look idle again")
+        assert (await h.sweep(sweep)).phase == SweepPhase.SUSPENDED
+        await h.lifecycle.sweep_controls.resume(await h.sweep(sweep))
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+
+    run(tmp_path, body)
+
+
 def test_cells_are_released_within_a_max_cost_by_the_budget_look(tmp_path: Path) -> None:
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("budget", grid={"X": [1, 2, 3, 4]}, canary="none",
@@ -233,7 +322,8 @@ def test_each_look_names_every_state_and_refuses_the_moves_it_does_not_allow() -
                       (SettleLook.LOOKING, SettleLook.IDLE),
                       (SettleLook.LOOKING, SettleLook.ENDING),
                       (SettleLook.AGAIN, SettleLook.LOOKING),
-                      (SettleLook.AGAIN, SettleLook.ENDING)}
+                      (SettleLook.AGAIN, SettleLook.ENDING),
+                      (SettleLook.ENDING, SettleLook.IDLE)}
     for current, target in itertools.product(SettleLook, SettleLook):
         if (current, target) not in settle:
             with pytest.raises(IllegalTransition):

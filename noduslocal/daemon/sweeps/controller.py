@@ -413,12 +413,22 @@ class SweepController:
                 return
         active.settle_to(SettleLook.ENDING)
         failed = counts.get(Phase.FAILED, 0) + counts.get(Phase.CANCELLED, 0)
-        if failed:
-            await self.transition(active, SweepPhase.FAILED, Reason.CELLS_FAILED,
-                                   f"{failed} of {active.record.cells} cells did not succeed")
+        ended = False
+        if active.record.phase not in (SweepPhase.CANARY, SweepPhase.RUNNING):
+            pass  # suspended during the look: not ended while it is
+        elif failed:
+            ended = await self.transition(
+                active, SweepPhase.FAILED, Reason.CELLS_FAILED,
+                f"{failed} of {active.record.cells} cells did not succeed")
         else:
-            await self.transition(active, SweepPhase.SUCCEEDED, Reason.COMPLETED,
-                                   f"all {active.record.cells} cells succeeded")
+            ended = await self.transition(active, SweepPhase.SUCCEEDED, Reason.COMPLETED,
+                                          f"all {active.record.cells} cells succeeded")
+        if not ended and active.record.phase not in SWEEP_TERMINAL:
+            # Suspended during the look, or another move of the sweep (a suspend) was
+            # committed before its end: the end is worked out again when it goes on (the
+            # resume looks), or now if it still runs.
+            active.settle_to(SettleLook.IDLE)
+            self.settle_if_done(active)
 
     # --- reading ------------------------------------------------------------------------
 

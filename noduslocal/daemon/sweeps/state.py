@@ -31,7 +31,9 @@ SETTLE_TRANSITIONS: dict[SettleLook, frozenset[SettleLook]] = {
     # Idle: a cell is suspended, or its end is not committed yet; the next one looks again.
     SettleLook.LOOKING: frozenset({SettleLook.AGAIN, SettleLook.IDLE, SettleLook.ENDING}),
     SettleLook.AGAIN: frozenset({SettleLook.LOOKING, SettleLook.ENDING}),
-    SettleLook.ENDING: frozenset(),  # the sweep is out of the controller once it ended
+    # Idle from Ending: another transition (a suspend) was committed before the end, which
+    # is worked out again once the sweep goes on; once it ended it is out of the controller.
+    SettleLook.ENDING: frozenset({SettleLook.IDLE}),
 }
 
 
