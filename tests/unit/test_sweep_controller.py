@@ -291,6 +291,54 @@ def test_a_sweep_suspended_while_its_end_is_worked_out_ends_after_its_resume(
     run(tmp_path, body)
 
 
+def test_a_cancel_that_the_canary_s_pass_came_before_still_cancels_every_cell(
+        tmp_path: Path) -> None:
+    """The cancel takes the held cells out of the sweep's books and asks for its end; the
+    canary's pass, asked for first, commits first, so the cancel's transition is not
+    applied. The cancel is made again from Running: the sweep ends Cancelled with its
+    held cell (the cell had stayed Pending for good, in no one's books, and the sweep
+    Running: CI's daemon tier, test_the_same_key_gives_the_same_sweep's teardown)."""
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("passed", grid={"X": [1, 2]})
+        canary_cell, held_cell = await h.cells(sweep)
+        (canary,) = await h.launched(canary_cell.id)
+        store = h.store
+        blocker = sqlite3.connect(store.path, isolation_level=None)
+        writes: list[object] = []
+        write = store.write
+
+        def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
+            writes.append(op)
+            return write(op, *args, **kwargs)
+
+        blocked_at: list[int] = []
+
+        def block_at_the_canary_s_end(events: list[Any]) -> None:
+            if any(e.job_id == canary_cell.id and e.phase == Phase.SUCCEEDED for e in events):
+                blocker.execute("BEGIN IMMEDIATE")  # the gate's commit waits for it
+                blocked_at.append(len(writes))
+
+        h.hub.listen(block_at_the_canary_s_end)
+        store.write = counted  # type: ignore[method-assign]
+        canary.exit(0)
+        await eventually(lambda: blocked_at and len(writes) == blocked_at[0] + 1,
+                         "the gate's commit asked for")
+        cancel = asyncio.ensure_future(h.lifecycle.sweep_controls.cancel(
+            await h.sweep(sweep), False))
+        await eventually(lambda: len(writes) == blocked_at[0] + 2,
+                         "the cancel's commit asked for")
+        store.write = write  # type: ignore[method-assign]
+        blocker.execute("COMMIT")
+        blocker.close()
+        await cancel
+        ended = await in_phase(h, sweep, SweepPhase.CANCELLED)
+        assert ended.reason == Reason.CANCELLED
+        assert (await h.job(held_cell.id)).phase == Phase.CANCELLED
+        assert not h.runtime.of(held_cell.id)
+
+    run(tmp_path, body)
+
+
 def test_cells_are_released_within_a_max_cost_by_the_budget_look(tmp_path: Path) -> None:
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("budget", grid={"X": [1, 2, 3, 4]}, canary="none",

@@ -147,12 +147,11 @@ class SweepController:
     async def _never_satisfied(self, active: ActiveSweep, message: str) -> None:
         """What the sweep waited for can no longer be met: it ends Cancelled, its cells
         (and smoke canary) with it, in one transaction."""
-        waiting = await self.take_waiting(active)
-        if (smoke := self.smoke(active.record)) is not None:
-            waiting.append(smoke)
-        await self.transition(active, SweepPhase.CANCELLED, Reason.DEPENDENCY_NEVER_SATISFIED,
-                               message, cancel=(waiting, Reason.DEPENDENCY_NEVER_SATISFIED,
-                                                f"its sweep's dependency: {message}"))
+        smoke = self.smoke(active.record)
+        await self.end_with_waiting(active, SweepPhase.CANCELLED,
+                                    Reason.DEPENDENCY_NEVER_SATISFIED, lambda _: message,
+                                    f"its sweep's dependency: {message}",
+                                    lambda: [smoke] if smoke is not None else [])
 
     def waits(self, sweep_id: int) -> bool:
         """Whether the sweep waits for its dependencies (nothing of it released yet)."""
@@ -290,21 +289,46 @@ class SweepController:
 
     async def _over_budget(self, active: ActiveSweep, spent: float, limit: float) -> None:
         why = f"the sweep's max_cost of {limit:g} would be passed (spent {spent:.4g})"
-        waiting = await self.take_waiting(active)
-        await self.transition(active, SweepPhase.FAILED, Reason.MAX_COST_EXCEEDED,
-                               f"{why}; {len(waiting)} cells not started",
-                               cancel=(waiting, Reason.MAX_COST_EXCEEDED, why))
+        await self.end_with_waiting(active, SweepPhase.FAILED, Reason.MAX_COST_EXCEEDED,
+                                    lambda cells: f"{why}; {len(cells)} cells not started",
+                                    why)
 
-    async def take_waiting(self, active: ActiveSweep) -> list[int]:
-        """Every cell that waits and will not run now: held ones, released ones not queued
-        yet, suspended ones."""
+    async def end_with_waiting(self, active: ActiveSweep, phase: SweepPhase, reason: str,
+                               message: Callable[[list[int]], str], cells_message: str,
+                               also: Callable[[], list[int]] = lambda: []) -> bool:
+        """End the sweep `phase`, every cell that waits (and `also()`'s) cancelled with
+        `reason` in the same transaction. The waiting cells leave the sweep's books
+        first, so none of them starts meanwhile. Another transition committed before
+        this one (the canary's pass, a suspend) leaves the sweep unended: the cells go
+        back to the books and the end is asked for again from the phase it is in now.
+        That one ended it: the cells this took are cancelled on their own, so none is
+        left Pending in no one's books. False: the sweep ended otherwise."""
+        while True:
+            taken, suspended = await self._take_waiting(active)
+            extra = also()
+            cells = [*taken, *suspended, *extra]
+            if await self.transition(active, phase, reason, message(cells),
+                                     cancel=(cells, reason, cells_message)):
+                return True
+            if active.record.phase in SWEEP_TERMINAL:
+                stranded, now = [*taken, *extra], time.time()
+                if stranded:
+                    await self.store.write(lambda c, cells=stranded, at=now: (
+                        None, sweep_ops.cancel_cells(c, cells, at, reason, cells_message)[1]))
+                return False
+            for job_id in taken:  # held again: never started
+                active.running.discard(job_id)
+                active.held.insert(job_id)
+
+    async def _take_waiting(self, active: ActiveSweep) -> tuple[list[int], list[int]]:
+        """The held cells and the released ones not queued yet, taken out of the books;
+        and the suspended ones (in no books: their resume puts them back)."""
         cells = await self.store.sweep_cells(active.record.id)
-        waiting = [*active.held, *active.releasing,
-                   *(j for j, _, phase in cells if phase == Phase.SUSPENDED)]
+        taken = [*active.held, *active.releasing]
         active.held.clear()
         active.running.difference_update(active.releasing)
         active.releasing.clear()
-        return waiting
+        return taken, [j for j, _, phase in cells if phase == Phase.SUSPENDED]
 
     def withdraw(self, job_id: int) -> bool:
         """Take a held cell back (an owner cancels or suspends it); False when the cell is
@@ -386,10 +410,8 @@ class SweepController:
             return
         canary = (await self.store.jobs_by_ids([job_id]))[0]
         why = f"{which} ended {phase}: {canary.message or canary.reason}"
-        waiting = await self.take_waiting(active)
-        await self.transition(active, SweepPhase.FAILED, Reason.CANARY_FAILED,
-                               f"{why}; nothing else ran",
-                               cancel=(waiting, Reason.CANARY_FAILED, why))
+        await self.end_with_waiting(active, SweepPhase.FAILED, Reason.CANARY_FAILED,
+                                    lambda _: f"{why}; nothing else ran", why)
 
     def settle_if_done(self, active: ActiveSweep) -> None:
         if (not active.held and not active.running

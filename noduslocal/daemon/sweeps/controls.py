@@ -63,17 +63,23 @@ class SweepControls:
         if sweep.phase == SweepPhase.CANCELLED:
             return
         active = self._active(sweep, "cancelled")
-        smoke = self._smoke_gate(active)
-        waiting = await self.sweeps.take_waiting(active)
-        running = sorted(active.running)
-        if smoke is not None:
-            (waiting if self._not_started(smoke) else running).append(smoke)
+        smoke_started: list[int] = []
+
+        def smoke_waiting() -> list[int]:
+            smoke_started.clear()
+            if (smoke := self._smoke_gate(active)) is None:
+                return []
+            if self._not_started(smoke):
+                return [smoke]
+            smoke_started.append(smoke)
+            return []
+
         message = "cancelled on request" + ("; running cells go on" if remaining_only else "")
-        await self.sweeps.transition(active, SweepPhase.CANCELLED, Reason.CANCELLED, message,
-                                     cancel=(waiting, Reason.CANCELLED,
-                                             "its sweep was cancelled"))
+        await self.sweeps.end_with_waiting(active, SweepPhase.CANCELLED, Reason.CANCELLED,
+                                           lambda _: message, "its sweep was cancelled",
+                                           smoke_waiting)
         if not remaining_only:
-            await self._stop(running, "cancel", sweep)
+            await self._stop(sorted(active.running) + smoke_started, "cancel", sweep)
 
     async def suspend(self, sweep: SweepRecord) -> None:
         """Release nothing more; cells released but not started go back to the held ones,
