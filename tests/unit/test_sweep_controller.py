@@ -291,50 +291,81 @@ def test_a_sweep_suspended_while_its_end_is_worked_out_ends_after_its_resume(
     run(tmp_path, body)
 
 
+async def asked_for_after_the_canary_s_pass(h: LifecycleHarness, canary_cell: JobRecord,
+                                           canary: Any, act: Callable[[], Awaitable[None]],
+                                           ) -> None:
+    """The canary succeeds; its pass's commit is asked for, and held back (another
+    connection holds the write lock) until `act` has asked for its own commit after it:
+    the pass lands first, so `act`'s transition, made from Canary, is not applied."""
+    store = h.store
+    blocker = sqlite3.connect(store.path, isolation_level=None)
+    writes: list[object] = []
+    write = store.write
+
+    def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
+        writes.append(op)
+        return write(op, *args, **kwargs)
+
+    blocked_at: list[int] = []
+
+    def block_at_the_canary_s_end(events: list[Any]) -> None:
+        if any(e.job_id == canary_cell.id and e.phase == Phase.SUCCEEDED for e in events):
+            blocker.execute("BEGIN IMMEDIATE")
+            blocked_at.append(len(writes))
+
+    h.hub.listen(block_at_the_canary_s_end)
+    store.write = counted  # type: ignore[method-assign]
+    canary.exit(0)
+    await eventually(lambda: blocked_at and len(writes) == blocked_at[0] + 1,
+                     "the pass's commit asked for")
+    acting = asyncio.ensure_future(act())
+    await eventually(lambda: len(writes) == blocked_at[0] + 2, "the act's commit asked for")
+    store.write = write  # type: ignore[method-assign]
+    blocker.execute("COMMIT")
+    blocker.close()
+    await acting
+
+
 def test_a_cancel_that_the_canary_s_pass_came_before_still_cancels_every_cell(
         tmp_path: Path) -> None:
     """The cancel takes the held cells out of the sweep's books and asks for its end; the
-    canary's pass, asked for first, commits first, so the cancel's transition is not
-    applied. The cancel is made again from Running: the sweep ends Cancelled with its
-    held cell (the cell had stayed Pending for good, in no one's books, and the sweep
-    Running: CI's daemon tier, test_the_same_key_gives_the_same_sweep's teardown)."""
+    canary's pass, asked for first, commits first. The cancel is made again from Running:
+    the sweep ends Cancelled with its held cell (the cell had stayed Pending for good, in
+    no one's books, and the sweep Running: CI's daemon tier,
+    test_the_same_key_gives_the_same_sweep's teardown)."""
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("passed", grid={"X": [1, 2]})
         canary_cell, held_cell = await h.cells(sweep)
         (canary,) = await h.launched(canary_cell.id)
-        store = h.store
-        blocker = sqlite3.connect(store.path, isolation_level=None)
-        writes: list[object] = []
-        write = store.write
-
-        def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
-            writes.append(op)
-            return write(op, *args, **kwargs)
-
-        blocked_at: list[int] = []
-
-        def block_at_the_canary_s_end(events: list[Any]) -> None:
-            if any(e.job_id == canary_cell.id and e.phase == Phase.SUCCEEDED for e in events):
-                blocker.execute("BEGIN IMMEDIATE")  # the gate's commit waits for it
-                blocked_at.append(len(writes))
-
-        h.hub.listen(block_at_the_canary_s_end)
-        store.write = counted  # type: ignore[method-assign]
-        canary.exit(0)
-        await eventually(lambda: blocked_at and len(writes) == blocked_at[0] + 1,
-                         "the gate's commit asked for")
-        cancel = asyncio.ensure_future(h.lifecycle.sweep_controls.cancel(
-            await h.sweep(sweep), False))
-        await eventually(lambda: len(writes) == blocked_at[0] + 2,
-                         "the cancel's commit asked for")
-        store.write = write  # type: ignore[method-assign]
-        blocker.execute("COMMIT")
-        blocker.close()
-        await cancel
+        await asked_for_after_the_canary_s_pass(
+            h, canary_cell, canary,
+            lambda: h.lifecycle.sweep_controls.cancel(sweep, False))
         ended = await in_phase(h, sweep, SweepPhase.CANCELLED)
         assert ended.reason == Reason.CANCELLED
         assert (await h.job(held_cell.id)).phase == Phase.CANCELLED
         assert not h.runtime.of(held_cell.id)
+
+    run(tmp_path, body)
+
+
+def test_a_suspend_that_the_canary_s_pass_came_before_still_suspends(
+        tmp_path: Path) -> None:
+    """As the cancel: the suspend is made again from Running (it had left the sweep
+    Running, releasing cells, with the suspend answered); the cell the pass released is
+    stopped and runs again after the resume."""
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("paused", grid={"X": [1, 2]})
+        canary_cell, held_cell = await h.cells(sweep)
+        (canary,) = await h.launched(canary_cell.id)
+        await asked_for_after_the_canary_s_pass(
+            h, canary_cell, canary, lambda: h.lifecycle.sweep_controls.suspend(sweep))
+        assert (await h.sweep(sweep)).phase == SweepPhase.SUSPENDED
+        # The pass released the cell first: stopped by the suspend, kept Suspended.
+        await eventually(lambda: h.phase_of(held_cell.id, Phase.SUSPENDED), "it aside")
+        await h.lifecycle.sweep_controls.resume(await h.sweep(sweep))
+        await eventually(lambda: h.runtime.of(held_cell.id)[0].number == 2, "it again")
+        h.runtime.of(held_cell.id)[0].exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
 
     run(tmp_path, body)
 

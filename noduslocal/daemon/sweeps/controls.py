@@ -90,11 +90,17 @@ class SweepControls:
                                   "and has released nothing to suspend; cancel it instead")
         active = self._active(sweep, "suspended")
         smoke = self._smoke_gate(active)
-        if sweep.phase != SweepPhase.SUSPENDED:
+        # Made again from the phase it is in when another transition came first (the
+        # canary's pass); not once it ended meanwhile.
+        while active.record.phase not in (SweepPhase.SUSPENDED, *SWEEP_TERMINAL):
             running = len(active.running)
-            await self.sweeps.transition(active, SweepPhase.SUSPENDED, Reason.SUSPENDED,
-                                         f"suspended on request ({running} running cells "
-                                         "stopped); `sweep resume` goes on")
+            if await self.sweeps.transition(active, SweepPhase.SUSPENDED, Reason.SUSPENDED,
+                                            f"suspended on request ({running} running "
+                                            "cells stopped); `sweep resume` goes on"):
+                break
+        if active.record.phase in SWEEP_TERMINAL:
+            raise errors.Conflict(f"sweep {sweep.name!r} ended meanwhile "
+                                  f"({active.record.phase}); it cannot be suspended")
         # Never started: back among the held cells, in order, still Pending.
         for job_id in [j for j in active.running
                        if j in active.releasing or self.dispatch.remove(j)]:
