@@ -35,6 +35,10 @@ class EventHub:
         self._waiting: dict[Topic, list[asyncio.Future[None]]] = {}
         self._listeners: list[Callable[[list[Event]], None]] = []
 
+    def waiters(self) -> int:
+        """Polls that wait for a change right now (none is left once each has returned)."""
+        return sum(len(futures) for futures in self._waiting.values())
+
     def listen(self, listener: Callable[[list[Event]], None]) -> None:
         """Call `listener` with every batch of committed events (the lifecycle's sweeps)."""
         self._listeners.append(listener)

@@ -15,6 +15,7 @@ from noduslocal.domain.states import Phase, SweepPhase
 from noduslocal.testing import LifecycleHarness, eventually, lifecycle
 
 POLLS = 200
+ABANDONED = 200
 QUIET = {"disk_poll": 3600.0, "gpu_poll": 3600.0, "du_every": 3600.0, "gc_every": 3600.0}
 
 
@@ -34,11 +35,17 @@ def pending_futures() -> int:
                and not o.done())
 
 
-async def no_more_futures_than(before: int) -> None:
-    """No more than `before` left once what is in flight (a commit, a read on the store's
-    thread) is done: a waiter left behind by each poll stays for good."""
-    await eventually(lambda: pending_futures() <= before,
-                     f"at most {before} pending futures ({pending_futures()} at first)", 10.0)
+async def no_waiter_per_poll(h: LifecycleHarness, before: int, polls: int) -> None:
+    """No poll still registered with the hub, and fewer than half a pending future per
+    poll more than `before` once what is in flight (a commit, a read on the store's
+    thread) is done: a waiter left behind by each poll stays for good, while the
+    lifecycle's own work may add a few futures meanwhile (a running attempt's metrics
+    follower begins after FOLLOW_AFTER; under CI's load the polls outlasted it: 12
+    against 10 with two attempts, 9 against 8 with one)."""
+    assert h.hub.waiters() == 0
+    await eventually(lambda: pending_futures() < before + polls // 2,
+                     f"fewer than {before + polls // 2} pending futures after {polls} polls "
+                     f"({pending_futures()} at first, {before} before)", 10.0)
 
 
 def test_timed_out_sweep_polls_leave_no_waiter_behind(tmp_path: Path) -> None:
@@ -53,7 +60,7 @@ def test_timed_out_sweep_polls_leave_no_waiter_behind(tmp_path: Path) -> None:
         for _ in range(POLLS):
             polled = await sweeps.wait(sweep, 0.001)
             assert polled.phase == SweepPhase.RUNNING
-        await no_more_futures_than(before)
+        await no_waiter_per_poll(h, before, POLLS)
 
     run(tmp_path, body)
 
@@ -67,13 +74,13 @@ def test_abandoned_sweep_polls_leave_no_waiter_behind(tmp_path: Path) -> None:
         sweeps = h.lifecycle.sweep_service
         await sweeps.wait(sweep, 0.0)
         before = pending_futures()
-        for _ in range(20):  # the client went away: its handler is cancelled mid-poll
+        for _ in range(ABANDONED):  # the client went away: its handler is cancelled mid-poll
             poll = asyncio.ensure_future(sweeps.wait(sweep, 60.0))
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             poll.cancel()
             await asyncio.gather(poll, return_exceptions=True)
-        await no_more_futures_than(before)
+        await no_waiter_per_poll(h, before, ABANDONED)
 
     run(tmp_path, body)
 
@@ -89,7 +96,7 @@ def test_timed_out_job_polls_leave_no_waiter_behind(tmp_path: Path) -> None:
         for _ in range(POLLS):
             polled = await jobs.wait(await h.job(job.id), 0.001)
             assert polled.phase == Phase.RUNNING
-        await no_more_futures_than(before)
+        await no_waiter_per_poll(h, before, POLLS)
 
     run(tmp_path, body)
 
@@ -102,13 +109,13 @@ def test_abandoned_job_polls_leave_no_waiter_behind(tmp_path: Path) -> None:
         jobs = h.lifecycle.jobs
         await jobs.wait(await h.job(job.id), 0.0)
         before = pending_futures()
-        for _ in range(20):  # the client went away: its handler is cancelled mid-poll
+        for _ in range(ABANDONED):  # the client went away: its handler is cancelled mid-poll
             poll = asyncio.ensure_future(jobs.wait(await h.job(job.id), 60.0))
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             poll.cancel()
             await asyncio.gather(poll, return_exceptions=True)
-        await no_more_futures_than(before)
+        await no_waiter_per_poll(h, before, ABANDONED)
 
     run(tmp_path, body)
 
