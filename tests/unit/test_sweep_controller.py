@@ -19,6 +19,7 @@ import pytest
 from noduslocal.daemon.sweeps.state import (
     BUDGET_TRANSITIONS,
     SETTLE_TRANSITIONS,
+    ActiveSweep,
     BudgetLook,
     SettleLook,
     check_budget_transition,
@@ -204,6 +205,33 @@ def test_cells_all_let_go_but_one_suspended_settle_nothing_until_it_ends(
     run(tmp_path, body)
 
 
+async def look_held_at_its_read(h: LifecycleHarness, sweep: SweepRecord,
+                                ) -> tuple[ActiveSweep, asyncio.Event, Callable[[], None]]:
+    """The one cell of `sweep` ends, and its settle look is held at its read of the totals
+    until the event returned is set; the function returned puts the store's read back."""
+    (cell,) = await h.cells(sweep)
+    (rank,) = await h.launched(cell.id)
+    active = h.lifecycle.sweeps.active(sweep.id)
+    assert active is not None
+    store = h.store
+    reading, read = asyncio.Event(), asyncio.Event()
+    totals = store.sweep_totals
+
+    async def held_totals(sweep_id: int) -> Any:
+        reading.set()
+        await read.wait()
+        return await totals(sweep_id)
+
+    store.sweep_totals = held_totals  # type: ignore[method-assign]
+    rank.exit(0)
+    await asyncio.wait_for(reading.wait(), 10)  # the look reads: the cell has ended
+
+    def restore() -> None:
+        store.sweep_totals = totals  # type: ignore[method-assign]
+
+    return active, read, restore
+
+
 def test_an_end_that_a_suspend_came_before_is_worked_out_again_after_the_resume(
         tmp_path: Path) -> None:
     """The settle look's end and a suspend both move the Running sweep: the suspend's
@@ -211,22 +239,8 @@ def test_an_end_that_a_suspend_came_before_is_worked_out_again_after_the_resume(
     resume ends the sweep (it had stayed Running for good, its look Ending)."""
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("raced", grid={"X": [1]}, canary="none")
-        (cell,) = await h.cells(sweep)
-        (rank,) = await h.launched(cell.id)
-        active = h.lifecycle.sweeps.active(sweep.id)
-        assert active is not None
+        active, read, restore = await look_held_at_its_read(h, sweep)
         store = h.store
-        reading, read = asyncio.Event(), asyncio.Event()
-        totals = store.sweep_totals
-
-        async def held_totals(sweep_id: int) -> Any:
-            reading.set()
-            await read.wait()
-            return await totals(sweep_id)
-
-        store.sweep_totals = held_totals  # type: ignore[method-assign]
-        rank.exit(0)
-        await asyncio.wait_for(reading.wait(), 10)  # the look reads, the cell has ended
         # Another connection holds the write lock: the suspend's commit waits for it.
         blocker = sqlite3.connect(store.path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
@@ -248,7 +262,7 @@ def test_an_end_that_a_suspend_came_before_is_worked_out_again_after_the_resume(
         blocker.execute("COMMIT")
         blocker.close()
         await suspend
-        store.sweep_totals = totals  # type: ignore[method-assign]
+        restore()
         assert (await h.sweep(sweep)).phase == SweepPhase.SUSPENDED
         await eventually(lambda: active.settle is SettleLook.IDLE, "the look idle again")
         await h.lifecycle.sweep_controls.resume(await h.sweep(sweep))
@@ -264,24 +278,9 @@ def test_a_sweep_suspended_while_its_end_is_worked_out_ends_after_its_resume(
     sweep stayed Running for good after the resume), and ended once resumed."""
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("paused", grid={"X": [1]}, canary="none")
-        (cell,) = await h.cells(sweep)
-        (rank,) = await h.launched(cell.id)
-        active = h.lifecycle.sweeps.active(sweep.id)
-        assert active is not None
-        store = h.store
-        reading, read = asyncio.Event(), asyncio.Event()
-        totals = store.sweep_totals
-
-        async def held_totals(sweep_id: int) -> Any:
-            reading.set()
-            await read.wait()
-            return await totals(sweep_id)
-
-        store.sweep_totals = held_totals  # type: ignore[method-assign]
-        rank.exit(0)
-        await asyncio.wait_for(reading.wait(), 10)
+        active, read, restore = await look_held_at_its_read(h, sweep)
         await h.lifecycle.sweep_controls.suspend(await h.sweep(sweep))
-        store.sweep_totals = totals  # type: ignore[method-assign]
+        restore()
         read.set()
         await eventually(lambda: active.settle is SettleLook.IDLE, "the look idle again")
         assert (await h.sweep(sweep)).phase == SweepPhase.SUSPENDED
