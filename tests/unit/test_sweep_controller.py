@@ -369,6 +369,28 @@ def test_a_suspend_that_the_canary_s_pass_came_before_still_suspends(
     run(tmp_path, body)
 
 
+@pytest.mark.parametrize("cells", [1, 2])
+def test_a_sweep_whose_cells_were_all_cancelled_while_it_waited_ends_when_it_begins(
+        tmp_path: Path, cells: int) -> None:
+    """Its cells cancelled while it waited for a job (`after`): once the job ends the
+    sweep begins with nothing to release, and ends. It had stayed Running for good (one
+    cell: no look at its begin), or Pending (two: no cell left to be its canary)."""
+    async def body(h: LifecycleHarness) -> None:
+        first = await h.create_job("first")
+        sweep = await h.create_sweep("after-first", grid={"X": list(range(cells))},
+                                     template={"command": ["train"],
+                                               "after": ["afterok:first"]})
+        for cell in await h.cells(sweep):
+            await h.lifecycle.jobs.control(cell, "cancel")
+        (rank,) = await h.launched(first.id)
+        rank.exit(0)
+        ended = await in_phase(h, sweep, SweepPhase.FAILED)
+        assert ended.reason == Reason.CELLS_FAILED
+        assert ended.message == f"{cells} of {cells} cells did not succeed"
+
+    run(tmp_path, body)
+
+
 def test_cells_are_released_within_a_max_cost_by_the_budget_look(tmp_path: Path) -> None:
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("budget", grid={"X": [1, 2, 3, 4]}, canary="none",

@@ -1,7 +1,8 @@
 """The sweep controller under races: many small sweeps at once on the lifecycle harness,
 with the store's reads and the answers to its commits delayed at random, cells ending at
-random, and owners cancelling, suspending and resuming sweeps and cells and retrying
-failed sweeps meanwhile; a runtime that arms launches ahead (as the host's does). Every
+random, and owners cancelling, suspending and resuming sweeps and cells, retrying
+failed sweeps and changing max_parallel meanwhile; some sweeps gated by a smoke canary,
+some waiting for a job first; a runtime that arms launches ahead (as the host's). Every
 sweep must end, and each once its owners stop: a cell left in no one's books (CI's
 daemon tier once), or a look left Ending, keeps one Running for good."""
 
@@ -111,7 +112,8 @@ def delay_answers(h: LifecycleHarness, rng: random.Random) -> None:
 
 async def owners(h: LifecycleHarness, sweeps: list[SweepRecord], rng: random.Random,
                  until: Callable[[], bool]) -> None:
-    """Cancel, suspend and resume sweeps and cells, retry failed sweeps, at random."""
+    """Cancel, suspend and resume sweeps and cells, retry failed sweeps, change
+    max_parallel, at random."""
     sweep_controls, jobs = h.lifecycle.sweep_controls, h.lifecycle.jobs
     while not until():
         await asyncio.sleep(rng.uniform(0, 0.02))
@@ -130,7 +132,9 @@ async def owners(h: LifecycleHarness, sweeps: list[SweepRecord], rng: random.Ran
                 await sweep_controls.resume(await h.sweep(sweep))
             elif roll < 0.5 and fresh.phase == SweepPhase.FAILED:
                 await sweep_controls.retry(fresh, False)
-            elif roll < 0.55:
+            elif roll < 0.6:
+                await sweep_controls.set_max_parallel(fresh, rng.randint(1, 4))
+            elif roll < 0.65:
                 cell = rng.choice(await h.cells(sweep))
                 await jobs.control(cell, "suspend")
                 await asyncio.sleep(rng.uniform(0, 0.01))
@@ -164,8 +168,19 @@ async def go_on(h: LifecycleHarness, sweeps: list[SweepRecord]) -> None:
 
 
 async def unended(h: LifecycleHarness, sweeps: list[SweepRecord]) -> list[str]:
-    return [f"{s.name} {phase}" for s in sweeps
-            if (phase := (await h.sweep(s)).phase) not in SWEEP_TERMINAL]
+    """Each sweep not ended, with its cells' phases (their reasons, and the smoke
+    canary's)."""
+    left = []
+    for sweep in sweeps:
+        fresh = await h.sweep(sweep)
+        if fresh.phase in SWEEP_TERMINAL:
+            continue
+        ids = [j for j, _, _ in await h.store.sweep_cells(sweep.id)]
+        if fresh.spec.smoke_job is not None:
+            ids.append(fresh.spec.smoke_job)
+        cells = [f"{c.id}:{c.phase}/{c.reason}" for c in await h.store.jobs_by_ids(ids)]
+        left.append(f"{sweep.name} {fresh.phase} {cells}")
+    return left
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -185,9 +200,16 @@ def test_every_sweep_ends_whatever_the_order_of_reads_commits_and_controls(
 
             async def create(i: int) -> None:
                 grid = {"X": list(range(rng.randint(1, 5)))}
-                canary = "none" if rng.random() < 0.3 else "cell"
-                sweeps.append(await h.create_sweep(f"s{i}", grid=grid, canary=canary,
-                                                   max_parallel=rng.randint(1, 3)))
+                roll = rng.random()
+                fields: dict[str, Any] = ({"canary": "none"} if roll < 0.3 else
+                                          {"canary_smoke": "true"} if roll < 0.5 else {})
+                if rng.random() < 0.25:  # it waits for a job first
+                    await h.create_job(f"before-s{i}")
+                    condition = rng.choice(["afterok", "afterany"])
+                    fields["template"] = {"command": ["train"],
+                                          "after": [f"{condition}:before-s{i}"]}
+                sweeps.append(await h.create_sweep(f"s{i}", grid=grid,
+                                                   max_parallel=rng.randint(1, 3), **fields))
 
             acting = True
             agitator: Awaitable[None] | None = None

@@ -161,8 +161,9 @@ class SweepController:
         if active.record.phase != SweepPhase.PENDING:
             return  # cancelled while it waited
         smoke = self.smoke(active.record)
+        # The first cell not cancelled while the sweep waited (`after`) is its canary.
         gated = smoke is not None or (active.record.spec.canary == "cell"
-                                      and active.record.cells > 1)
+                                      and active.record.cells > 1 and len(active.held) > 0)
         if smoke is not None:
             active.canary = smoke
             self.track(active, [smoke])
@@ -172,6 +173,7 @@ class SweepController:
         await self.transition(active, SweepPhase.CANARY if gated else SweepPhase.RUNNING,
                                Reason.SCHEDULED)
         self.release(active)
+        self.settle_if_done(active)  # every cell cancelled while it waited: it ends
 
     # --- cells in, cells out ----------------------------------------------------------
 
