@@ -391,6 +391,58 @@ def test_a_sweep_whose_cells_were_all_cancelled_while_it_waited_ends_when_it_beg
     run(tmp_path, body)
 
 
+def test_a_canary_that_passes_while_its_sweep_is_resumed_opens_the_gate(
+        tmp_path: Path) -> None:
+    """The smoke canary succeeds after its sweep's suspend, before that suspend's stop
+    reached it; its end's commit waits (another connection holds the write lock), and
+    the resume, which finds the canary still gating, asks for Canary after it. The end
+    lands first and the gate, finding the sweep still Suspended, leaves the pass to the
+    resume, which lands in Canary with no canary left: it opens the gate itself (the
+    sweep had stayed in Canary for good, every cell held)."""
+    async def body(h: LifecycleHarness) -> None:
+        sweep = await h.create_sweep("resumed", grid={"X": [1, 2]}, canary_smoke="true")
+        smoke = sweep.spec.smoke_job
+        assert smoke is not None
+        (canary,) = await h.launched(smoke)
+        owner_controls = h.lifecycle.controls
+        stop_job = owner_controls.suspend
+
+        async def not_yet(job: JobRecord) -> None:  # the suspend's stop, still on its way
+            if job.id != smoke:
+                await stop_job(job)
+
+        owner_controls.suspend = not_yet  # type: ignore[method-assign]
+        await h.lifecycle.sweep_controls.suspend(sweep)
+        owner_controls.suspend = stop_job  # type: ignore[method-assign]
+        store = h.store
+        blocker = sqlite3.connect(store.path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        writes: list[object] = []
+        write = store.write
+
+        def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
+            writes.append(op)
+            return write(op, *args, **kwargs)
+
+        store.write = counted  # type: ignore[method-assign]
+        canary.exit(0)
+        await eventually(lambda: len(writes) == 1, "the canary's end asked for")
+        resume = asyncio.ensure_future(h.lifecycle.sweep_controls.resume(
+            await h.sweep(sweep)))
+        await eventually(lambda: len(writes) == 2, "the resume's commit asked for")
+        store.write = write  # type: ignore[method-assign]
+        blocker.execute("COMMIT")
+        blocker.close()
+        await resume
+        assert (await h.job(smoke)).phase == Phase.SUCCEEDED
+        for cell in await h.cells(sweep):
+            (rank,) = await h.launched(cell.id)
+            rank.exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+
+    run(tmp_path, body)
+
+
 def test_cells_are_released_within_a_max_cost_by_the_budget_look(tmp_path: Path) -> None:
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("budget", grid={"X": [1, 2, 3, 4]}, canary="none",

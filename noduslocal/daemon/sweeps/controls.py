@@ -135,6 +135,11 @@ class SweepControls:
                                             f"resumed; {len(cells)} suspended cells wait "
                                             "again", resume=resume):
             raise errors.Conflict(f"sweep {sweep.name!r} changed meanwhile; look again")
+        if target == SweepPhase.CANARY and active.canary is None:
+            # Its canary passed while this was committed: the gate, finding the sweep
+            # still suspended, left the pass to the resume.
+            await self.sweeps.transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
+                                         "its canary succeeded while it was suspended")
         for job_id in cells:
             active.running.discard(job_id)
             active.held.insert(job_id)
