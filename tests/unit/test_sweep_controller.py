@@ -443,6 +443,53 @@ def test_a_canary_that_passes_while_its_sweep_is_resumed_opens_the_gate(
     run(tmp_path, body)
 
 
+def test_a_smoke_canary_that_passes_before_its_sweep_knows_it_is_in_canary_opens_the_gate(
+        tmp_path: Path) -> None:
+    """The smoke canary is queued as its sweep begins, and may run and pass before the
+    begin's own commit (Pending -> Canary) is answered: the gate's pass, made from
+    Pending, is then not applied. It is made again from Canary (the sweep had stayed in
+    Canary for good, every cell held)."""
+    async def body(h: LifecycleHarness) -> None:
+        store = h.store
+        write = store.write
+        answer = asyncio.Event()
+        slow: list[object] = []  # the sweep's insert, then the begin's move to Canary
+
+        def late_begin(op: Any, *args: Any, **kwargs: Any) -> Any:
+            done = write(op, *args, **kwargs)
+            if kwargs.get("quick") or len(slow) >= 2:
+                return done
+            slow.append(op)
+            if len(slow) < 2:
+                return done
+
+            async def later() -> Any:
+                value = await done
+                await answer.wait()
+                return value
+
+            return asyncio.ensure_future(later())
+
+        store.write = late_begin  # type: ignore[method-assign]
+        created = asyncio.ensure_future(h.create_sweep("early", grid={"X": [1, 2]},
+                                                       canary_smoke="true"))
+        await eventually(lambda: h.runtime.ranks, "the smoke canary launched")
+        smoke = h.runtime.ranks[0]
+        smoke.exit(0)
+        await eventually(lambda: h.phase_of(smoke.job_id, Phase.SUCCEEDED),
+                         "the smoke canary passed")
+        await asyncio.sleep(0.1)  # its gate has run
+        answer.set()
+        store.write = write  # type: ignore[method-assign]
+        sweep = await created
+        for cell in await h.cells(sweep):
+            (rank,) = await h.launched(cell.id)
+            rank.exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+
+    run(tmp_path, body)
+
+
 def test_cells_are_released_within_a_max_cost_by_the_budget_look(tmp_path: Path) -> None:
     async def body(h: LifecycleHarness) -> None:
         sweep = await h.create_sweep("budget", grid={"X": [1, 2, 3, 4]}, canary="none",

@@ -405,8 +405,13 @@ class SweepController:
         if phase == Phase.SUCCEEDED and active.record.phase == SweepPhase.SUSPENDED:
             return
         if phase == Phase.SUCCEEDED:
-            await self.transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
-                                   f"{which} succeeded")
+            # Made again when another move was committed first, from where the sweep is
+            # now (its begin's Canary, answered after a smoke canary that passed at once);
+            # not once it is suspended (its resume passes the gate) or ended.
+            while active.record.phase in (SweepPhase.PENDING, SweepPhase.CANARY):
+                if await self.transition(active, SweepPhase.RUNNING, Reason.CANARY_PASSED,
+                                         f"{which} succeeded"):
+                    break
             self.release(active)
             self.settle_if_done(active)
             return
