@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from noduslocal.daemon.store import Store
 from noduslocal.daemon.sweeps.state import (
     BUDGET_TRANSITIONS,
     SETTLE_TRANSITIONS,
@@ -52,6 +53,23 @@ async def in_phase(h: LifecycleHarness, sweep: SweepRecord, phase: SweepPhase
 def launched_cells(h: LifecycleHarness, cells: list[JobRecord]) -> list[int]:
     """The cells (by index) the runtime was asked to launch."""
     return [i for i, cell in enumerate(cells) if h.runtime.of(cell.id)]
+
+
+def count_writes(store: Store) -> tuple[list[object], Callable[[], None]]:
+    """Every operation asked of the store's writer from now on, and the function that
+    stops counting."""
+    writes: list[object] = []
+    write = store.write
+
+    def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
+        writes.append(op)
+        return write(op, *args, **kwargs)
+
+    def stop() -> None:
+        store.write = write  # type: ignore[method-assign]
+
+    store.write = counted  # type: ignore[method-assign]
+    return writes, stop
 
 
 def test_the_canary_gates_the_cells_then_they_run_max_parallel_at_a_time(
@@ -244,18 +262,11 @@ def test_an_end_that_a_suspend_came_before_is_worked_out_again_after_the_resume(
         # Another connection holds the write lock: the suspend's commit waits for it.
         blocker = sqlite3.connect(store.path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
-        writes: list[object] = []
-        write = store.write
-
-        def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
-            writes.append(op)
-            return write(op, *args, **kwargs)
-
-        store.write = counted  # type: ignore[method-assign]
+        writes, stop_counting = count_writes(store)
         suspend = asyncio.ensure_future(h.lifecycle.sweep_controls.suspend(
             await h.sweep(sweep)))
         await eventually(lambda: writes, "the suspend's commit asked for")
-        store.write = write  # type: ignore[method-assign]
+        stop_counting()
         read.set()  # the look's end is asked for while the suspend's is not committed
         await eventually(lambda: active.settle is not SettleLook.LOOKING, "the look to end")
         await asyncio.sleep(0.05)
@@ -298,13 +309,7 @@ async def asked_for_after_the_canary_s_pass(h: LifecycleHarness, canary_cell: Jo
     the pass lands first, so `act`'s transition, made from Canary, is not applied."""
     store = h.store
     blocker = sqlite3.connect(store.path, isolation_level=None)
-    writes: list[object] = []
-    write = store.write
-
-    def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
-        writes.append(op)
-        return write(op, *args, **kwargs)
-
+    writes, stop_counting = count_writes(store)
     blocked_at: list[int] = []
 
     def block_at_the_canary_s_end(events: list[Any]) -> None:
@@ -313,13 +318,12 @@ async def asked_for_after_the_canary_s_pass(h: LifecycleHarness, canary_cell: Jo
             blocked_at.append(len(writes))
 
     h.hub.listen(block_at_the_canary_s_end)
-    store.write = counted  # type: ignore[method-assign]
     canary.exit(0)
     await eventually(lambda: blocked_at and len(writes) == blocked_at[0] + 1,
                      "the pass's commit asked for")
     acting = asyncio.ensure_future(act())
     await eventually(lambda: len(writes) == blocked_at[0] + 2, "the act's commit asked for")
-    store.write = write  # type: ignore[method-assign]
+    stop_counting()
     blocker.execute("COMMIT")
     blocker.close()
     await acting
@@ -417,20 +421,13 @@ def test_a_canary_that_passes_while_its_sweep_is_resumed_opens_the_gate(
         store = h.store
         blocker = sqlite3.connect(store.path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
-        writes: list[object] = []
-        write = store.write
-
-        def counted(op: Any, *args: Any, **kwargs: Any) -> Any:
-            writes.append(op)
-            return write(op, *args, **kwargs)
-
-        store.write = counted  # type: ignore[method-assign]
+        writes, stop_counting = count_writes(store)
         canary.exit(0)
         await eventually(lambda: len(writes) == 1, "the canary's end asked for")
         resume = asyncio.ensure_future(h.lifecycle.sweep_controls.resume(
             await h.sweep(sweep)))
         await eventually(lambda: len(writes) == 2, "the resume's commit asked for")
-        store.write = write  # type: ignore[method-assign]
+        stop_counting()
         blocker.execute("COMMIT")
         blocker.close()
         await resume
