@@ -266,10 +266,9 @@ def test_an_end_that_a_suspend_came_before_is_worked_out_again_after_the_resume(
         suspend = asyncio.ensure_future(h.lifecycle.sweep_controls.suspend(
             await h.sweep(sweep)))
         await eventually(lambda: writes, "the suspend's commit asked for")
-        stop_counting()
         read.set()  # the look's end is asked for while the suspend's is not committed
-        await eventually(lambda: active.settle is not SettleLook.LOOKING, "the look to end")
-        await asyncio.sleep(0.05)
+        await eventually(lambda: len(writes) == 2, "the look's end asked for")
+        stop_counting()
         blocker.execute("COMMIT")
         blocker.close()
         await suspend
@@ -450,14 +449,15 @@ def test_a_smoke_canary_that_passes_before_its_sweep_knows_it_is_in_canary_opens
         store = h.store
         write = store.write
         answer = asyncio.Event()
-        slow: list[object] = []  # the sweep's insert, then the begin's move to Canary
+        # The sweep's insert, the begin's move to Canary (answered late), the gate's pass.
+        slow: list[object] = []
 
         def late_begin(op: Any, *args: Any, **kwargs: Any) -> Any:
             done = write(op, *args, **kwargs)
-            if kwargs.get("quick") or len(slow) >= 2:
+            if kwargs.get("quick"):
                 return done
             slow.append(op)
-            if len(slow) < 2:
+            if len(slow) != 2:
                 return done
 
             async def later() -> Any:
@@ -475,7 +475,7 @@ def test_a_smoke_canary_that_passes_before_its_sweep_knows_it_is_in_canary_opens
         smoke.exit(0)
         await eventually(lambda: h.phase_of(smoke.job_id, Phase.SUCCEEDED),
                          "the smoke canary passed")
-        await asyncio.sleep(0.1)  # its gate has run
+        await eventually(lambda: len(slow) >= 3, "the gate's pass asked for")
         answer.set()
         store.write = write  # type: ignore[method-assign]
         sweep = await created

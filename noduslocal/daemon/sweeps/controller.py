@@ -318,8 +318,7 @@ class SweepController:
                     await self.store.write(lambda c, cells=stranded, at=now: (
                         None, sweep_ops.cancel_cells(c, cells, at, reason, cells_message)[1]))
                 return False
-            for job_id in taken:  # held again: never started
-                active.running.discard(job_id)
+            for job_id in taken:  # held again: never started (in `running` no more)
                 active.held.insert(job_id)
 
     async def _take_waiting(self, active: ActiveSweep) -> tuple[list[int], list[int]]:
