@@ -1,7 +1,7 @@
 """Sweeps: creating a 10,000-cell sweep in one call (target < 1 s), and 1,000 tasks of
 `true` at --max-parallel 2 through `noduslocal map` on a daemon with cpus=2, submit to last
-end, beside GNU parallel (`parallel -j2 true ::: 1..1000`) and task-spooler (`tsp -S 2`)
-in the same run.
+end, beside GNU parallel (`parallel -j2 true ::: 1..1000`) and task-spooler (`tsp -S 2`,
+`tsp true I` for I in 1..1000: each runs the same command line) in the same run.
 
     python scripts/bench/sweeps.py [TASKS] [CELLS] [ROUNDS]   targets: create < 1 s; map
                                                               faster than parallel, near tsp
@@ -129,7 +129,8 @@ def main() -> None:
     for _ in range(rounds):  # interleaved: this VM's speed drifts from minute to minute
         row("noduslocal map --max-parallel 2 (cpus=2)", lambda: run_map(n, root, made))
         row("GNU parallel -j2", lambda: run_parallel(n))
-        row("task-spooler (tsp -S 2)", lambda: (run_tsp(n) or (0.0, 0.0))[1] or None)
+        row("task-spooler (tsp -S 2)",
+            lambda: (run_tsp(n, numbered=True) or (0.0, 0.0))[1] or None)
     print(table(rows))
     remove_unless_kept(made)
 
