@@ -14,6 +14,7 @@ end, beside GNU parallel (`parallel -j2 true ::: 1..1000`) and task-spooler (`ts
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,17 @@ def map_of_true(d: testing.Daemon, n: int) -> None:
     assert d.client().get_sweep("tp")["counts"] == {"Succeeded": n}
 
 
+def interpreter() -> str:
+    """Which Python runs the daemon and the CLIs (sys.executable's), and whether it calls
+    into a shared libpython: this VM's pyenv build does, and ran the daemon's loop 10 to
+    20 % dearer than Debian's /usr/bin/python3.11, which has the interpreter linked in and
+    is what install.sh and a fresh box's scripts use (issue 25, part 5)."""
+    maps = Path("/proc/self/maps").read_text()
+    shared = "libpython" in maps
+    return (f"python {platform.python_version()} ({os.path.realpath(sys.executable)}, "
+            f"{'libpython shared' if shared else 'libpython linked in'})")
+
+
 def busy_cpu_seconds() -> float:
     """CPU time every process of the machine has used (/proc/stat: all but idle and
     iowait), so a runner's cost counts its daemon, helpers, shims and jobs alike."""
@@ -107,7 +119,8 @@ def main() -> None:
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     root = os.environ.get("BENCH_DATA_ROOT")  # e.g. /dev/shm: the daemon's files in RAM
     shim = compiled_shim.find(Path(tempfile.gettempdir()))
-    print(f"shim: {shim.name if shim else 'python'}; daemon directory in {root or '/tmp'}")
+    print(f"shim: {shim.name if shim else 'python'}; daemon directory in {root or '/tmp'}; "
+          f"{interpreter()}")
     if cells:
         created = create_times(cells, 5)
         print(table([{"what": f"create a {cells}-cell sweep (one call, 5 rounds)",
