@@ -1,7 +1,8 @@
-"""The commands people run in loops, `job run` and `job list`, parsed without click:
-importing click costs a call more than all the rest of it. Whatever this parser does not
-know for certain (an option it has no entry for, --help, a value click must judge) makes it
-answer None, and click parses the whole command line again, so refusals keep one style.
+"""The commands people run in loops and scripts, `job run`, `job list` and `sweep wait`,
+parsed without click: importing click costs a call more than all the rest of it. Whatever
+this parser does not know for certain (an option it has no entry for, --help, a value click
+must judge) makes it answer None, and click parses the whole command line again, so
+refusals keep one style.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from noduslocal.domain import errors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
-FLAG, VALUE, MANY, INT = "flag", "value", "many", "int"
+FLAG, VALUE, MANY, INT, FLOAT = "flag", "value", "many", "int", "float"
 
 
 def _opt(dest: str, kind: str = VALUE, lo: int | None = None, hi: int | None = None,
@@ -63,22 +65,32 @@ LIST_OPTIONS = {
     "--cells": _opt("cells", FLAG),
 }
 
+WAIT_OPTIONS = {  # `sweep wait NAME`
+    "--project": _opt("project"), "-p": _opt("project"),
+    "--timeout": _opt("timeout", FLOAT), "--json": _opt("as_json", FLAG),
+}
+
 
 def parse(argv: list[str], table: dict[str, tuple[str, str, int | None, int | None, Any]],
-          positional: bool) -> dict[str, Any] | None:
+          positional: bool, interspersed: bool = False) -> dict[str, Any] | None:
     """ARGV's options by their dest, as click would give them, and the arguments after
-    them as `command`; None where click must decide."""
+    them as `command`; None where click must decide. `interspersed`: arguments may come
+    between options (click's default; `job run`'s first argument ends its options)."""
     found: dict[str, Any] = {dest: default for dest, _, _, _, default in table.values()}
     rest: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
-            rest = argv[i + 1:]
+            rest += argv[i + 1:]
             break
         if not arg.startswith("-") or arg == "-":
             if not positional:
                 return None
+            if interspersed:
+                rest.append(arg)
+                i += 1
+                continue
             rest = argv[i:]  # the first argument ends the options, as in click's job run
             break
         key, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
@@ -98,7 +110,12 @@ def parse(argv: list[str], table: dict[str, tuple[str, str, int | None, int | No
             value, i = argv[i + 1], i + 2
         else:
             return None
-        if kind == INT:
+        if kind == FLOAT:
+            try:
+                found[dest] = float(value)
+            except ValueError:
+                return None
+        elif kind == INT:
             try:
                 number = int(value)
             except ValueError:
@@ -117,6 +134,14 @@ def parse(argv: list[str], table: dict[str, tuple[str, str, int | None, int | No
 
 def run(argv: list[str]) -> int | None:
     """The exit code of `noduslocal ARGV` when this path can take it, else None."""
+    if argv[:2] == ["sweep", "wait"]:
+        options = parse(argv[2:], WAIT_OPTIONS, positional=True, interspersed=True)
+        if options is None or len(options["command"]) != 1:
+            return None
+        from noduslocal.cli import sweep_actions
+
+        (options["name"],) = options.pop("command")
+        return _act(sweep_actions.wait, options)
     if len(argv) < 2 or argv[0] != "job" or argv[1] not in ("run", "list"):
         return None
     from noduslocal.cli import job_actions
@@ -131,6 +156,10 @@ def run(argv: list[str]) -> int | None:
         action = job_actions.list_jobs
     if options is None:
         return None
+    return _act(action, options)
+
+
+def _act(action: Callable[[dict[str, Any]], int], options: dict[str, Any]) -> int | None:
     try:
         return action(options)
     except Usage:

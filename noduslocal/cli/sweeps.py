@@ -4,28 +4,22 @@ its tasks left, and removing an ended one."""
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from noduslocal.cli import output
+from noduslocal.cli import output, sweep_actions
 from noduslocal.cli.job import json_option, project_option
-from noduslocal.domain.states import SWEEP_TERMINAL, SweepPhase
+from noduslocal.domain.states import SWEEP_TERMINAL
 from noduslocal.sdk.api_client import ApiClient
 
 WATCH_EVERY = 1.0  # seconds between repaints of `status --watch`
-PHASES = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed", "Cancelled")
 
-
-def _counts(sweep: dict[str, Any]) -> str:
-    counts = sweep["counts"]
-    return " ".join(f"{counts[p]} {p.lower()}" for p in PHASES if counts.get(p))
 
 
 @click.command("sweeps")
@@ -43,7 +37,7 @@ def sweeps(running: bool, show_all: bool, project: str | None, as_json: bool) ->
     output.print_table(
         ("NAME", "PROJECT", "OWNER", "PHASE", "CELLS", "DONE", "COUNTS", "AGE"),
         [(s["name"], s["project"], s["owner"], s["phase"], s["cells"], s["done"],
-          _counts(s), output.age(s["created_at"])) for s in found])
+          sweep_actions.counts(s), output.age(s["created_at"])) for s in found])
 
 
 @click.group("sweep")
@@ -59,7 +53,7 @@ def _status_table(doc: dict[str, Any]) -> Any:
     table.add_row("phase", doc["phase"] + (f" ({doc['reason']})" if doc.get("reason") else ""))
     if doc.get("message"):
         table.add_row("why", doc["message"])
-    table.add_row("cells", f"{doc['done']} of {doc['cells']} done; {_counts(doc)}")
+    table.add_row("cells", f"{doc['done']} of {doc['cells']} done; {sweep_actions.counts(doc)}")
     table.add_row("width", f"at most {doc['max_parallel']} at once")
     if after := doc.get("after"):
         table.add_row("after", ", ".join(
@@ -184,53 +178,8 @@ def logs(name: str, project: str | None, task: int | None, follow: bool) -> None
 @json_option
 def wait(name: str, project: str | None, timeout: float | None, as_json: bool) -> None:
     """Block until the sweep ends; exit 0 when every cell succeeded, 1 otherwise."""
-    doc = _wait_with_progress(ApiClient(), name, project, timeout, quiet=as_json)
-    if as_json:
-        output.print_json(doc)
-    else:
-        click.echo(f"{doc['name']}: {doc['phase']}: {doc.get('message') or _counts(doc)}")
-    sys.exit(0 if doc["phase"] == SweepPhase.SUCCEEDED else 1)
-
-
-def _wait_with_progress(client: ApiClient, name: str, project: str | None,
-                        timeout: float | None, quiet: bool) -> dict[str, Any]:
-    """wait_sweep in one-second long polls, with a live bar of cells done on a terminal's
-    stderr (into a pipe rich draws nothing, and only loading it cost 0.1 s of CPU). With
-    no bar to draw, in the daemon's longest polls: each answer is the sweep's whole status,
-    tens of milliseconds of the daemon's CPU for a sweep of thousands of cells."""
-    from noduslocal.domain import errors
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    doc = client.get_sweep(name, project)
-    if quiet or not sys.stderr.isatty():
-        return doc if doc["phase"] in SWEEP_TERMINAL else client.wait_sweep(
-            name, project, None if deadline is None else deadline - time.monotonic())
-    with _cells_bar(name, doc) as show:
-        while doc["phase"] not in SWEEP_TERMINAL:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise errors.WaitTimeout(f"sweep {name!r} is still {doc['phase']} after "
-                                         f"{timeout:g}s")
-            try:
-                doc = client.wait_sweep(name, project, min(1.0, left) if left else 1.0)
-            except errors.WaitTimeout:
-                doc = client.get_sweep(name, project)
-            show(doc)
-    return doc
-
-
-@contextlib.contextmanager
-def _cells_bar(name: str, doc: dict[str, Any]) -> Iterator[Callable[[dict[str, Any]], None]]:
-    """A live bar of the sweep's cells done, on stderr; yields what updates it."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[counts]}"), transient=True,
-                  console=Console(stderr=True)) as progress:
-        bar = progress.add_task(name, total=doc["cells"], completed=doc["done"],
-                                counts=_counts(doc))
-        yield lambda now: progress.update(bar, completed=now["done"], counts=_counts(now))
+    sys.exit(sweep_actions.wait({"name": name, "project": project, "timeout": timeout,
+                                 "as_json": as_json}))
 
 
 @sweep.command("cancel")
@@ -245,7 +194,7 @@ def cancel(name: str, project: str | None, remaining: bool, as_json: bool) -> No
     if as_json:
         output.print_json(doc)
     else:
-        click.echo(f"{doc['name']}: {doc['phase']}; {_counts(doc)}")
+        click.echo(f"{doc['name']}: {doc['phase']}; {sweep_actions.counts(doc)}")
 
 
 @sweep.command("suspend")
@@ -259,7 +208,7 @@ def suspend(name: str, project: str | None, as_json: bool) -> None:
     if as_json:
         output.print_json(doc)
     else:
-        click.echo(f"{doc['name']}: {doc['phase']}; {_counts(doc)}")
+        click.echo(f"{doc['name']}: {doc['phase']}; {sweep_actions.counts(doc)}")
 
 
 @sweep.command("resume")

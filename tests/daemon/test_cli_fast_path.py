@@ -1,7 +1,7 @@
-"""The fast path of `job run` and `job list` (cli/fast.py) against click's commands, each run
-against a real daemon as separate processes: what it sends and prints is what click's path
-sends and prints, whatever it does not take goes to click, refusals included, in the CLI's
-one style, and it loads none of the heavy modules. Its option table and parser are held to
+"""The fast path of `job run`, `job list` and `sweep wait` (cli/fast.py) against click's
+commands, each run against a real daemon as separate processes: what it sends and prints is
+what click's path sends and prints, whatever it does not take goes to click, refusals
+included, in the CLI's one style, and it loads none of the heavy modules. Its option table and parser are held to
 click's without a daemon in tests/unit/test_cli_fast_path_parser.py."""
 
 from __future__ import annotations
@@ -123,3 +123,33 @@ def test_the_fast_path_loads_none_of_the_heavy_modules(daemon: testing.Daemon,
     assert result.stderr.strip().splitlines()[-1] == "[]"
 
 
+
+
+def test_both_paths_wait_for_a_sweep_alike(daemon: testing.Daemon) -> None:
+    """`sweep wait` through the fast path (cli/sweep_actions.py) and through click: the
+    same line, the same JSON, the same exit (0 when every cell succeeded, 1 otherwise),
+    and the same refusal of a sweep that does not exist."""
+    client = daemon.client()
+    client.create_sweep({"name": "all-ok", "canary": "none",
+                         "template": {"command": ["true"]}, "grid": {"X": [1, 2]}})
+    client.create_sweep({"name": "one-bad", "canary": "none",
+                         "template": {"command": ["sh", "-c", "exit $X"]},
+                         "grid": {"X": [0, 3]}})
+    for name, code in (("all-ok", 0), ("one-bad", 1)):
+        for args in ([name], [name, "--json"], ["--timeout", "60", name, "-p", "root"]):
+            by_fast = run_cli(daemon, "sweep", "wait", *args)
+            by_click = click_cli(daemon, "sweep", "wait", *args)
+            assert by_fast.returncode == by_click.returncode == code, (by_fast.stderr,
+                                                                       by_click.stderr)
+            if "--json" in args:
+                fast_doc, click_doc = json.loads(by_fast.stdout), json.loads(by_click.stdout)
+                assert fast_doc["phase"] == click_doc["phase"]
+                assert fast_doc["counts"] == click_doc["counts"]
+            else:
+                assert by_fast.stdout == by_click.stdout
+                assert by_fast.stdout.startswith(f"{name}: "), by_fast.stdout
+    missing = run_cli(daemon, "sweep", "wait", "no-such-sweep")
+    by_click = click_cli(daemon, "sweep", "wait", "no-such-sweep")
+    assert missing.returncode == by_click.returncode != 0
+    assert missing.stderr == by_click.stderr
+    assert missing.stderr.startswith("noduslocal: ") and missing.stderr.count("\n") == 1

@@ -56,11 +56,16 @@ def test_map_and_sweep_wait_into_a_pipe_draw_nothing_and_wait_on_the_canary(
              "slept = []\n"
              "real = time.sleep\n"
              "time.sleep = lambda s: (slept.append(s), real(s))[1]\n"
-             "from noduslocal.cli.main import main\n"
-             "try:\n"
-             "    main()\n"
-             "except SystemExit as exc:\n"
-             "    code = exc.code\n"
+             # As cli/main.py does, without the fast path's os._exit (which would leave
+             # nothing printed here).
+             "from noduslocal.cli import fast\n"
+             "code = fast.run(sys.argv[1:])\n"
+             "if code is None:\n"
+             "    from noduslocal.cli.root import main\n"
+             "    try:\n"
+             "        main()\n"
+             "    except SystemExit as exc:\n"
+             "        code = exc.code\n"
              "print(code, 'rich' in sys.modules, max(slept, default=0), file=sys.stderr)\n")
     env = {**os.environ, "NODUSLOCAL_SOCKET": str(daemon.socket)}
     said = []

@@ -13,18 +13,21 @@ import pytest
 
 from noduslocal.cli import fast
 from noduslocal.cli.job import list_, run
+from noduslocal.cli.sweeps import wait
 from noduslocal.domain.timefmt import iso, parse_iso
 
 
-@pytest.mark.parametrize(("command", "table", "left_to_click"), [
-    (run, fast.RUN_OPTIONS, fast.RUN_LEFT_TO_CLICK),
-    (list_, fast.LIST_OPTIONS, {}),
+@pytest.mark.parametrize(("command", "table", "left_to_click", "arguments"), [
+    (run, fast.RUN_OPTIONS, fast.RUN_LEFT_TO_CLICK, []),
+    (list_, fast.LIST_OPTIONS, {}, []),
+    (wait, fast.WAIT_OPTIONS, {}, ["a-sweep"]),
 ])
 def test_the_table_is_clicks_options(command: click.Command, table: dict[str, Any],
-                                     left_to_click: dict[str, Any]) -> None:
+                                     left_to_click: dict[str, Any],
+                                     arguments: list[str]) -> None:
     params = {p.name: p for p in command.params if isinstance(p, click.Option)}
     with click.Context(command) as ctx:
-        command.parse_args(ctx, [])
+        command.parse_args(ctx, arguments)
         defaults = dict(ctx.params)
     for flag, (dest, kind, lo, hi, default) in table.items():
         param = params[dest]
@@ -35,6 +38,8 @@ def test_the_table_is_clicks_options(command: click.Command, table: dict[str, An
         if kind == fast.INT:
             assert isinstance(param.type, click.IntRange), flag
             assert (param.type.min, param.type.max) == (lo, hi), flag
+        elif kind == fast.FLOAT:
+            assert param.type is click.FLOAT, flag
         elif kind == fast.VALUE:
             assert param.type is click.STRING, flag
     covered = {spec[0] for spec in table.values()} | set(left_to_click)
@@ -114,3 +119,32 @@ def test_transport_json_is_jsons() -> None:
             transport.json_loads(bad)
     with pytest.raises(TypeError):
         transport.json_dumps(object())
+
+
+@pytest.mark.parametrize("argv", [
+    ["s"], ["s", "--json"], ["-p", "lab", "s", "--timeout", "2.5"],
+    ["--timeout=30", "--project=lab", "--", "s"], ["--json", "s", "-p", "x"],
+])
+def test_sweep_wait_parses_as_click_does(argv: list[str]) -> None:
+    parsed = fast.parse(argv, fast.WAIT_OPTIONS, positional=True, interspersed=True)
+    assert parsed is not None
+    (parsed["name"],) = parsed.pop("command")
+    with wait.make_context("wait", list(argv)) as ctx:
+        expected = dict(ctx.params)
+    assert parsed == expected
+
+
+@pytest.mark.parametrize("argv", [
+    ["--timeout", "soon", "s"],   # click says what a float is
+    ["s", "--bogus"],
+    ["--help"],
+    ["--timeout"],
+])
+def test_what_the_sweep_wait_parser_leaves_to_click(argv: list[str]) -> None:
+    assert fast.parse(argv, fast.WAIT_OPTIONS, positional=True, interspersed=True) is None
+
+
+@pytest.mark.parametrize("argv", [["sweep", "wait"], ["sweep", "wait", "a", "b"],
+                                  ["sweep", "wait", "s", "--help"]])
+def test_sweep_wait_without_one_name_goes_to_click(argv: list[str]) -> None:
+    assert fast.run(argv) is None

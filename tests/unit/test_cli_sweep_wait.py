@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from noduslocal.cli import sweeps as cli_sweeps
+from noduslocal.cli import sweep_actions
 from noduslocal.domain import errors
 
 
@@ -37,7 +37,7 @@ class Recording:
 
 def test_without_a_bar_it_waits_in_one_long_poll() -> None:
     client = Recording(["Running", "Succeeded"])
-    doc = cli_sweeps._wait_with_progress(client, "s", None, None, quiet=True)  # type: ignore[arg-type]
+    doc = sweep_actions.wait_with_progress(client, "s", None, None, quiet=True)  # type: ignore[arg-type]
     assert doc["phase"] == "Succeeded"
     # Before: a status every second ("wait" with timeout 1.0) until the end.
     assert client.calls == [("get", None), ("wait", None)]
@@ -46,12 +46,13 @@ def test_without_a_bar_it_waits_in_one_long_poll() -> None:
 def test_without_a_bar_a_timeout_is_the_polls_deadline() -> None:
     client = Recording(["Running"], timeout_after=5)
     with pytest.raises(errors.WaitTimeout, match="still Running after 5s"):
-        cli_sweeps._wait_with_progress(client, "s", None, 5.0, quiet=True)  # type: ignore[arg-type]
+        sweep_actions.wait_with_progress(client, "s", None, 5.0, quiet=True)  # type: ignore[arg-type]
     (kind, asked), = client.calls[1:]
     assert kind == "wait" and asked is not None and 4.0 < asked <= 5.0
 
 
 def test_an_ended_sweep_is_answered_by_one_read() -> None:
     client = Recording(["Failed"])
-    assert cli_sweeps._wait_with_progress(client, "s", None, None, quiet=True)["phase"] == "Failed"  # type: ignore[arg-type]
+    doc = sweep_actions.wait_with_progress(client, "s", None, None, quiet=True)  # type: ignore[arg-type]
+    assert doc["phase"] == "Failed"
     assert client.calls == [("get", None)]
