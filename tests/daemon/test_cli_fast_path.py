@@ -1,8 +1,9 @@
 """The fast path of `job run`, `job list` and `sweep wait` (cli/fast.py) against click's
 commands, each run against a real daemon as separate processes: what it sends and prints is
 what click's path sends and prints, whatever it does not take goes to click, refusals
-included, in the CLI's one style, and it loads none of the heavy modules. Its option table and parser are held to
-click's without a daemon in tests/unit/test_cli_fast_path_parser.py."""
+included, in the CLI's one style, and it loads none of the heavy modules. Its option
+table and parser are held to click's without a daemon in
+tests/unit/test_cli_fast_path_parser.py."""
 
 from __future__ import annotations
 
