@@ -535,3 +535,34 @@ def test_each_look_names_every_state_and_refuses_the_moves_it_does_not_allow() -
         if (current, target) not in budget:
             with pytest.raises(IllegalTransition):
                 check_budget_transition(current, target)
+
+
+def test_each_cell_is_stored_as_the_plan_s_cell_with_the_resolved_after(
+        tmp_path: Path) -> None:
+    """A cell's row holds its plan's spec with `after` as the sweep resolved it (ids, not
+    names), built from the wire form rather than a second copy of the spec: the same
+    JSON, key for key, as the copy gave."""
+    import json
+    from dataclasses import replace
+
+    from noduslocal.domain.sweep_plan import parse_sweep
+
+    async def body(h: LifecycleHarness) -> None:
+        first = await h.create_job("first")
+        fields = {"grid": {"X": ["a", "b", "c"]},
+                  "template": {"command": ["train"], "after": ["afterany:first"],
+                               "env": {"K": "v"}}}
+        sweep = await h.create_sweep("resolved", **fields)
+        plan = parse_sweep({"name": "resolved", **fields}, regions=h.settings.region_names)
+        after = sweep.spec.template.after
+        assert [(dep.name, dep.id, dep.condition) for dep in after] == [
+            ("first", first.id, "afterany")]
+        with sqlite3.connect(h.settings.data_dir / "noduslocal.db") as conn:
+            rows = conn.execute("SELECT cell, spec FROM jobs WHERE sweep_id = ? "
+                                "ORDER BY cell", (sweep.id,)).fetchall()
+        assert [cell for cell, _ in rows] == [0, 1, 2]
+        for cell, spec in rows:
+            expected = replace(plan.cell_spec(cell, "resolved"), after=after).to_wire()
+            assert spec == json.dumps(expected)
+
+    run(tmp_path, body)
