@@ -16,12 +16,13 @@ if TYPE_CHECKING:
 
     from noduslocal.sdk.api_client import ApiClient
 
-PHASES = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed", "Cancelled")
-
 
 def counts(sweep: dict[str, Any]) -> str:
+    """The sweep's cells by phase, in the phases' order: `3 running 5 succeeded`."""
+    from noduslocal.domain.states import Phase  # the wait reads it anyway (SWEEP_TERMINAL)
+
     found = sweep["counts"]
-    return " ".join(f"{found[p]} {p.lower()}" for p in PHASES if found.get(p))
+    return " ".join(f"{found[p]} {p.lower()}" for p in Phase if found.get(p))
 
 
 def wait(o: dict[str, Any]) -> int:

@@ -21,7 +21,6 @@ from noduslocal.sdk.api_client import ApiClient
 WATCH_EVERY = 1.0  # seconds between repaints of `status --watch`
 
 
-
 @click.command("sweeps")
 @click.option("--running", "-r", is_flag=True, help="Only sweeps that have not ended.")
 @click.option("--all", "-a", "show_all", is_flag=True, hidden=True,
