@@ -271,7 +271,11 @@ def test_a_job_cannot_make_the_daemon_read_through_a_link(lab: Box) -> None:
     """The job's owner can write its node directory (the shim on the node writes there as
     them): its logs swapped for links to a root-only file are not followed by the daemon,
     and the attempt directory beside it, where the daemon itself writes, is not theirs."""
-    script = ("echo swapping; cd ../cluster-$NODUS_ATTEMPT-0 && "
+    # The shim makes output.log on the job's first output and reads that output when it
+    # is scheduled: made between the job's rm and its ln, the log stayed a file (the ln
+    # failed) and the test failed once under load. So the swap waits for the log first.
+    script = ("echo swapping; cd ../cluster-$NODUS_ATTEMPT-0 && i=0; "
+              "while [ ! -e output.log ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
               "for f in output.log stderr.log stdout.log; "
               "do rm -f $f; ln -s /etc/shadow $f; done; "
               "ln -s /etc/passwd ../attempt-$NODUS_ATTEMPT/merged.log 2>/dev/null "
