@@ -284,6 +284,9 @@ def test_relative_paths_are_made_absolute(tmp_path: Path) -> None:
     try:
         argv = [*d.command()]
         argv[argv.index("--data-dir") + 1] = "data-rel"
+        # What close() cleans up after (the daemon's cgroups are named for its data dir:
+        # one set was left on the box by every run of this test).
+        d.data_dir = d.root / "data-rel"
         with open(d.log_path, "ab") as log:
             d.proc = subprocess.Popen(argv, cwd=d.root, stdout=log, stderr=log)
         wait_until(lambda: d.socket.exists(), "the daemon to listen")
