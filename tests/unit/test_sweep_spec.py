@@ -52,3 +52,28 @@ def test_no_smoke_job_is_written_until_one_is_made() -> None:
     spec = parse_sweep({"template": {"command": ["x"]}, "grid": {"K": ["1"]}},
                        regions=("local",)).stored()
     assert "smoke_job" not in spec.to_wire() and roundtrip(spec).smoke_job is None
+
+
+def test_each_cell_s_wire_form_is_its_spec_s_key_for_key() -> None:
+    """A cell's stored JSON is made from the template's wire form (cell_wire), not from
+    a JobSpec built for each cell: for every kind of cell it is cell_spec's to_wire(),
+    the same keys in the same order with the same values."""
+    regions = ("local", "cluster")
+    bodies = [
+        {"template": {"command": ["train"], "env": {"K": "v"}, "retries": 2},
+         "grid": {"LR": ["1e-4", "3e-4"], "gpu": ["A100", None, {"count": 2}]},
+         "repetitions": 2},
+        {"template": {"command": ["train"], "region": "cluster"},
+         "grid": {"region": ["local", "cluster"], "seed": [1, 2]}},
+        {"template": {"command": ["x"], "retries": 1, "args": ["ignored"]},
+         "map": {"command": ["echo", "{a}", "{b}"],
+                 "rows": {"names": ["a", "b"], "values": [["1", "x"], ["2", "y"]]}}},
+        {"template": {"command": ["x"]}, "map": {"args": ["echo", "{}"], "lines": ["a", "b"]}},
+    ]
+    for body in bodies:
+        plan = parse_sweep(body, regions=regions)
+        template = plan.template.spec.to_wire()
+        for index in range(len(plan)):
+            assert json.dumps(plan.cell_wire(index, "s", template)) == json.dumps(
+                plan.cell_spec(index, "s").to_wire()), (body, index)
+        assert template == plan.template.spec.to_wire()  # left as it was

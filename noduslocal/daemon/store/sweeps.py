@@ -54,7 +54,7 @@ class CreatedSweep:
 
 
 def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: SweepSpec,
-                 cells: int, cell_spec: Callable[[int], JobSpec], max_parallel: int,
+                 cells: int, cell_wire: Callable[[int], dict[str, Any]], max_parallel: int,
                  owner: Owner, name: str, project: str, now: float,
                  idempotency_key: str | None, request_hash: str | None,
                  smoke: JobSpec | None = None) -> tuple[CreatedSweep, list[Event]]:
@@ -95,7 +95,7 @@ def insert_sweep(conn: sqlite3.Connection, template: CreateRequest, spec: SweepS
     def stored(i: int) -> str:
         # The resolved `after` into each cell's wire form, not into a copy of its spec: a
         # second dataclass replace a cell was a sixth of a 1,000-cell creation.
-        wire = cell_spec(i).to_wire()
+        wire = cell_wire(i)
         wire["after"] = after_wire
         return json.dumps(wire)
 

@@ -34,9 +34,11 @@ class SweepAdmission:
         self.check(plan, owner)
         project = plan.project or owner.name
         cells = len(plan)
+        template = plan.template.spec.to_wire()  # each cell's wire form is made from it
         created: sweep_ops.CreatedSweep = await under_a_free_name(
             self.store, plan.name, "sweep", lambda c, name, now: sweep_ops.insert_sweep(
-                c, plan.template, plan.stored(), cells, lambda i: plan.cell_spec(i, name),
+                c, plan.template, plan.stored(), cells,
+                lambda i: plan.cell_wire(i, name, template),
                 plan.max_parallel, owner, name, project, now, idempotency_key, request_hash,
                 plan.smoke_spec()))
         if created.created:
