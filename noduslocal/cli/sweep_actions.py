@@ -1,6 +1,6 @@
 """What `sweep wait` does, apart from click: the fast path (cli/fast.py) and click's command
 (cli/sweeps.py) both call it, so a script's `sweep wait` pays no import of click (52 ms of
-CPU a call became 14, issue 25 part 5); the counts line every sweep command prints.
+CPU a call became 20, issue 25 part 5); the counts line every sweep command prints.
 """
 
 from __future__ import annotations
