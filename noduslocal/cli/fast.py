@@ -82,6 +82,8 @@ def parse(argv: list[str], table: dict[str, tuple[str, str, int | None, int | No
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
+            if not positional and i + 1 < len(argv):
+                return None  # arguments a command without any: click refuses them
             rest += argv[i + 1:]
             break
         if not arg.startswith("-") or arg == "-":

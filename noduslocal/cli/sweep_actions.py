@@ -9,6 +9,8 @@ import contextlib
 import sys
 import time
 
+from noduslocal.cli.usage import Usage
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -28,9 +30,12 @@ def counts(sweep: dict[str, Any]) -> str:
 def wait(o: dict[str, Any]) -> int:
     """`sweep wait`: block until the sweep ends; 0 when every cell succeeded, 1 otherwise.
     O: the command's options by their click names (name, project, timeout, as_json)."""
+    timeout = o["timeout"]
+    if timeout is not None and not timeout >= 0:  # NaN too: it polled without end
+        raise Usage(f"{timeout} is not a number of seconds (0 or more)", "--timeout")
     from noduslocal.sdk.api_client import ApiClient
 
-    doc = wait_with_progress(ApiClient(), o["name"], o["project"], o["timeout"],
+    doc = wait_with_progress(ApiClient(), o["name"], o["project"], timeout,
                              quiet=o["as_json"])
     if o["as_json"]:
         from noduslocal.cli import output

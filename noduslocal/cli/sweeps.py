@@ -15,6 +15,7 @@ import click
 
 from noduslocal.cli import output, sweep_actions
 from noduslocal.cli.job import json_option, project_option
+from noduslocal.cli.usage import as_click
 from noduslocal.domain.states import SWEEP_TERMINAL
 from noduslocal.sdk.api_client import ApiClient
 
@@ -177,8 +178,10 @@ def logs(name: str, project: str | None, task: int | None, follow: bool) -> None
 @json_option
 def wait(name: str, project: str | None, timeout: float | None, as_json: bool) -> None:
     """Block until the sweep ends; exit 0 when every cell succeeded, 1 otherwise."""
-    sys.exit(sweep_actions.wait({"name": name, "project": project, "timeout": timeout,
-                                 "as_json": as_json}))
+    with as_click():
+        code = sweep_actions.wait({"name": name, "project": project, "timeout": timeout,
+                                   "as_json": as_json})
+    sys.exit(code)
 
 
 @sweep.command("cancel")

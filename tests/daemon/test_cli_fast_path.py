@@ -80,6 +80,10 @@ def test_both_paths_list_alike(daemon: testing.Daemon) -> None:
     (["job", "run", "-d", "--timeout", "2x", "true"], "noduslocal: --timeout: '2x' is not"),
     (["job", "list", "--phase", "nope"], "noduslocal: --phase: 'nope' is not one of"),
     (["job", "list", "--label", "novalue"], "noduslocal: --label: 'novalue' is not KEY=VALUE"),
+    (["sweep", "wait", "--timeout", "nan", "any"],
+     "noduslocal: --timeout: nan is not a number of seconds (0 or more)"),
+    (["sweep", "wait", "any", "--timeout", "-1"],
+     "noduslocal: --timeout: -1.0 is not a number of seconds (0 or more)"),
 ])
 def test_refusals_have_one_style_and_create_nothing(daemon: testing.Daemon,
                                                     args: list[str], message: str) -> None:

@@ -83,6 +83,8 @@ def test_what_the_parser_leaves_to_click(argv: list[str]) -> None:
 
 def test_list_takes_no_argument() -> None:
     assert fast.parse(["stray"], fast.LIST_OPTIONS, positional=False) is None
+    assert fast.parse(["--", "stray"], fast.LIST_OPTIONS, positional=False) is None
+    assert fast.parse(["-a", "--"], fast.LIST_OPTIONS, positional=False) is not None
     assert fast.parse(["-a", "--limit=5"], fast.LIST_OPTIONS, positional=False) == {
         "show_all": True, "phases": (), "owner": None, "labels": (), "project": None,
         "limit": 5, "as_json": False, "cells": False}
