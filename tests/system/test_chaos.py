@@ -361,8 +361,17 @@ def fill_and_free(d: testing.Daemon, ballast: Path, where: str) -> None:
     c.create_job({"name": "filler", "cpu": "100m", "command": ["yes", "filler-" + "A" * 60]})
     pid = testing.wait_until(lambda: job_pid(d, "filler-"), "the filler to run",
                              timeout=DEADLINE)
-    testing.wait_until(lambda: testing.process_gone(pid), "the filler to be stopped",
-                       timeout=DEADLINE)
+    try:
+        testing.wait_until(lambda: testing.process_gone(pid), "the filler to be stopped",
+                           timeout=DEADLINE)
+    except AssertionError as exc:
+        # Seen once in CI and never again here: what the disk watch saw and did, so that
+        # the next failure says why.
+        said = [line for line in d.log().splitlines()
+                if "disk" in line or "stopping" in line or "filler" in line]
+        raise AssertionError(
+            f"{exc} ({where}); {free_bytes(d.data_dir)} bytes free; the daemon said:\n"
+            + "\n".join(said[-40:]) + "\n" + d.state_dump()) from None
     assert free_bytes(d.data_dir) < RESERVE // 2, (where, free_bytes(d.data_dir))
     d.kill()
     d.start()  # on the full disk
