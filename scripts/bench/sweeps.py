@@ -139,11 +139,17 @@ def main() -> None:
                      "tasks/s": f"{n / total:.0f}", "CPU ms/task": f"{1000 * cpu / n:.2f}"}
                     if total else {"runner": f"{runner}: not installed"})
 
-    for _ in range(rounds):  # interleaved: this VM's speed drifts from minute to minute
-        row("noduslocal map --max-parallel 2 (cpus=2)", lambda: run_map(n, root, made))
-        row("GNU parallel -j2", lambda: run_parallel(n))
-        row("task-spooler (tsp -S 2)",
-            lambda: (run_tsp(n, numbered=True) or (0.0, 0.0))[1] or None)
+    runners: list[tuple[str, Callable[[], float | tuple[float, float] | None]]] = [
+        ("noduslocal map --max-parallel 2 (cpus=2)", lambda: run_map(n, root, made)),
+        ("GNU parallel -j2", lambda: run_parallel(n)),
+        ("task-spooler (tsp -S 2)",
+         lambda: (run_tsp(n, numbered=True) or (0.0, 0.0))[1] or None)]
+    # Interleaved: this VM's speed drifts from minute to minute. Each round starts with
+    # the next runner: the first run after a quiet spell was the slowest of its series,
+    # and the map always went first.
+    for r in range(rounds):
+        for runner, run in runners[r % 3:] + runners[:r % 3]:
+            row(f"{r + 1}: {runner}", run)
     print(table(rows))
     remove_unless_kept(made)
 
