@@ -977,12 +977,22 @@ def exec_in(spec: dict) -> None:
 
 def _enter_cgroups(cgroups: Iterable[str]) -> None:
     """This process into each of a rank's cgroups (a job's child, or an exec beside it),
-    or exit 126 saying which it could not enter."""
+    or exit 126 saying which it could not enter. Called by the thread that then execs the
+    command: on v1 it moves itself, "0" in `tasks`, as shim.c's enter_cgroup() does and
+    for its reason (no threadgroup lock, so no RCU grace period to wait for); v2 has no
+    `tasks`: the pid in cgroup.procs."""
     for cgroup in cgroups:
         try:
-            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
+            try:
+                fd = os.open(os.path.join(cgroup, "tasks"), os.O_WRONLY)
+                value = b"0"
+            except FileNotFoundError:
+                fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
+                value = str(os.getpid()).encode()
+            try:
+                os.write(fd, value)
+            finally:
+                os.close(fd)
         except OSError as exc:
             _exec_failed(126, f"cannot enter cgroup {cgroup}: {exc.strerror}")
 
