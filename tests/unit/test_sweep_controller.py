@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from noduslocal.daemon.store import Store
+from noduslocal.daemon.store import sweeps as sweep_ops
 from noduslocal.daemon.sweeps.state import (
     BUDGET_TRANSITIONS,
     SETTLE_TRANSITIONS,
@@ -326,6 +327,58 @@ async def asked_for_after_the_canary_s_pass(h: LifecycleHarness, canary_cell: Jo
     blocker.execute("COMMIT")
     blocker.close()
     await acting
+
+
+def test_a_retry_acted_on_before_the_failed_end_was_answered_still_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's Failed end is committed, and its owner's retry acted on, before the
+    end's own answer came back (a busy loop): the late answer must not take the retried
+    sweep out of the controller's books. It did (CI's unit tier, the race test): the
+    retried cells ran and succeeded, and the sweep stayed Running for good."""
+    moved_to: list[str] = []
+    move = sweep_ops.move_sweep
+
+    def recording_move(conn: sqlite3.Connection, sweep_id: int, phase: SweepPhase,
+                       *args: Any, **kwargs: Any) -> Any:
+        moved_to.append(phase)
+        return move(conn, sweep_id, phase, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_ops, "move_sweep", recording_move)
+
+    async def body(h: LifecycleHarness) -> None:
+        store, held, answer_now = h.store, [], asyncio.Event()
+        write, answering = store.write, []
+
+        def holding_the_failed_end(op: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            seen, done = len(moved_to), write(op, **kwargs)
+            if held:
+                return done
+            answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+            async def late() -> None:
+                value = await done  # its op ran at the commit: what it moved is known
+                if SweepPhase.FAILED in moved_to[seen:] and not held:
+                    held.append(True)
+                    await answer_now.wait()
+                answer.set_result(value)
+
+            answering.append(asyncio.ensure_future(late()))
+            return answer
+
+        store.write = holding_the_failed_end  # type: ignore[method-assign]
+        sweep = await h.create_sweep("again", grid={"X": [1]}, canary="none")
+        [cell] = await h.cells(sweep)
+        (await h.launched(cell.id))[0].exit(1)
+        failed = await in_phase(h, sweep, SweepPhase.FAILED)  # committed, not answered
+        await eventually(lambda: held, "the end's answer held back")
+        await h.lifecycle.sweep_controls.retry(failed, False)
+        answer_now.set()
+        [retried] = await h.cells(sweep)
+        assert retried.id != cell.id
+        (await h.launched(retried.id))[0].exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+
+    run(tmp_path, body)
 
 
 def test_a_cancel_that_the_canary_s_pass_came_before_still_cancels_every_cell(

@@ -509,9 +509,13 @@ class SweepController:
         self.webhooks.send(sweep, *hooks, *(["completed"] if phase in SWEEP_TERMINAL else []))
         if phase in SWEEP_TERMINAL:
             self.dispatch.gate.sweep_ended(sweep.id)  # jobs `after` it are judged again
-            self._sweeps.pop(sweep.id, None)
-            for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
-                del self._cell_of[job_id]
+            # Out of the books, unless they hold the sweep anew: its owner's retry, acted
+            # on between this commit and its answer (a busy loop), tracks the retried
+            # cells under the same id, and taking them out left the sweep Running for good.
+            if self._sweeps.get(sweep.id) is active:
+                del self._sweeps[sweep.id]
+                for job_id in [j for j, s in self._cell_of.items() if s == sweep.id]:
+                    del self._cell_of[job_id]
         self.notify(sweep.id)
         return True
 
