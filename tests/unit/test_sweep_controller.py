@@ -329,6 +329,44 @@ async def asked_for_after_the_canary_s_pass(h: LifecycleHarness, canary_cell: Jo
     await acting
 
 
+def test_each_cell_is_read_once_and_none_waits_for_its_read(tmp_path: Path) -> None:
+    """A sweep without code reads its held cells ahead, in batches, before they run out:
+    each cell once (a second look, asked for while the first one's read was under way,
+    read the same cells again: 1,949 rows for a 1,000-cell map), and no released cell has
+    to be read before it is queued (issue 25, part 5)."""
+    async def body(h: LifecycleHarness) -> None:
+        read: list[int] = []
+        jobs_by_ids = h.store.jobs_by_ids
+
+        async def counting(ids: list[int]) -> list[JobRecord]:
+            read.extend(ids)
+            return await jobs_by_ids(ids)
+
+        h.store.jobs_by_ids = counting  # type: ignore[method-assign]
+        sweep = await h.create_sweep("many", grid={"X": list(range(200))}, canary="none",
+                                     max_parallel=2)
+        active = h.lifecycle.sweeps.active(sweep.id)
+        assert active is not None
+        unread_releases = []
+        release = h.lifecycle.sweeps.release
+
+        def watching(a: ActiveSweep) -> None:
+            before = set(a.releasing)
+            release(a)
+            unread_releases.extend(a.releasing - before)
+
+        h.lifecycle.sweeps.release = watching  # type: ignore[method-assign]
+        ids = [job_id for job_id, _, _ in await h.store.sweep_cells(sweep.id)]
+        for job_id in ids:
+            (await h.launched(job_id))[0].exit(0)
+        await in_phase(h, sweep, SweepPhase.SUCCEEDED)
+        again = sorted(j for j in ids if read.count(j) > 1)
+        assert not again, f"{len(again)} cells read more than once: {again[:10]}"
+        assert not unread_releases, f"released before their read: {unread_releases[:10]}"
+
+    run(tmp_path, body)
+
+
 def test_a_retry_acted_on_before_the_failed_end_was_answered_still_ends(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep's Failed end is committed, and its owner's retry acted on, before the

@@ -34,9 +34,10 @@ ACTIVE = frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING})
 RELEASING = frozenset({SweepPhase.PENDING, SweepPhase.CANARY, SweepPhase.RUNNING})  # not held
 # Held cells read (and their directories made) ahead at once, at least, for a sweep
 # without code: a read and a trip to the directories' thread per released cell cost a
-# short task more than the task (issue 25, part 5); a read is made again once fewer than
-# max_parallel are left. A sweep with code reads max_parallel ahead: each cell made ahead
-# holds an overlay mount until it starts.
+# short task more than the task (issue 25, part 5); the next read is asked for once half of
+# them are left, so it lands before they run out. A sweep with code reads max_parallel
+# ahead, again once fewer are left: each cell made ahead holds an overlay mount until it
+# starts.
 READ_AHEAD = 32
 ARM_AHEAD = 4  # a running sweep's next cells launched ahead, held until each starts
 
@@ -206,17 +207,33 @@ class SweepController:
             else:
                 self.dispatch.enqueue(job)
         active.releasing.update(unread)
-        if unread or len(active.ready) < active.record.max_parallel:
+        reach = self._reach(active)
+        # Those being read count as read: a second look asked for meanwhile read the same
+        # cells again (1,949 rows for a 1,000-cell map).
+        if unread or (len(active.ready) + len(active.reading)
+                      < max(active.record.max_parallel, reach // 2)):
             self.spawn_enqueue(active, unread)
+
+    @staticmethod
+    def _reach(active: ActiveSweep) -> int:
+        """How many held cells are read ahead (see READ_AHEAD)."""
+        if active.record.spec.template.source:
+            return active.record.max_parallel
+        return max(active.record.max_parallel, READ_AHEAD)
 
     async def enqueue(self, active: ActiveSweep, ids: list[int]) -> None:
         """Queue the released cells `ids`, and read the next held ones ahead."""
-        reach = active.record.max_parallel
-        if not active.record.spec.template.source:
-            reach = max(reach, READ_AHEAD)
-        ahead = [j for j in itertools.islice(active.held, reach) if j not in active.ready]
+        ahead = [j for j in itertools.islice(active.held, self._reach(active))
+                 if j not in active.ready and j not in active.reading]
+        if not ids and not ahead:
+            return  # all read, or being read, already
         prepare = []
-        for job in await self.store.jobs_by_ids([*ids, *ahead]):
+        active.reading.update(ahead)
+        try:
+            jobs = await self.store.jobs_by_ids([*ids, *ahead])
+        finally:
+            active.reading.difference_update(ahead)
+        for job in jobs:
             if job.id not in ids:
                 if job.phase == Phase.PENDING and job.id in active.held:
                     active.ready[job.id] = job
@@ -476,7 +493,8 @@ class SweepController:
             ids = list(ids)
             return f"{ids[:8]}{'+' + str(len(ids) - 8) if len(ids) > 8 else ''}"
         return [f"sweep {a.record.id} {a.record.name} {a.record.phase}: canary {a.canary}, "
-                f"held {few(a.held)}, ready {few(a.ready)}, running {few(sorted(a.running))}, "
+                f"held {few(a.held)}, ready {few(a.ready)}, reading {few(sorted(a.reading))}, "
+                f"running {few(sorted(a.running))}, "
                 f"releasing {few(sorted(a.releasing))}, stopping {few(sorted(a.stopping))}, "
                 f"settle {a.settle.name}, budget {a.budget.name}"
                 for a in self._sweeps.values()]

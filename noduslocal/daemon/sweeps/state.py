@@ -114,6 +114,7 @@ class ActiveSweep:
     running: set[int] = field(default_factory=set)  # released cells that have not ended
     canary: int | None = None  # the canary cell's job id while the gate is shut
     ready: dict[int, JobRecord] = field(default_factory=dict)  # held cells, read ahead
+    reading: set[int] = field(default_factory=set)  # held cells whose read ahead is under way
     releasing: set[int] = field(default_factory=set)  # released, being read to be queued
     stopping: set[int] = field(default_factory=set)  # running cells a suspend stops
     # Each async look's state, moved by settle_to() and budget_to() only.
