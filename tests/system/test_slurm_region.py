@@ -430,6 +430,15 @@ def test_a_job_slurm_forgot_while_the_daemon_was_away_ends_lost_saying_so(
     slurm_cluster.restart_controller(forget=True)
     lab.daemon.start()
     final = wait_phase(lab, BOB, "forgotten", set(TERMINAL))
+    # slurmd kills every process of a step its controller forgot: the shim goes with its
+    # job, and no exit is recorded (Lost, said so); or, on a loaded box, the shim outlives
+    # the job by the instant it takes to record the kill's signal (seen once in CI), and
+    # that record, the one truth left, is what the job ended with.
+    if final["reason"] == "Signaled":
+        assert final["phase"] == "Failed", final
+        assert re.fullmatch(r"killed by signal (9|15) \(SIG(KILL|TERM)\)",
+                            final.get("message") or ""), final
+        return
     assert (final["phase"], final["reason"]) == ("Failed", "Lost"), final
     assert "no record of job" in (final.get("message") or ""), final["message"]
 
