@@ -209,7 +209,7 @@ class SweepController:
         active.releasing.update(unread)
         reach = self._reach(active)
         # Those being read count as read: a second look asked for meanwhile read the same
-        # cells again (1,949 rows for a 1,000-cell map).
+        # cells again (1,598 rows for a 1,000-cell map).
         if unread or (len(active.ready) + len(active.reading)
                       < max(active.record.max_parallel, reach // 2)):
             self.spawn_enqueue(active, unread)
