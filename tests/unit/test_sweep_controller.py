@@ -332,7 +332,7 @@ async def asked_for_after_the_canary_s_pass(h: LifecycleHarness, canary_cell: Jo
 def test_each_cell_is_read_once_and_none_waits_for_its_read(tmp_path: Path) -> None:
     """A sweep without code reads its held cells ahead, in batches, before they run out:
     each cell once (a second look, asked for while the first one's read was under way,
-    read the same cells again: 1,949 rows for a 1,000-cell map), and no released cell has
+    read the same cells again: 1,598 rows for a 1,000-cell map), and no released cell has
     to be read before it is queued (issue 25, part 5)."""
     async def body(h: LifecycleHarness) -> None:
         read: list[int] = []
@@ -345,8 +345,6 @@ def test_each_cell_is_read_once_and_none_waits_for_its_read(tmp_path: Path) -> N
         h.store.jobs_by_ids = counting  # type: ignore[method-assign]
         sweep = await h.create_sweep("many", grid={"X": list(range(200))}, canary="none",
                                      max_parallel=2)
-        active = h.lifecycle.sweeps.active(sweep.id)
-        assert active is not None
         unread_releases = []
         release = h.lifecycle.sweeps.release
 
@@ -394,7 +392,11 @@ def test_a_retry_acted_on_before_the_failed_end_was_answered_still_ends(
             answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
             async def late() -> None:
-                value = await done  # its op ran at the commit: what it moved is known
+                try:
+                    value = await done  # its op ran at the commit: what it moved is known
+                except Exception as exc:
+                    answer.set_exception(exc)
+                    return
                 if SweepPhase.FAILED in moved_to[seen:] and not held:
                     held.append(True)
                     await answer_now.wait()
