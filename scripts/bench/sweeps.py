@@ -148,7 +148,8 @@ def main() -> None:
     # the next runner: the first run after a quiet spell was the slowest of its series,
     # and the map always went first.
     for r in range(rounds):
-        for runner, run in runners[r % 3:] + runners[:r % 3]:
+        turn = r % len(runners)
+        for runner, run in runners[turn:] + runners[:turn]:
             row(f"{r + 1}: {runner}", run)
     print(table(rows))
     remove_unless_kept(made)
