@@ -24,10 +24,12 @@ from noduslocal.daemon.runtime import compiled_shim, shim
 from noduslocal.daemon.runtime.attempt_dir import read_pid
 from noduslocal.daemon.runtime.base import AttemptRef, Exited, GpuGrant, Launch
 from noduslocal.daemon.runtime.host import runtime as host_runtime
+from noduslocal.daemon.runtime.host.cgroups import Cgroups, cgroup_name
 from noduslocal.daemon.runtime.host.runtime import HostRuntime
 from noduslocal.daemon.runtime.host.spawner import Spawner
 from noduslocal.domain.jobs import JobRecord, JobSpec
 from noduslocal.testing import process_gone as gone
+from tests.unit.test_cgroups import v1_tree
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 DEADLINE = 15.0
@@ -159,6 +161,48 @@ def test_the_runtime_lets_an_armed_launch_go_at_its_start_and_others_at_their_ex
 
     asyncio.run(body())
     assert (layout.attempt_dir(7, 1) / shim.OUTPUT_LOG).read_text() == "1\n"
+
+
+def test_a_rank_whose_shim_saw_its_cgroups_empty_is_pooled_on_its_word(
+        tmp_path: Path, binary: Path) -> None:
+    """A shim reads its rank's cgroups after the job's end and says in its exit record that
+    it saw them empty; the release then keeps them for the next rank without reading them
+    again (issue 25 part 5), for an armed launch and a plain one alike. The cgroups are a
+    scratch v1 tree: a pid written into them after the ends would keep them out of the
+    pool, were the release to read them."""
+    layout = JobLayout(tmp_path / "data")
+    root = tmp_path / "cgroup"
+    names = [cgroup_name(job_id, 1, 0) for job_id in (7, 8)]
+    for name in names:
+        v1_tree(root, "nl", name)
+        for controller in ("cpu", "pids"):  # where the job's process enters itself
+            (root / controller / "nl" / name / "tasks").touch()
+    cgroups = Cgroups.detect("nl", root)
+
+    async def body() -> None:
+        runtime = HostRuntime(layout, Spawner(binary), cgroups)
+        await runtime.spawner.start()
+        try:
+            armed, plain = launch_of(layout, job(7)), launch_of(layout, job(8))
+            assert runtime.arm(armed)
+            await testing.eventually(lambda: runtime.armed(7, 1), "the arming")
+            handles = []
+            for launch in (armed, plain):
+                [rank] = await runtime.launch(launch)
+                end = await asyncio.wait_for(rank.ended, DEADLINE)
+                assert isinstance(end, Exited) and end.exit_code == 0 and end.cgroups_empty
+                handles.append(rank.handle)
+            for name in names:
+                for controller in ("cpu", "pids"):
+                    (root / controller / "nl" / name / "cgroup.procs").write_text("4242\n")
+            for launch, handle in zip((armed, plain), handles, strict=True):
+                await runtime.release(launch.ref, [handle])
+            assert sorted(p.parent.parent.name for p in root.glob("*/nl/idle-*")) == [
+                "cpu", "cpu", "pids", "pids"]
+        finally:
+            await runtime.close()
+
+    asyncio.run(body())
 
 
 def test_armed_shims_are_capped_per_owner_and_only_for_what_can_be_held(

@@ -229,6 +229,26 @@ def test_a_job_enters_a_v1_cgroup_as_one_thread(tmp_path: Path) -> None:
     assert (cgroup / "cgroup.procs").read_text() == ""
 
 
+def test_the_exit_record_says_when_the_cgroups_were_seen_empty(tmp_path: Path) -> None:
+    """After its job's end a shim reads the rank's cgroups to kill what the job left; its
+    exit record says it saw them empty, so the daemon's release need not read them again.
+    Without cgroups it says nothing of them."""
+    cgroup = new_dir(tmp_path, "v1-cgroup")
+    for name in ("tasks", "cgroup.procs"):
+        (cgroup / name).write_text("")
+    with_cgroups, without = new_dir(tmp_path, "with"), new_dir(tmp_path, "without")
+
+    async def both(runtime: Spawner) -> tuple[AttemptState, AttemptState]:
+        return (await run_job(runtime, with_cgroups, ["true"], cgroups=[str(cgroup)]),
+                await run_job(runtime, without, ["true"]))
+
+    seen, unseen = run(with_runtime(both))
+    assert isinstance(seen, Exited) and seen.cgroups_empty, seen
+    assert json.loads((with_cgroups / shim.EXIT).read_text())["cgroups_empty"] is True
+    assert isinstance(unseen, Exited) and not unseen.cgroups_empty, unseen
+    assert "cgroups_empty" not in json.loads((without / shim.EXIT).read_text())
+
+
 def test_a_job_runs_in_real_v1_and_v2_cgroups(tmp_path: Path) -> None:
     """The same, against the kernel: the job's process is in a v1 hierarchy's cgroup (by
     `tasks`) and in a v2 one's (by cgroup.procs, v2 having no `tasks`) when it runs."""

@@ -146,12 +146,14 @@ def test_v2_kill_writes_cgroup_kill(tmp_path: Path,
     assert (tmp_path / "nl" / name / "cgroup.kill").read_text() == "1"
     kill = tmp_path / "nl" / name / "cgroup.kill"
     kill.write_text("")
-    shim.kill_cgroups([str(tmp_path / "nl" / name)])
-    assert kill.read_text() == ""  # the shim leaves an empty cgroup as it is (most jobs')
-    # One with a process listed (no such pid: nothing real is killed), one round.
+    # The shim leaves an empty cgroup as it is (most jobs'), and says it saw it empty.
+    assert shim.kill_cgroups([str(tmp_path / "nl" / name)]) is True
+    assert kill.read_text() == ""
+    # One with a process listed (no such pid: nothing real is killed), one round: never
+    # seen empty, so the exit record does not say it was.
     (tmp_path / "nl" / name / "cgroup.procs").write_text(f"{2**22 + 1}\n")
     monkeypatch.setattr(shim, "CGROUP_KILL_ROUNDS", 1)
-    shim.kill_cgroups([str(tmp_path / "nl" / name)])
+    assert shim.kill_cgroups([str(tmp_path / "nl" / name)]) is False
     assert kill.read_text() == "1"
 
 
@@ -317,6 +319,47 @@ def test_an_empty_cpu_and_pids_cgroup_is_kept_for_the_next_rank(
     assert cgroups.remove_empty(third)
     cgroups.remove_parents()
     assert not list(tmp_path.glob("*/nl/idle-*")) and not cpu.exists()
+
+
+def test_a_rank_its_shim_saw_empty_is_kept_without_a_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shim reads a rank's cgroups after its end (to kill what its job left) and its
+    exit record says when it saw them empty: the release then keeps them for the next rank
+    without reading each cgroup.procs again (two opens a task on the loop, issue 25 part
+    5). A rank without that word, or one an exec was sent into, is read as before."""
+    first, second, third = (cgroup_name(n, 1, 0) for n in (1, 2, 3))
+    for name in (first, second, third):
+        v1_tree(tmp_path, "nl", name)
+    cgroups = Cgroups.detect("nl", tmp_path)
+    cpu, pids = (tmp_path / c / "nl" for c in ("cpu", "pids"))
+    for name in (first, second, third):
+        cgroups.make(name, Limits(None, 1000, 100))
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting(path: str, *args: int) -> int:
+        opened.append(str(path))
+        return real_open(path, *args)
+
+    monkeypatch.setattr("os.open", counting)
+    cgroups.ended_empty(first)
+    assert cgroups.remove_empty(first)
+    assert not (cpu / first).exists() and not (pids / first).exists()
+    assert len(list(tmp_path.glob("*/nl/idle-*"))) == 2 and opened == []
+    # No such word: each cgroup.procs is read, and one that lists a process is not kept.
+    (pids / second / "cgroup.procs").write_text("4242\n")
+    assert cgroups.remove_empty(second) is False
+    assert opened == [str(cpu / second / "cgroup.procs"), str(pids / second / "cgroup.procs")]
+    # An exec was sent in: the word does not keep it out of the removal.
+    rmdirs: list[str] = []
+    monkeypatch.setattr("os.rmdir", lambda path: rmdirs.append(str(path)))
+    cgroups.admit(third)
+    cgroups.ended_empty(third)
+    assert cgroups.remove_empty(third)
+    assert rmdirs == [str(cpu / third), str(pids / third)]
+    # A name the daemon did not make (a restart's) is not remembered.
+    cgroups.ended_empty(cgroup_name(9, 1, 0))
+    assert not cgroups._emptied
 
 
 def test_v2_keeps_no_cgroup(tmp_path: Path) -> None:

@@ -54,7 +54,8 @@ def read_exit(directory: Path) -> Exited | None:
     # As docker's OOMKilled is read (docker/end.py): the OOM killer took a process of the
     # rank's cgroup, and the job did not exit 0 (one that outlived the kill of a child did).
     oom = bool(data.get("oom_killed")) and code != 0
-    return Exited(code, sig, float(started), float(ended), oom_killed=oom)
+    return Exited(code, sig, float(started), float(ended), oom_killed=oom,
+                  cgroups_empty=data.get("cgroups_empty") is True)
 
 
 def read_pid(directory: Path) -> dict[str, Any] | None:

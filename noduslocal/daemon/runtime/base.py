@@ -32,6 +32,9 @@ class Exited:
     # Containers: True when docker says the kernel killed it for memory; None when it was
     # SIGKILLed (exit 137) by nobody we know of, which is most likely the OOM killer too.
     oom_killed: bool | None = False
+    # Host shims: the rank's cgroups were seen empty after its end, so its release keeps
+    # them for the next rank without reading them again.
+    cgroups_empty: bool = False
 
 
 @dataclass(frozen=True)

@@ -733,6 +733,11 @@ static char *read_file(const char *dir, const char *name) {
     return b.data;
 }
 
+/* Whether the rank's cgroups were seen empty after the job's end (kill_cgroups): the exit
+ * record says so, and the daemon keeps them for the next rank without reading them again
+ * (two opens of cgroup.procs a task on its loop, issue 25 part 5). */
+static int cgroups_emptied = 0;
+
 /* SIGKILL every process in the rank's cgroups, what they fork meanwhile too, until they
  * are empty: a job's setsid child dies with it (shim.py's kill_cgroups). */
 static int cgroups_empty(void) {
@@ -748,7 +753,10 @@ static int cgroups_empty(void) {
 static void kill_cgroups(void) {
     for (int round = 0; round < CGROUP_KILL_ROUNDS && req->ncgroups; round++) {
         /* Read first: most jobs leave nothing, and freezing an empty cgroup is not free. */
-        if (cgroups_empty()) return;
+        if (cgroups_empty()) {
+            cgroups_emptied = 1;
+            return;
+        }
         int left = 0, frozen[64] = {0};
         for (size_t i = 0; i < req->ncgroups && i < 64; i++)
             frozen[i] = write_file(req->cgroups[i], "freezer.state", "FROZEN");
@@ -763,7 +771,10 @@ static void kill_cgroups(void) {
         }
         for (size_t i = 0; i < req->ncgroups && i < 64; i++) /* SIGKILL lands once thawed */
             if (frozen[i]) write_file(req->cgroups[i], "freezer.state", "THAWED");
-        if (!left) return;
+        if (!left) {
+            cgroups_emptied = 1;
+            return;
+        }
         struct timespec pause = {0, 10 * 1000 * 1000};
         nanosleep(&pause, NULL);
     }
@@ -1055,10 +1066,11 @@ static void run_shim(char *data, size_t len, pid_t spawner, int reaper_end) {
      * exited 0 outlived any kill), and its probes are four opens a task in a map. */
     int failed = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
     snprintf(json, sizeof json,
-             "{%s, \"ended_at\": %.6f, \"exit_code\": %s, \"signal\": %s%s}",
+             "{%s, \"ended_at\": %.6f, \"exit_code\": %s, \"signal\": %s%s%s}",
              fields, now(), code, sig,
              !req->ncgroups ? "" : failed && oom_kills() > 0 ? ", \"oom_killed\": true"
-                                                             : ", \"oom_killed\": false");
+                                                             : ", \"oom_killed\": false",
+             req->ncgroups && cgroups_emptied ? ", \"cgroups_empty\": true" : "");
     /* While the spawner is our parent the daemon is alive and commits this exit within
      * milliseconds, so syncing it here too would only add device flushes to every end.
      * Once the daemon is gone this file is the only record until it returns. */

@@ -564,14 +564,16 @@ def _cgroup_procs(cgroup: str) -> list[int]:
         return []
 
 
-def kill_cgroups(cgroups: list[str]) -> None:
+def kill_cgroups(cgroups: list[str]) -> bool:
     """SIGKILL every process in the rank's cgroups, what they fork meanwhile too, until
     they are empty: a job's `setsid` child dies with it. v2 kills a cgroup in one write
-    (cgroup.kill); v1's freezer stops forks between the read of the pids and the kill."""
+    (cgroup.kill); v1's freezer stops forks between the read of the pids and the kill.
+    True once they were seen empty (the exit record says so: the daemon then keeps them
+    for the next rank without reading them again)."""
     for _ in range(CGROUP_KILL_ROUNDS):
         # Read first: most jobs leave nothing, and freezing an empty cgroup is not free.
         if not any(_cgroup_procs(c) for c in cgroups):
-            return
+            return True
         left = False
         frozen = [c for c in cgroups
                   if _write_file(os.path.join(c, "freezer.state"), "FROZEN")]
@@ -584,8 +586,9 @@ def kill_cgroups(cgroups: list[str]) -> None:
         for cgroup in frozen:  # a frozen process dies of its SIGKILL once thawed
             _write_file(os.path.join(cgroup, "freezer.state"), "THAWED")
         if not left:
-            return
+            return True
         time.sleep(0.01)
+    return False
 
 
 def oom_kills(cgroups: list[str]) -> int:
@@ -607,9 +610,9 @@ def oom_kills(cgroups: list[str]) -> int:
 
 
 def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes],
-          cgroups: list[str]) -> int:
+          cgroups: list[str]) -> tuple[int, bool]:
     """Copy output into the logs until the job exits and its pipes close; return the
-    wait status."""
+    wait status, and whether its cgroups were seen empty after it (kill_cgroups)."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -619,6 +622,7 @@ def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes],
     sel.register(wake_r, selectors.EVENT_READ, None)
     status: int | None = None
     deadline: float | None = None
+    emptied = False
     open_pipes = 2
     while open_pipes:
         # Checked before every wait, after the SIGCHLD wake-up is in place: a job that
@@ -631,7 +635,7 @@ def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes],
                 # goes, and all else in its cgroup (a `setsid` child).
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-                kill_cgroups(cgroups)
+                emptied = kill_cgroups(cgroups)
                 deadline = time.monotonic() + DRAIN_AFTER_EXIT
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready = sel.select(timeout)
@@ -657,9 +661,9 @@ def _pump(out_r: int, err_r: int, logs: Logs, pid: int, mask: list[bytes],
         _, status = os.waitpid(pid, 0)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        kill_cgroups(cgroups)
+        emptied = kill_cgroups(cgroups)
     logs.close()
-    return status
+    return status, emptied
 
 
 def _record_setup_failure(logs: Logs, exit_record: int, exc: SetupError, started: float,
@@ -721,8 +725,8 @@ def run_shim(req: dict, durable: bool = False) -> None:
             "shim_pid": os.getpid(), "pid": pid, "pgid": pid, "started_at": started,
             "boot_id": req["boot_id"], "start_ticks": start_ticks(pid)})
         cgroups = req.get("cgroups") or []
-        status = _pump(out_r, err_r, logs, pid,
-                       [value.encode() for value in req.get("mask", ())], cgroups)
+        status, emptied = _pump(out_r, err_r, logs, pid,
+                                [value.encode() for value in req.get("mask", ())], cgroups)
         result: dict = {"started_at": started, "ended_at": time.time(), "exit_code": None,
                         "signal": None}
         if os.WIFSIGNALED(status):
@@ -732,6 +736,8 @@ def run_shim(req: dict, durable: bool = False) -> None:
             result["exit_code"] = os.waitstatus_to_exitcode(status)
         if cgroups:  # read only for a failure: read_exit ignores it after an exit 0
             result["oom_killed"] = result["exit_code"] != 0 and oom_kills(cgroups) > 0
+            if emptied:
+                result["cgroups_empty"] = True
         # While the spawner is our parent the daemon is alive and commits this exit to its
         # database within milliseconds, so syncing it here too would only add two device
         # flushes to every job's end (a power loss within the second before that commit

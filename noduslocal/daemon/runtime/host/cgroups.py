@@ -101,6 +101,9 @@ class Cgroups:
         # Ranks whose cgroups a process beside them was sent into (an exec): never kept
         # for another rank, since that process may enter after the rank's end (see admit).
         self._beside: set[str] = set()
+        # Ranks whose shim saw their cgroups empty after their end (its exit record says
+        # so): kept for the next rank without a read of each cgroup.procs on the loop.
+        self._emptied: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -214,9 +217,11 @@ class Cgroups:
         self._limits[where] = value
         return where
 
-    def _keep(self, path: str) -> bool:
+    def _keep(self, path: str, seen_empty: bool) -> bool:
         """Keep an empty pooled cgroup for the next rank; False (to be removed) when it is
-        not one, processes are still in it, or the pool is full."""
+        not one, processes are still in it, or the pool is full. `seen_empty`: its shim
+        saw it empty after the rank's end, and nothing of the rank is left to enter it
+        (an exec could: admit() keeps such a rank out of the pool), so it is not read."""
         value = self._limits.get(path)
         if value is None:  # not a pooled hierarchy's, or not made by this daemon
             return False
@@ -224,14 +229,15 @@ class Cgroups:
         idle = self._idle.setdefault(parent, [])
         if len(idle) >= IDLE_MAX:
             return False
-        # Empty or not, not which processes (_procs): three system calls at every task's
-        # end, no file object.
-        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if os.read(fd, 16):
-                return False
-        finally:
-            os.close(fd)
+        if not seen_empty:
+            # Empty or not, not which processes (_procs): three system calls, no file
+            # object.
+            fd = os.open(os.path.join(path, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if os.read(fd, 16):
+                    return False
+            finally:
+                os.close(fd)
         kept = os.path.join(parent, f"{IDLE_PREFIX}{next(self._idle_names)}")
         os.rename(path, kept)
         del self._limits[path]
@@ -318,6 +324,11 @@ class Cgroups:
             time.sleep(0.01)
         return not self.procs(name)
 
+    def ended_empty(self, name: str) -> None:
+        """The rank's shim saw its cgroups empty after its end (its exit record)."""
+        if name in self._made:
+            self._emptied.add(name)
+
     def remove_empty(self, name: str) -> bool:
         """Remove the rank's cgroup if nothing is left in it, with no wait: True when it is
         gone; False when remove() must see to it (something still in it, or an error to
@@ -327,9 +338,10 @@ class Cgroups:
             return True
         made = self._made.get(name)
         keep = name not in self._beside
+        seen_empty = name in self._emptied
         for path in made if made is not None else map(str, self.paths(name)):
             try:
-                if not (keep and self._keep(path)):
+                if not (keep and self._keep(path, seen_empty)):
                     os.rmdir(path)
             except FileNotFoundError:
                 pass  # gone already (an admin's cleanup)
@@ -338,6 +350,7 @@ class Cgroups:
             self._limits.pop(path, None)
         self._made.pop(name, None)
         self._beside.discard(name)
+        self._emptied.discard(name)
         return True
 
     def remove(self, name: str) -> None:
@@ -347,6 +360,7 @@ class Cgroups:
             return
         self._made.pop(name, None)  # every hierarchy is looked at: this is the sure way
         self._beside.discard(name)
+        self._emptied.discard(name)
         for path in self.paths(name):
             self._limits.pop(str(path), None)
         # The shim killed what its job left at the main process's end, so at release a

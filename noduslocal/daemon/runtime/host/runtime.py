@@ -34,6 +34,7 @@ from noduslocal.daemon.runtime.base import (
     AttemptRef,
     AttemptState,
     ExecResult,
+    Exited,
     Handle,
     Launch,
     LaunchFailed,
@@ -191,9 +192,19 @@ class HostRuntime:
                               launch.plan(rank, LOOPBACK, LOOPBACK), ref.rank_dir(rank),
                               launch.index_env(), world)
 
-    def _rank(self, ref: AttemptRef, rank: int, shim_pid: int, started_at: float) -> Rank:
+    def _rank(self, ref: AttemptRef, rank: int, shim_pid: int, started_at: float,
+              pidfd: int = -1) -> Rank:
+        ended = self.spawner.watch(ref.rank_dir(rank), shim_pid, pidfd)
+        if self.cgroups.enabled:
+            name = cgroup_name(ref.job.id, ref.number, rank)
+            ended.add_done_callback(lambda done: self._ended(name, done))
         return Rank(Handle(self.kind, str(shim_pid), rank, self.spawner.boot_id), started_at,
-                    self.spawner.watch(ref.rank_dir(rank), shim_pid))
+                    ended)
+
+    def _ended(self, cgroup: str, done: asyncio.Future[AttemptState]) -> None:
+        if (not done.cancelled() and done.exception() is None
+                and isinstance(state := done.result(), Exited) and state.cgroups_empty):
+            self.cgroups.ended_empty(cgroup)
 
     async def launch(self, launch: Launch) -> list[Rank]:
         armed = self._forget((launch.ref.job.id, launch.ref.number))
@@ -296,8 +307,7 @@ class HostRuntime:
         except ProcessLookupError:
             self._release_armed(held)
             return None
-        return Rank(Handle(self.kind, str(held.pid), 0, self.spawner.boot_id), time.time(),
-                    self.spawner.watch(launch.ref.rank_dir(0), held.pid, held.pidfd))
+        return self._rank(launch.ref, 0, held.pid, time.time(), held.pidfd)
 
     def _release_armed(self, held: Armed) -> None:
         """An armed shim told to exit, its cgroup removed (no job entered it)."""
