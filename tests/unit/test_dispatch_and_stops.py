@@ -10,6 +10,7 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from noduslocal.daemon.jobs.attempt import AttemptLife
 from noduslocal.domain.states import AttemptPhase, Phase, Reason
@@ -189,3 +190,38 @@ def test_a_restarted_lifecycle_adopts_what_runs_and_stops_it_as_recorded(
             assert [c for c, _ in runtime.calls].count("launch") == 1
 
     asyncio.run(main())
+
+
+def test_a_kicked_pass_runs_once_for_what_changed_and_not_after_a_pass_saw_it(
+        tmp_path: Path) -> None:
+    """A kick queues a pass; an end's pass (release()) that runs before it sees what the
+    kick was for, so the kicked one does nothing: a sweep's next cell is queued as its
+    last one ends, just before that end's pass, and every task paid a second, empty pass
+    (issue 25, part 5). A kick after a pass still gets its own."""
+    async def body(h: LifecycleHarness) -> None:
+        dispatch = h.lifecycle.dispatch
+        passes: list[int] = []
+        schedule = dispatch.queue.schedule
+
+        def counted() -> list[Any]:
+            passes.append(1)
+            return schedule()
+
+        dispatch.queue.schedule = counted  # type: ignore[method-assign]
+        running = await h.create_job("running", cpu=1)
+        await h.launched(running.id)
+        await eventually(lambda: h.phase_of(running.id, Phase.RUNNING), "Running")
+        await asyncio.sleep(0.05)
+        passes.clear()
+        waiting = await h.create_job("waiting", cpu=1)  # kicks a pass: no room yet
+        await eventually(lambda: len(passes) == 1, "the kicked pass")
+        dispatch.kick()
+        dispatch.run_pass()  # as an end's release() does before the kicked pass runs
+        await asyncio.sleep(0.05)
+        assert len(passes) == 2  # before: 3, the kicked one run after the direct one
+        dispatch.kick()
+        await eventually(lambda: len(passes) == 3, "the next kick's pass")
+        h.runtime.of(running.id)[0].exit(0)
+        await h.launched(waiting.id)
+
+    run(tmp_path, body, cpus=1)

@@ -47,7 +47,8 @@ class Dispatch:
                                    lambda job: self.enqueue(job, judged=True))
         self._later: dict[int, tuple[asyncio.TimerHandle, float]] = {}  # job id -> (timer, due)
         self.ready = False  # set once recovery has given running jobs their share back
-        self._scheduled = False
+        self._scheduled = False  # a kicked pass is queued on the loop
+        self._dirty = False  # kicked since the last pass ran
 
     def enqueue(self, job: JobRecord, judged: bool = False) -> None:
         """Queue a pending job; one with dependencies (`after`) waits in the gate until
@@ -118,14 +119,23 @@ class Dispatch:
 
     def kick(self) -> None:
         """A pass soon, once for everything that changed meanwhile."""
+        self._dirty = True
         if not self._scheduled and not self.background.closed:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.run_pass)
+            asyncio.get_running_loop().call_soon(self._kicked)
+
+    def _kicked(self) -> None:
+        # A pass run since the kick (an end's, from release()) saw what the kick was for:
+        # a sweep's next cell is queued as its last one ends, just before that end's pass,
+        # and a second pass found nothing to do at every task (issue 25, part 5).
+        self._scheduled = False
+        if self._dirty:
+            self.run_pass()
 
     def run_pass(self) -> None:
-        self._scheduled = False
         if self.background.closed or not self.ready:
             return
+        self._dirty = False
         started = self.queue.schedule()
         for job_id in self.queue.preempt:
             victim = self.board.active.get(job_id)
