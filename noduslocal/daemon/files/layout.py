@@ -110,6 +110,7 @@ class JobLayout:
         self._taken: set[int] = set()  # ... and started meanwhile: the thread skips them
         self._job_dirs: dict[int, Path] = {}  # by job id, made once (_kept)
         self._workspaces: dict[int, Path] = {}
+        self._first_attempts: dict[int, Path] = {}  # attempt-1 of each, asked for as often
 
     def create_root(self) -> None:
         for directory in (self.jobs_dir, self.volumes_dir):
@@ -194,6 +195,9 @@ class JobLayout:
             return []
 
     def attempt_dir(self, job_id: int, number: int) -> Path:
+        if number == 1:
+            return _kept(self._first_attempts, job_id,
+                         lambda: self.job_dir(job_id) / "attempt-1")
         return self.job_dir(job_id) / f"attempt-{number}"
 
     def workspace(self, job_id: int) -> Path:

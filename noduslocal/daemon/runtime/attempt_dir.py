@@ -23,7 +23,7 @@ from noduslocal.daemon.runtime.base import Alive, AttemptState, Exited, NeverSta
 RECORD_MAX = 64 * 1024  # bytes of a pid or exit record read: a shim writes a few hundred
 
 
-def _read_json(path: Path, owner: int | None = None) -> dict[str, Any] | None:
+def _read_json(path: Path | str, owner: int | None = None) -> dict[str, Any] | None:
     """The file's object, or None when it is absent, empty or torn (a crash can leave a
     renamed file without its data): all mean "not recorded". Read as files/plain.py
     does: a cluster's shim writes these as the job's owner. With `owner`, only a record
@@ -43,7 +43,7 @@ def _number(value: Any, kind: type) -> bool:
 def read_exit(directory: Path) -> Exited | None:
     """The rank's exit record; None when there is none, and when it is not one a shim wrote
     (a cluster job's owner can write their node directory): the end is then Slurm's word."""
-    data = _read_json(directory / shim.EXIT)
+    data = _read_json(os.path.join(directory, shim.EXIT))  # no Path made: every task's end
     if data is None:
         return None
     code, sig = data.get("exit_code"), data.get("signal")

@@ -16,6 +16,7 @@ from noduslocal.domain import metrics
 from noduslocal.domain.job_paths import CONTAINER_ROOT, in_workspace
 from noduslocal.domain.jobs import JobRecord
 
+CONTAINER_PATH = Path(CONTAINER_ROOT)  # made once: a Path costs microseconds a task
 
 def launch_request(layout: JobLayout, job: JobRecord, number: int,
                    secrets: dict[str, str] | None = None,
@@ -31,7 +32,7 @@ def launch_request(layout: JobLayout, job: JobRecord, number: int,
     host's (the workspace where it lies)."""
     directory = directory or layout.attempt_dir(job.id, number)
     workspace = layout.workspace(job.id)
-    root = Path(CONTAINER_ROOT) if world is not None else workspace
+    root = CONTAINER_PATH if world is not None else workspace
 
     def seen(path: str) -> str:  # where the job finds a checkpoint, volume path or workdir
         if path == CONTAINER_ROOT:
