@@ -19,7 +19,7 @@ HEAD = """# The `noduslocal` command
 
 Every command, its usage, help and options, written by `python scripts/cli_reference.py`
 from the commands themselves (a test fails when this file is not what it writes). `job
-run`, `job list` and `sweep wait` are also parsed by a fast path without click
+run`, `job list`, `map` and `sweep wait` are also parsed by a fast path without click
 (docs/architecture.md), held to these same options by a test.
 """
 

@@ -1,8 +1,8 @@
-"""The commands people run in loops and scripts, `job run`, `job list` and `sweep wait`,
-parsed without click: importing click costs a call more than all the rest of it. Whatever
-this parser does not know for certain (an option it has no entry for, --help, a value click
-must judge) makes it answer None, and click parses the whole command line again, so
-refusals keep one style.
+"""The commands people run in loops and scripts, `job run`, `job list`, `map` and `sweep
+wait`, parsed without click: importing click costs a call more than all the rest of it.
+Whatever this parser does not know for certain (an option it has no entry for, --help, a
+value click must judge) makes it answer None, and click parses the whole command line
+again, so refusals keep one style.
 """
 
 from __future__ import annotations
@@ -64,6 +64,25 @@ LIST_OPTIONS = {
     "--limit": _opt("limit", INT, 1, 100_000, 1000), "--json": _opt("as_json", FLAG),
     "--cells": _opt("cells", FLAG),
 }
+
+MAP_OPTIONS = {  # `map ... COMMAND ::: VALUES`
+    "--name": _opt("name"), "--replace": _opt("replace", FLAG),
+    "--project": _opt("project"), "-p": _opt("project"),
+    "--image": _opt("image"), "--gpus": _opt("gpus"), "--sku": _opt("sku"),
+    "--cpu": _opt("cpu"), "--memory": _opt("memory"), "--region": _opt("region"),
+    "--timeout": _opt("timeout"),
+    "--max-parallel": _opt("max_parallel", INT, 1, 10_000, 8),
+    "--retries": _opt("retries", INT, 0, 100, 0),
+    "--canary-smoke": _opt("canary_smoke"), "--no-canary": _opt("no_canary", FLAG),
+    "--no-wait": _opt("no_wait", FLAG), "--no-code": _opt("no_code", FLAG),
+    "--from": _opt("from_job"), "--volume": _opt("volumes", MANY),
+    "--env": _opt("envs", MANY), "-e": _opt("envs", MANY), "--export": _opt("export"),
+    "--secret": _opt("secrets", MANY), "--label": _opt("labels", MANY),
+    "--webhook": _opt("webhook"), "--allow-large-source": _opt("allow_large_source", FLAG),
+    "--after": _opt("after", MANY), "--dry-run": _opt("dry_run", FLAG),
+    "--json": _opt("as_json", FLAG),
+}
+MAP_LEFT_TO_CLICK = {"code": None}  # a directory click checks exists
 
 WAIT_OPTIONS = {  # `sweep wait NAME`
     "--project": _opt("project"), "-p": _opt("project"),
@@ -144,6 +163,13 @@ def run(argv: list[str]) -> int | None:
 
         (options["name"],) = options.pop("command")
         return _act(sweep_actions.wait, options)
+    if argv[:1] == ["map"]:
+        options = parse(argv[1:], MAP_OPTIONS, positional=True)
+        if options is None or not options["command"]:
+            return None
+        from noduslocal.cli import map_actions
+
+        return _act(map_actions.run, {**options, **MAP_LEFT_TO_CLICK})
     if len(argv) < 2 or argv[0] != "job" or argv[1] not in ("run", "list"):
         return None
     from noduslocal.cli import job_actions

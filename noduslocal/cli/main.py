@@ -1,5 +1,5 @@
-"""The `noduslocal` command's entry: `job run`, `job list` and `sweep wait` take the fast path
-(cli/fast.py), everything else, and anything the fast path leaves, goes to click
+"""The `noduslocal` command's entry: `job run`, `job list`, `map` and `sweep wait` take the
+fast path (cli/fast.py), everything else, and anything the fast path leaves, goes to click
 (cli/root.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fast path of `job run`, `job list` and `sweep wait` (cli/fast.py) against click's
+"""The fast path of `job run`, `job list`, `map` and `sweep wait` (cli/fast.py) against click's
 commands, each run against a real daemon as separate processes: what it sends and prints is
 what click's path sends and prints, whatever it does not take goes to click, refusals
 included, in the CLI's one style, and it loads none of the heavy modules. Its option
@@ -7,6 +7,7 @@ tests/unit/test_cli_fast_path_parser.py."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -111,9 +112,15 @@ def test_attached_run_through_the_fast_path(daemon: testing.Daemon) -> None:
     assert "exited with code 4" in result.stderr
 
 
-@pytest.mark.parametrize("argv", [["job", "run", "-d", "--", "true"], ["job", "list"]])
+@pytest.mark.parametrize(("argv", "allowed"), [
+    (["job", "run", "-d", "--", "true"], set()), (["job", "list"], set()),
+    # The values' grammar is parsed by regular expressions; the sweep's errors are enums.
+    (["map", "--no-code", "--no-wait", "--name", "m", "true", ":::", "1", "2"],
+     {"re", "enum"}),
+])
 def test_the_fast_path_loads_none_of_the_heavy_modules(daemon: testing.Daemon,
-                                                       argv: list[str]) -> None:
+                                                       argv: list[str],
+                                                       allowed: set[str]) -> None:
     """What keeps a submit near the interpreter's own start (docs/benchmarks.md): the
     modules a call would pay for and does not need, checked by name, not by time."""
     probe = ("import sys\nfrom noduslocal.cli import fast\n"
@@ -125,7 +132,8 @@ def test_the_fast_path_loads_none_of_the_heavy_modules(daemon: testing.Daemon,
                             text=True, timeout=60, cwd=Path(fast.__file__).parents[2],
                             env={**os.environ, SOCKET_ENV: str(daemon.socket)})
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == "[]"
+    loaded = ast.literal_eval(result.stderr.strip().splitlines()[-1])
+    assert set(loaded) <= allowed, loaded
 
 
 
@@ -158,3 +166,42 @@ def test_both_paths_wait_for_a_sweep_alike(daemon: testing.Daemon) -> None:
     assert missing.returncode == by_click.returncode != 0
     assert missing.stderr == by_click.stderr
     assert missing.stderr.startswith("noduslocal: ") and missing.stderr.count("\n") == 1
+
+
+def test_both_paths_map_alike(daemon: testing.Daemon) -> None:
+    """`map` through the fast path (cli/map_actions.py) and through click: the same sweep
+    created from the same command line, values given after ::: or on standard input, the
+    same lines printed, and the same refusal of a bad --env, with nothing created."""
+    args = ["--no-code", "--export", "NONE", "-e", "A=1", "--label", "k=v", "--retries",
+            "1", "--max-parallel", "3", "--no-canary", "--", "sh", "-c", "echo $A $1"]
+    by_fast = run_cli(daemon, "map", "--name", "by-fast", *args, ":::", "x", "y")
+    by_click = click_cli(daemon, "map", "--name", "by-click", *args, ":::", "x", "y")
+    assert by_fast.returncode == by_click.returncode == 0, (by_fast.stderr, by_click.stderr)
+    assert by_fast.stdout == "by-fast\n" and by_click.stdout == "by-click\n"
+    assert (by_fast.stderr.replace("by-fast", "NAME")
+            == by_click.stderr.replace("by-click", "NAME")), (by_fast.stderr, by_click.stderr)
+    client = daemon.client()
+    one, two = (client.get_sweep(name) for name in ("by-fast", "by-click"))
+    assert one["labels"] == two["labels"] == {"k": "v"}
+    assert one["max_parallel"] == two["max_parallel"] == 3
+    assert one["cells"] == two["cells"] == 2 and one["canary"] == two["canary"]
+    for cell in (0, 1):
+        fast_job, click_job = (client.get_job(f"{name}-{cell}")
+                               for name in ("by-fast", "by-click"))
+        assert fast_job["spec"]["env"].pop("NODUS_SWEEP") == "by-fast"
+        assert click_job["spec"]["env"].pop("NODUS_SWEEP") == "by-click"
+        for job in (fast_job, click_job):
+            job["spec"]["env"].pop("SUPERCOMPUTER_JOB", None)
+        assert fast_job["spec"] == click_job["spec"]
+        assert fast_job["spec"]["env"]["A"] == "1" and fast_job["retries"] == 1
+    lines = run_cli(daemon, "map", "--name", "from-stdin", "--no-code", "--no-wait", "echo",
+                    input="a\nb\nc\n")
+    assert lines.returncode == 0, lines.stderr
+    assert client.get_sweep("from-stdin")["cells"] == 3
+    bad = run_cli(daemon, "map", "--name", "bad", "--no-code", "-e", "NOEQUALS", "true",
+                  ":::", "1")
+    bad_click = click_cli(daemon, "map", "--name", "bad", "--no-code", "-e", "NOEQUALS",
+                          "true", ":::", "1")
+    assert bad.returncode == bad_click.returncode == 2
+    assert bad.stderr == bad_click.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    assert "bad" not in {s["name"] for s in client.list_sweeps()}

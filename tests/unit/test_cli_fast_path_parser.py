@@ -13,6 +13,7 @@ import pytest
 
 from noduslocal.cli import fast
 from noduslocal.cli.job import list_, run
+from noduslocal.cli.map import map_
 from noduslocal.cli.sweeps import wait
 from noduslocal.domain.timefmt import iso, parse_iso
 
@@ -21,6 +22,7 @@ from noduslocal.domain.timefmt import iso, parse_iso
     (run, fast.RUN_OPTIONS, fast.RUN_LEFT_TO_CLICK, []),
     (list_, fast.LIST_OPTIONS, {}, []),
     (wait, fast.WAIT_OPTIONS, {}, ["a-sweep"]),
+    (map_, fast.MAP_OPTIONS, fast.MAP_LEFT_TO_CLICK, ["true", ":::", "1"]),
 ])
 def test_the_table_is_clicks_options(command: click.Command, table: dict[str, Any],
                                      left_to_click: dict[str, Any],
@@ -79,6 +81,36 @@ def test_parse_gives_what_click_gives(argv: list[str]) -> None:
 ])
 def test_what_the_parser_leaves_to_click(argv: list[str]) -> None:
     assert fast.parse(argv, fast.RUN_OPTIONS, positional=True) is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["--no-code", "--name", "tp", "--max-parallel", "2", "--", "true", ":::", "1", "2"],
+    ["-e", "A=1", "--env=B=2", "--label", "k=v", "--retries", "3", "--no-canary", "echo",
+     "{}", ":::", "a", "b"],
+    ["--cpu", "500m", "--memory", "64M", "--no-wait", "--json", "--", "--looks-like-a-flag",
+     ":::", "x"],
+    ["--after", "afterany:other", "--volume", "data", "-p", "lab", "sh", "-c", "exit $1",
+     ":::", "0", "1"],
+    ["--dry-run", "echo", "--name", "not-an-option-here", ":::", "1"],
+])
+def test_map_parses_as_click_does(argv: list[str]) -> None:
+    parsed = fast.parse(argv, fast.MAP_OPTIONS, positional=True)
+    assert parsed is not None
+    with map_.make_context("map", list(argv)) as ctx:  # with the command's own settings
+        expected = dict(ctx.params)
+    assert {**parsed, **fast.MAP_LEFT_TO_CLICK} == expected
+
+
+@pytest.mark.parametrize("argv", [
+    ["--code", ".", "true", ":::", "1"],         # a directory click checks
+    ["--max-parallel", "0", "true", ":::", "1"],  # out of range
+    ["--help"],
+    [],                                            # no command: click says so
+])
+def test_what_the_map_parser_leaves_to_click(argv: list[str]) -> None:
+    parsed = fast.parse(argv, fast.MAP_OPTIONS, positional=True)
+    assert parsed is None or not parsed["command"]
+    assert fast.run(["map", *argv]) is None
 
 
 def test_list_takes_no_argument() -> None:
