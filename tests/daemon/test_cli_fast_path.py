@@ -204,4 +204,10 @@ def test_both_paths_map_alike(daemon: testing.Daemon) -> None:
                           "true", ":::", "1")
     assert bad.returncode == bad_click.returncode == 2
     assert bad.stderr == bad_click.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    # The values on standard input: the fast path refuses before reading them, so click,
+    # which it hands the line to, finds them and refuses the same way (not "standard
+    # input had no lines").
+    piped = run_cli(daemon, "map", "--name", "bad", "--no-code", "-e", "NOEQUALS", "echo",
+                    input="a\nb\n")
+    assert (piped.returncode, piped.stderr) == (2, bad.stderr), piped.stderr
     assert "bad" not in {s["name"] for s in client.list_sweeps()}

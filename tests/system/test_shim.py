@@ -232,21 +232,31 @@ def test_a_job_enters_a_v1_cgroup_as_one_thread(tmp_path: Path) -> None:
 def test_the_exit_record_says_when_the_cgroups_were_seen_empty(tmp_path: Path) -> None:
     """After its job's end a shim reads the rank's cgroups to kill what the job left; its
     exit record says it saw them empty, so the daemon's release need not read them again.
-    Without cgroups it says nothing of them."""
-    cgroup = new_dir(tmp_path, "v1-cgroup")
+    Without cgroups it says nothing of them, nor when a cgroup could not be read (here a
+    directory where cgroup.procs should be): an unread cgroup may hold a process, which
+    the daemon's pool would hand to the next rank."""
+    cgroup, unreadable = new_dir(tmp_path, "v1-cgroup"), new_dir(tmp_path, "unreadable")
     for name in ("tasks", "cgroup.procs"):
         (cgroup / name).write_text("")
-    with_cgroups, without = new_dir(tmp_path, "with"), new_dir(tmp_path, "without")
+    (unreadable / "tasks").write_text("")
+    (unreadable / "cgroup.procs").mkdir()
+    with_cgroups, without, unread = (new_dir(tmp_path, name)
+                                     for name in ("with", "without", "unread"))
 
-    async def both(runtime: Spawner) -> tuple[AttemptState, AttemptState]:
-        return (await run_job(runtime, with_cgroups, ["true"], cgroups=[str(cgroup)]),
-                await run_job(runtime, without, ["true"]))
+    async def each(runtime: Spawner) -> list[AttemptState]:
+        return [await run_job(runtime, with_cgroups, ["true"], cgroups=[str(cgroup)]),
+                await run_job(runtime, without, ["true"]),
+                await run_job(runtime, unread, ["true"],
+                              cgroups=[str(cgroup), str(unreadable)])]
 
-    seen, unseen = run(with_runtime(both))
+    seen, unseen, not_read = run(with_runtime(each))
     assert isinstance(seen, Exited) and seen.cgroups_empty, seen
     assert json.loads((with_cgroups / shim.EXIT).read_text())["cgroups_empty"] is True
     assert isinstance(unseen, Exited) and not unseen.cgroups_empty, unseen
     assert "cgroups_empty" not in json.loads((without / shim.EXIT).read_text())
+    assert isinstance(not_read, Exited) and not_read.exit_code == 0, not_read
+    assert not not_read.cgroups_empty
+    assert "cgroups_empty" not in json.loads((unread / shim.EXIT).read_text())
 
 
 def test_a_job_runs_in_real_v1_and_v2_cgroups(tmp_path: Path) -> None:

@@ -155,6 +155,11 @@ def test_v2_kill_writes_cgroup_kill(tmp_path: Path,
     monkeypatch.setattr(shim, "CGROUP_KILL_ROUNDS", 1)
     assert shim.kill_cgroups([str(tmp_path / "nl" / name)]) is False
     assert kill.read_text() == "1"
+    # One that cannot be read is not claimed empty either, and a gone one is empty.
+    (tmp_path / "nl" / name / "cgroup.procs").unlink()
+    (tmp_path / "nl" / name / "cgroup.procs").mkdir()
+    assert shim.kill_cgroups([str(tmp_path / "nl" / name)]) is False
+    assert shim.kill_cgroups([str(tmp_path / "nl" / "gone")]) is True
 
 
 def test_v1_kill_freezes_and_thaws(tmp_path: Path) -> None:

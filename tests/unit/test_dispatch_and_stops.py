@@ -225,3 +225,25 @@ def test_a_kicked_pass_runs_once_for_what_changed_and_not_after_a_pass_saw_it(
         await h.launched(waiting.id)
 
     run(tmp_path, body, cpus=1)
+
+
+def test_a_job_taken_out_of_the_queue_lets_what_waited_behind_it_start(
+        tmp_path: Path) -> None:
+    """The head of the queue holds back what would take the room it waits for; taken out
+    (a cancel, a sweep's suspend putting its cell back among the held ones), a pass must
+    follow, or the job behind it waits for an unrelated event. A sweep's suspend took
+    cells out without one: a kick queued for something else used to cover it."""
+    async def body(h: LifecycleHarness) -> None:
+        running = await h.create_job("running", cpu=1)
+        await h.launched(running.id)
+        await eventually(lambda: h.phase_of(running.id, Phase.RUNNING), "Running")
+        head = await h.create_job("head", cpu=2)
+        behind = await h.create_job("behind", cpu=1)
+        await eventually(lambda: h.lifecycle.jobs.wait_reason(behind.id) is not None,
+                         "the job behind the head to wait")
+        await asyncio.sleep(0.05)
+        assert h.runtime.of(behind.id) == []
+        assert h.lifecycle.dispatch.remove(head.id)
+        await h.launched(behind.id)
+
+    run(tmp_path, body, cpus=2)

@@ -90,10 +90,14 @@ class Dispatch:
             return True
         if self.lanes.remove(job_id):
             self.pending.pop(job_id, None)
+            self.kick()
             return True
         if self.queue.remove(job_id) is None:
             return False
         self.pending.pop(job_id, None)
+        # What waited behind it (for the GPUs it was first in line for) may start now: a
+        # pass, whoever took it out (a cancel, a sweep's suspend).
+        self.kick()
         return True
 
     def retry_hold(self, job_id: int) -> str | None:

@@ -33,7 +33,8 @@ class Exited:
     # SIGKILLed (exit 137) by nobody we know of, which is most likely the OOM killer too.
     oom_killed: bool | None = False
     # Host shims: the rank's cgroups were seen empty after its end, so its release keeps
-    # them for the next rank without reading them again.
+    # them for the next rank without reading them again. Only the host runtime reads it:
+    # a cluster job's owner can write its exit record.
     cgroups_empty: bool = False
 
 

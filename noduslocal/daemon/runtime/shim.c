@@ -735,15 +735,37 @@ static char *read_file(const char *dir, const char *name) {
 
 /* Whether the rank's cgroups were seen empty after the job's end (kill_cgroups): the exit
  * record says so, and the daemon keeps them for the next rank without reading them again
- * (two opens of cgroup.procs a task on its loop, issue 25 part 5). */
-static int cgroups_emptied = 0;
+ * (two opens of cgroup.procs a task on its loop, issue 25 part 5). Never claimed when a
+ * read failed (procs_unread): an unread cgroup may hold a process, which the pool would
+ * hand to another rank. */
+static int cgroups_emptied = 0, procs_unread = 0;
+
+/* A cgroup's processes as cgroup.procs lists them (empty when it is gone); one that
+ * could not be read sets procs_unread. */
+static char *read_procs(const char *dir) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/cgroup.procs", dir);
+    struct buffer b = {0};
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) procs_unread = 1;
+    } else {
+        char chunk[4096];
+        ssize_t n;
+        while ((n = read(fd, chunk, sizeof chunk)) > 0) buf_add(&b, chunk, (size_t)n);
+        if (n < 0) procs_unread = 1;
+        close(fd);
+    }
+    buf_add(&b, "", 1);
+    return b.data;
+}
 
 /* SIGKILL every process in the rank's cgroups, what they fork meanwhile too, until they
  * are empty: a job's setsid child dies with it (shim.py's kill_cgroups). */
 static int cgroups_empty(void) {
     for (size_t i = 0; i < req->ncgroups; i++) {
-        char *procs = read_file(req->cgroups[i], "cgroup.procs");
-        int some = procs && *procs;
+        char *procs = read_procs(req->cgroups[i]);
+        int some = *procs != 0;
         free(procs);
         if (some) return 0;
     }
@@ -754,7 +776,7 @@ static void kill_cgroups(void) {
     for (int round = 0; round < CGROUP_KILL_ROUNDS && req->ncgroups; round++) {
         /* Read first: most jobs leave nothing, and freezing an empty cgroup is not free. */
         if (cgroups_empty()) {
-            cgroups_emptied = 1;
+            cgroups_emptied = !procs_unread;
             return;
         }
         int left = 0, frozen[64] = {0};
@@ -762,7 +784,7 @@ static void kill_cgroups(void) {
             frozen[i] = write_file(req->cgroups[i], "freezer.state", "FROZEN");
         for (size_t i = 0; i < req->ncgroups; i++) {
             write_file(req->cgroups[i], "cgroup.kill", "1");
-            char *procs = read_file(req->cgroups[i], "cgroup.procs"), *s = procs, *end;
+            char *procs = read_procs(req->cgroups[i]), *s = procs, *end;
             for (long pid; (pid = strtol(s, &end, 10)), end != s; s = end) {
                 left = 1;
                 kill((pid_t)pid, SIGKILL);
@@ -772,7 +794,7 @@ static void kill_cgroups(void) {
         for (size_t i = 0; i < req->ncgroups && i < 64; i++) /* SIGKILL lands once thawed */
             if (frozen[i]) write_file(req->cgroups[i], "freezer.state", "THAWED");
         if (!left) {
-            cgroups_emptied = 1;
+            cgroups_emptied = !procs_unread;
             return;
         }
         struct timespec pause = {0, 10 * 1000 * 1000};

@@ -556,12 +556,15 @@ def _write_file(path: str, value: str) -> bool:
         os.close(fd)
 
 
-def _cgroup_procs(cgroup: str) -> list[int]:
+def _cgroup_procs(cgroup: str) -> list[int] | None:
+    """The cgroup's processes ([] when it is gone); None when it could not be read."""
     try:
         with open(os.path.join(cgroup, "cgroup.procs")) as file:
             return [int(line) for line in file.read().split()]
-    except OSError:
+    except FileNotFoundError:
         return []
+    except (OSError, ValueError):
+        return None
 
 
 def kill_cgroups(cgroups: list[str]) -> bool:
@@ -569,24 +572,30 @@ def kill_cgroups(cgroups: list[str]) -> bool:
     they are empty: a job's `setsid` child dies with it. v2 kills a cgroup in one write
     (cgroup.kill); v1's freezer stops forks between the read of the pids and the kill.
     True once they were seen empty (the exit record says so: the daemon then keeps them
-    for the next rank without reading them again)."""
+    for the next rank without reading them again); never when a read failed, since an
+    unread cgroup may hold a process that the pool would hand to another rank."""
+    unread = False
     for _ in range(CGROUP_KILL_ROUNDS):
         # Read first: most jobs leave nothing, and freezing an empty cgroup is not free.
-        if not any(_cgroup_procs(c) for c in cgroups):
-            return True
+        listed = [_cgroup_procs(c) for c in cgroups]
+        unread = unread or None in listed
+        if not any(listed):
+            return not unread
         left = False
         frozen = [c for c in cgroups
                   if _write_file(os.path.join(c, "freezer.state"), "FROZEN")]
         for cgroup in cgroups:
             _write_file(os.path.join(cgroup, "cgroup.kill"), "1")
-            for pid in _cgroup_procs(cgroup):
+            pids = _cgroup_procs(cgroup)
+            unread = unread or pids is None
+            for pid in pids or ():
                 left = True
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for cgroup in frozen:  # a frozen process dies of its SIGKILL once thawed
             _write_file(os.path.join(cgroup, "freezer.state"), "THAWED")
         if not left:
-            return True
+            return not unread
         time.sleep(0.01)
     return False
 
