@@ -28,6 +28,12 @@ class SweepSpec:
     tasks: Expansion | None = None  # a `map` sweep's tasks (then `grid` is not read)
     smoke_job: int | None = None  # the smoke canary's job, once made (a copy after a retry)
 
+    def cells_alike(self) -> bool:
+        """Every cell asks for the template's resources: no grid over `gpu` (a map's
+        tasks differ in their command only; a grid's `region` moves no resource)."""
+        return (self.tasks is not None or self.grid is None
+                or all(axis.key != "gpu" for axis in self.grid.axes))
+
     def params(self, index: int) -> dict[str, Any]:
         """What sets cell `index` apart: its `map` task's values, or its grid values."""
         if self.tasks is not None:

@@ -47,6 +47,18 @@ def attempt_from_row(row: tuple[Any, ...]) -> AttemptRecord:
     return AttemptRecord(*row)
 
 
+# What each cell of a sweep asks for, where all of them ask the same: GPUs, their model,
+# the expected duration (seconds), CPUs and memory (bytes; 0: none asked for).
+CellAsks = tuple[int, str | None, float | None, float, int]
+
+
+def asks_of(spec: JobSpec) -> CellAsks:
+    """What a cell of this spec asks for, as the cell groups' query reads it from a row."""
+    gpu = spec.gpu
+    return (gpu.count if gpu is not None else 0, gpu.model if gpu is not None else None,
+            spec.expected_duration, spec.cpu_m / 1000, spec.memory or 0)
+
+
 @dataclass(frozen=True)
 class CellGroup:
     """The current cells of one phase and one GPU request."""

@@ -16,7 +16,7 @@ from typing import Any
 from noduslocal.daemon.files.plain import open_plain
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.store import Store
-from noduslocal.daemon.store.rows import CellGroup, FailedCell
+from noduslocal.daemon.store.rows import CellGroup, FailedCell, asks_of
 from noduslocal.domain.jobs import JobRecord
 from noduslocal.domain.states import TERMINAL, Phase
 from noduslocal.domain.sweeps import SweepRecord
@@ -68,7 +68,9 @@ class SweepReports:
         clustered = await self._clusters(failing)
         running = await self.store.sweeps_running(ids)
         now = time.time()
-        groups = await self.store.sweeps_cell_groups(ids, now)
+        groups = await self.store.sweeps_cell_groups(
+            ids, now, {sweep.id: asks_of(sweep.spec.template) for sweep in sweeps
+                       if sweep.spec.cells_alike()})
         canaries = await self._canary_jobs(sweeps)
         docs = []
         for sweep, hidden in zip(sweeps, redact, strict=True):
