@@ -53,19 +53,38 @@ def test_the_table_is_clicks_options(command: click.Command, table: dict[str, An
         assert set(params[dest].opts) <= set(table), dest
 
 
-@pytest.mark.parametrize("argv", [
+RUN_LINES = [
     ["--name=x", "-e", "A=1", "--env", "B=2", "--label", "k=v", "--retries", "3", "--",
      "echo", "hi"],
     ["-d", "--priority", "-5", "sh", "-c", "exit 0"],
     ["--cpu", "500m", "--memory", "64M", "--", "--looks-like-a-flag"],
     ["--nodes", "2", "--gpus-per-node", "0", "true"],
+]
+MAP_LINES = [
+    ["--no-code", "--name", "tp", "--max-parallel", "2", "--", "true", ":::", "1", "2"],
+    ["-e", "A=1", "--env=B=2", "--label", "k=v", "--retries", "3", "--no-canary", "echo",
+     "{}", ":::", "a", "b"],
+    ["--cpu", "500m", "--memory", "64M", "--no-wait", "--json", "--", "--looks-like-a-flag",
+     ":::", "x"],
+    ["--after", "afterany:other", "--volume", "data", "-p", "lab", "sh", "-c", "exit $1",
+     ":::", "0", "1"],
+    ["--dry-run", "echo", "--name", "not-an-option-here", ":::", "1"],
+]
+
+
+@pytest.mark.parametrize(("command", "table", "left_to_click", "argv"), [
+    *((run, fast.RUN_OPTIONS, fast.RUN_LEFT_TO_CLICK, argv) for argv in RUN_LINES),
+    *((map_, fast.MAP_OPTIONS, fast.MAP_LEFT_TO_CLICK, argv) for argv in MAP_LINES),
 ])
-def test_parse_gives_what_click_gives(argv: list[str]) -> None:
-    parsed = fast.parse(argv, fast.RUN_OPTIONS, positional=True)
+def test_parse_gives_what_click_gives(command: click.Command, table: dict[str, Any],
+                                      left_to_click: dict[str, Any],
+                                      argv: list[str]) -> None:
+    parsed = fast.parse(argv, table, positional=True)
     assert parsed is not None
-    with run.make_context("run", list(argv)) as ctx:  # with the command's own settings
+    # With the command's own settings (map and job run stop at their first argument).
+    with command.make_context(command.name, list(argv)) as ctx:
         expected = dict(ctx.params)
-    assert {**parsed, **fast.RUN_LEFT_TO_CLICK} == expected
+    assert {**parsed, **left_to_click} == expected
 
 
 @pytest.mark.parametrize("argv", [
@@ -81,24 +100,6 @@ def test_parse_gives_what_click_gives(argv: list[str]) -> None:
 ])
 def test_what_the_parser_leaves_to_click(argv: list[str]) -> None:
     assert fast.parse(argv, fast.RUN_OPTIONS, positional=True) is None
-
-
-@pytest.mark.parametrize("argv", [
-    ["--no-code", "--name", "tp", "--max-parallel", "2", "--", "true", ":::", "1", "2"],
-    ["-e", "A=1", "--env=B=2", "--label", "k=v", "--retries", "3", "--no-canary", "echo",
-     "{}", ":::", "a", "b"],
-    ["--cpu", "500m", "--memory", "64M", "--no-wait", "--json", "--", "--looks-like-a-flag",
-     ":::", "x"],
-    ["--after", "afterany:other", "--volume", "data", "-p", "lab", "sh", "-c", "exit $1",
-     ":::", "0", "1"],
-    ["--dry-run", "echo", "--name", "not-an-option-here", ":::", "1"],
-])
-def test_map_parses_as_click_does(argv: list[str]) -> None:
-    parsed = fast.parse(argv, fast.MAP_OPTIONS, positional=True)
-    assert parsed is not None
-    with map_.make_context("map", list(argv)) as ctx:  # with the command's own settings
-        expected = dict(ctx.params)
-    assert {**parsed, **fast.MAP_LEFT_TO_CLICK} == expected
 
 
 @pytest.mark.parametrize("argv", [
