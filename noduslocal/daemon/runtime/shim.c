@@ -717,16 +717,20 @@ static int write_file(const char *dir, const char *name, const char *value) {
     return ok;
 }
 
-/* The whole of a small cgroupfs file, NUL-terminated (empty when it cannot be read). */
-static char *read_file(const char *dir, const char *name) {
+/* The whole of a small cgroupfs file, NUL-terminated (empty when it cannot be read, or
+ * is gone); `unread` (when given) is set when it exists but could not be read. */
+static char *read_file(const char *dir, const char *name, int *unread) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     struct buffer b = {0};
     int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
+    if (fd < 0) {
+        if (unread && errno != ENOENT) *unread = 1;
+    } else {
         char chunk[4096];
         ssize_t n;
         while ((n = read(fd, chunk, sizeof chunk)) > 0) buf_add(&b, chunk, (size_t)n);
+        if (unread && n < 0) *unread = 1;
         close(fd);
     }
     buf_add(&b, "", 1);
@@ -743,21 +747,7 @@ static int cgroups_emptied = 0, procs_unread = 0;
 /* A cgroup's processes as cgroup.procs lists them (empty when it is gone); one that
  * could not be read sets procs_unread. */
 static char *read_procs(const char *dir) {
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/cgroup.procs", dir);
-    struct buffer b = {0};
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOENT) procs_unread = 1;
-    } else {
-        char chunk[4096];
-        ssize_t n;
-        while ((n = read(fd, chunk, sizeof chunk)) > 0) buf_add(&b, chunk, (size_t)n);
-        if (n < 0) procs_unread = 1;
-        close(fd);
-    }
-    buf_add(&b, "", 1);
-    return b.data;
+    return read_file(dir, "cgroup.procs", &procs_unread);
 }
 
 /* SIGKILL every process in the rank's cgroups, what they fork meanwhile too, until they
@@ -809,7 +799,7 @@ static long long oom_kills(void) {
     long long kills = 0;
     for (size_t i = 0; i < req->ncgroups; i++)
         for (int f = 0; f < 2; f++) {
-            char *text = read_file(req->cgroups[i], files[f]);
+            char *text = read_file(req->cgroups[i], files[f], NULL);
             for (char *line = text; line && *line;) {
                 if (strncmp(line, "oom_kill ", 9) == 0) kills += atoll(line + 9);
                 line = strchr(line, '\n');
