@@ -44,6 +44,14 @@ def _marks(ids: list[int]) -> str:
     return ",".join("?" * len(ids))
 
 
+# A cell group's count and times (CellGroup's count, wall, ran, started; one parameter: the
+# time a cell not started yet counts as starting).
+_CELL_TIMES = (
+    "COUNT(*), COALESCE(SUM(CASE WHEN ended_at IS NOT NULL THEN ended_at - started_at END), "
+    "0), COUNT(CASE WHEN ended_at IS NOT NULL THEN started_at END), COALESCE(SUM(CASE WHEN "
+    "ended_at IS NULL THEN COALESCE(started_at, ?) END), 0)")
+
+
 def _by_sweep(sweep_ids: list[int], rows: list[Any]) -> dict[int, list[Any]]:
     """Rows whose first column is a sweep id, by sweep, in their order; every sweep asked
     for has a list (an empty one where no row is its)."""
@@ -384,12 +392,9 @@ class Store:
         found: dict[int, list[CellGroup]] = {}
         if same:
             rows = await self.fetchall(
-                "SELECT sweep_id, phase, COUNT(*), COALESCE(SUM(CASE WHEN ended_at IS NOT "
-                "NULL THEN ended_at - started_at END), 0), COUNT(CASE WHEN ended_at IS NOT "
-                "NULL THEN started_at END), COALESCE(SUM(CASE WHEN ended_at IS NULL THEN "
-                "COALESCE(started_at, ?) END), 0) "
-                f"FROM jobs WHERE sweep_id IN ({_marks(same)}) AND superseded_by IS NULL "
-                "GROUP BY 1, 2 ORDER BY 1, 2", (now, *same))
+                f"SELECT sweep_id, phase, {_CELL_TIMES} FROM jobs WHERE sweep_id IN "
+                f"({_marks(same)}) AND superseded_by IS NULL GROUP BY 1, 2 ORDER BY 1, 2",
+                (now, *same))
             for sweep_id, mine in _by_sweep(same, rows).items():
                 gpus, model, expected, cpu, memory = alike[sweep_id]
                 found[sweep_id] = [CellGroup(row[1], gpus, model, expected, *row[2:],
@@ -398,10 +403,7 @@ class Store:
             rows = await self.fetchall(
                 "SELECT sweep_id, phase, COALESCE(json_extract(spec, '$.gpu.count'), 0), "
                 "json_extract(spec, '$.gpu.type'), json_extract(spec, '$.expected_duration'), "
-                "COUNT(*), COALESCE(SUM(CASE WHEN ended_at IS NOT NULL THEN ended_at - "
-                "started_at END), 0), COUNT(CASE WHEN ended_at IS NOT NULL THEN started_at "
-                "END), COALESCE(SUM(CASE WHEN ended_at IS NULL THEN COALESCE(started_at, ?) "
-                "END), 0), COALESCE(json_extract(spec, '$.cpu'), 1), "
+                f"{_CELL_TIMES}, COALESCE(json_extract(spec, '$.cpu'), 1), "
                 "COALESCE(json_extract(spec, '$.memory'), 0) "
                 f"FROM jobs WHERE sweep_id IN ({_marks(each)}) AND superseded_by IS NULL "
                 "GROUP BY 1, 2, 3, 4, 5, 10, 11 ORDER BY 1, 2, 3, 4, 5", (now, *each))
