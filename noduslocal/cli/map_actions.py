@@ -34,9 +34,7 @@ def run(o: dict[str, Any]) -> int:
         raise Usage("give --gpus or --sku, not both")
     if sum((o["code"] is not None, o["no_code"], o["from_job"] is not None)) > 1:
         raise Usage("give one of --code, --no-code and --from")
-    args = list(o["command"])
-    if not args:
-        raise Usage("Missing argument 'COMMAND...'.")
+    args = list(o["command"])  # never empty: click requires it, the fast path checks
     # Every refusal of the command line comes before standard input is read: the fast
     # path hands a refused one to click, which must find it unread.
     body = _body(o, args)
