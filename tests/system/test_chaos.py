@@ -419,7 +419,7 @@ def check_created(c: ApiClient, ledger: Ledger, where: str) -> dict[str, int]:
         wait = c.wait_sweep if sub.sweep else c.wait_job
         final = wait(sub.name, None, timeout=DEADLINE)
         assert final["phase"] == sub.want, (where, sub.tag, final.get("reason"),
-                                            final.get("message"))
+                                            final.get("message"), cells_told(c, sub))
     by_tag = Counter(j["labels"].get("chaos") for j in c.list_jobs(all=True, limit=100_000))
     by_tag.pop(None, None)
     plain = {s.tag for s in acked if not s.sweep}
@@ -437,6 +437,16 @@ def check_created(c: ApiClient, ledger: Ledger, where: str) -> dict[str, int]:
         names.update({f"{sub.name}-{i}": 2 if i in sub.failing else 1
                       for i in range(sub.cells)})
     return names
+
+
+def cells_told(c: ApiClient, sub: Submission) -> list[tuple[str, str, list[Any]]]:
+    """A sweep's cells as a failure needs them told: phase, message, and each attempt's
+    number, phase, exit code and message ([] for a plain job)."""
+    if not sub.sweep or sub.name is None:
+        return []
+    return [(cell["name"], cell["phase"], [
+        (a["number"], a["phase"], a.get("exit_code"), a.get("message"))
+        for a in c.attempts(cell["name"])]) for cell in c.sweep_cells(sub.name)]
 
 
 def check_runs(c: ApiClient, names: dict[str, int], volume: Path, where: str) -> None:
