@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.files.layout import OTHER, JobLayout
 from noduslocal.daemon.gpus.cost import Meter
 from noduslocal.daemon.jobs.accounting import GpuAccounting
 from noduslocal.daemon.jobs.attempt import Attempt, Board, recorded_life
@@ -146,6 +146,11 @@ class Recovery:
         for job in jobs:
             if job.id not in on_disk or job.phase == Phase.SUSPENDED:
                 continue
+            if (job.phase == Phase.PENDING and not job.attempts
+                    and await asyncio.to_thread(drop_torn_first, self.layout, job)):
+                log.warning("job %s: the last daemon died while making its first attempt's "
+                            "directories; they are made again", job.name)
+                continue
             current, later = await asyncio.to_thread(lost_starts, self.layout, job)
             if not later:
                 continue
@@ -160,6 +165,11 @@ class Recovery:
             if number is None:
                 continue
             put_back = True
+            if len(later) == 1 and later[0].abandoned:
+                log.info("job %s: attempt %d was let go as its start was queued, and the "
+                         "daemon stopped before that start was committed and before it "
+                         "ran; it is spent as not started", job.name, number)
+                continue
             if len(later) == 1 and later[0].armed:
                 log.info("job %s: attempt %d was let go as its start was queued, and the "
                          "daemon stopped before that start was committed; put back",
@@ -253,6 +263,20 @@ class Recovery:
                 c, job.id, attempt.number, at, attempt.handles))
         await self.runner.watch(attempt, started, until=self.runner.indexed.follow(
             attempt, ranks) if array else None)
+
+
+def drop_torn_first(layout: JobLayout, job: JobRecord) -> bool:
+    """Remove the directory of a pending job that never had an attempt when it holds more
+    than its first attempt's prepare() takes, and no attempt directory: an armed start
+    makes them before its start is committed (runner.py's _launch_armed), and the daemon
+    died while making them (a volume's link in the workspace, say). Its shim is let go only
+    once they are all made, so nothing ran there; prepare() would refuse them (File
+    exists, which failed the job). False when there is nothing to drop."""
+    if (layout.attempt_dir(job.id, 1).exists()
+            or layout.first_look(job) != OTHER):
+        return False
+    layout.remove(job.id)  # its overlay unmounted first; renamed aside, then removed
+    return True
 
 
 def drop_torn_workspace(layout: JobLayout, job_id: int) -> bool:

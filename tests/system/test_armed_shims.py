@@ -6,6 +6,7 @@ shims and jobs; a real daemon for the sweep and for a start whose commit was los
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -296,6 +297,123 @@ def test_an_armed_start_the_database_lost_is_put_back_as_no_damage(tmp_path: Pat
         health = client.transport.request("GET", "/v1/health")
         assert not health.get("problems"), health
         assert "was let go as its start was queued" in d.log()
+        assert " ERROR " not in d.log()
+    finally:
+        d.close()
+
+
+def job_id_of(db: Path, name: str) -> int:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        [(job_id,)] = conn.execute("SELECT id FROM jobs WHERE name = ?", (name,))
+    return int(job_id)
+
+
+def put_back_database(d: testing.Daemon, saved: Path) -> None:
+    """The daemon killed -9 and its database as `saved` had it: the commits since lost,
+    as when the kill came before they were made."""
+    d.kill()
+    db = d.data_dir / "noduslocal.db"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    shutil.copy(saved, db)
+
+
+def save_database(d: testing.Daemon, saved: Path) -> None:
+    with contextlib.closing(sqlite3.connect(d.data_dir / "noduslocal.db")) as source, \
+            contextlib.closing(sqlite3.connect(saved)) as copy:
+        source.backup(copy)
+
+
+@pytest.mark.parametrize("left", ["its attempt directory", "its workspace alone"])
+def test_a_first_attempt_prepared_but_never_started_before_a_kill_runs_after_it(
+        tmp_path: Path, binary: Path, left: str) -> None:
+    """An armed start makes the attempt's directories before its start commits (and lets
+    its shim go after): a kill -9 in between leaves them, with the volume's link in the
+    workspace, and no start. The next daemon must run the job, not fail it "File exists"
+    (the chaos test's cells did, 1 run in 60 under load). With the attempt's directory
+    there (the shim may have been let go), it is marked abandoned and its number spent as
+    not started; with the workspace alone (the kill came while it was made), it is made
+    again for attempt 1."""
+    del binary
+    release, ran = tmp_path / "release", tmp_path / "ran"
+    saved = tmp_path / "saved.db"
+    d = testing.Daemon(cpus=1, memory="4GiB")
+    try:
+        d.start()
+        client = d.client()
+        client.create_volume("v")
+        client.create_sweep({
+            "name": "cut", "canary": "none", "max_parallel": 1,
+            "template": {"cpu": 1, "volumes": {"v": "v"}, "command": [
+                "sh", "-c", f'if [ "$X" = 0 ]; then while [ ! -e {release} ]; do '
+                f'sleep 0.05; done; else echo "$NODUS_ATTEMPT" >> {ran}; fi']},
+            "grid": {"X": ["0", "1"]}})
+        testing.wait_until(lambda: client.get_job("cut-0")["phase"] == "Running",
+                           "the first cell to run")
+        save_database(d, saved)  # the second cell pending, nothing of it committed
+        release.touch()
+        assert client.wait_sweep("cut", timeout=DEADLINE)["phase"] == "Succeeded"
+        put_back_database(d, saved)
+        job_dir = d.data_dir / "jobs" / str(job_id_of(saved, "cut-1"))
+        attempt = job_dir / "attempt-1"
+        shutil.rmtree(attempt)  # what the kill left: no start recorded in it
+        if left == "its attempt directory":
+            attempt.mkdir(mode=0o700)
+        assert (job_dir / "workspace" / "v").is_symlink()  # more than prepare() takes
+        ran.unlink()
+
+        d.start()
+        assert client.wait_sweep("cut", timeout=DEADLINE)["phase"] == "Succeeded"
+        attempts = [(a["number"], a["phase"]) for a in client.attempts("cut-1")]
+        if left == "its attempt directory":
+            assert attempts == [(1, "NotStarted"), (2, "Exited")], attempts
+            assert (attempt / shim.ABANDONED).exists()  # a shim let go late runs nothing
+            assert ran.read_text() == "2\n"
+        else:
+            assert attempts == [(1, "Exited")], attempts
+            assert ran.read_text() == "1\n"
+        assert client.get_job("cut-1")["retries_used"] == 0
+        health = client.transport.request("GET", "/v1/health")
+        assert not health.get("problems"), health
+        assert " ERROR " not in d.log()
+    finally:
+        d.close()
+
+
+def test_a_retry_prepared_but_never_started_before_a_kill_gets_a_directory_of_its_own(
+        tmp_path: Path, binary: Path) -> None:
+    """The same for a later attempt: a retry's directory made, its start not committed
+    when the daemon was killed. It is spent as not started (no retry spent), and the job
+    runs again as the next attempt."""
+    del binary
+    flag, ran = tmp_path / "flag", tmp_path / "ran"
+    saved = tmp_path / "saved.db"
+    d = testing.Daemon(cpus=1, memory="4GiB")
+    try:
+        d.start()
+        client = d.client()
+        client.create_sweep({
+            "name": "again", "canary": "none", "template": {"cpu": 1, "retries": 1},
+            "map": {"args": ["sh", "-c", f'echo "$NODUS_ATTEMPT" >> {ran}; '
+                             f'[ -e {flag} ] || {{ touch {flag}; exit 3; }}', ":::", "x"]}})
+        testing.wait_until(lambda: client.get_job("again-0")["reason"] == "Retrying",
+                           "the first attempt to fail")
+        save_database(d, saved)  # in its retry's pause: pending, one attempt
+        assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
+        put_back_database(d, saved)
+        attempt = d.data_dir / "jobs" / str(job_id_of(saved, "again-0")) / "attempt-2"
+        shutil.rmtree(attempt)
+        attempt.mkdir(mode=0o700)  # made, and no start recorded in it
+
+        d.start()
+        assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
+        job = client.get_job("again-0")
+        assert (job["phase"], job["retries_used"]) == ("Succeeded", 1), job
+        attempts = [(a["number"], a["phase"], a["exit_code"])
+                    for a in client.attempts("again-0")]
+        assert attempts == [(1, "Exited", 3), (2, "NotStarted", None), (3, "Exited", 0)], \
+            attempts
+        assert ran.read_text() == "1\n2\n3\n"  # 2 ran before the database was put back
         assert " ERROR " not in d.log()
     finally:
         d.close()

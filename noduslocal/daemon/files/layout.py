@@ -25,6 +25,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # In each job's directory: the job as the database has it (owner, project, name, spec),
 # so that a job whose rows a damaged database lost can be put back (jobs/orphans.py).
 RECORD = "job.json"
+# What a pending job's directory holds for its first attempt (JobLayout.first_look).
+ABSENT, FOREIGN, AHEAD, OTHER = "absent", "foreign", "ahead", "other"
 RECORD_XATTR = "user.noduslocal.job"  # the same, as the directory's attribute where it can be
 RECORD_XATTR_MAX = 3 * 1024  # bytes: an attribute block holds 4 KiB on ext4; more is a file
 POPULATE_TIMEOUT = 600.0  # seconds to unpack a source
@@ -321,30 +323,49 @@ class JobLayout:
 
     def _made_ahead(self, job: JobRecord) -> bool:
         """The job's directory holds nothing but what prepare_ahead() makes, empty."""
+        found, unfinished = self._first_look(job)
+        if found != AHEAD:
+            return False
+        for name in unfinished:
+            with contextlib.suppress(FileNotFoundError):
+                (self.job_dir(job.id) / name).unlink()
+        return True
+
+    def first_look(self, job: JobRecord) -> str:
+        """What the first attempt's prepare() would find in the job's directory, for the
+        recovery of a pending job: ABSENT (no directory), FOREIGN (another database's job
+        of that id), AHEAD (what prepare_ahead() makes, empty: taken as it is) or OTHER
+        (more than that: refused). An overlay the last daemon left mounted over the
+        workspace counts as empty when its upper is: the recovery unmounts it before
+        anything starts."""
+        return self._first_look(job, mounted_empty=True)[0]
+
+    def _first_look(self, job: JobRecord, mounted_empty: bool = False
+                    ) -> tuple[str, set[str]]:
+        """first_look(), and the names of record files a killed daemon left unfinished."""
         job_id = job.id
         try:
             top = {e.name for e in os.scandir(self.job_dir(job_id))}
             stored = self._stored_record(job_id)
             if stored is not None and (_parsed_record(stored, job_id) or {}).get(
                     "created_at") != job.created_at:
-                return False  # another database's job of that id
+                return FOREIGN, set()  # another database's job of that id
             # A daemon killed while making them leaves them in part: the directory alone,
             # or with a record it never renamed into place. Nothing in them to reuse.
             unfinished = {name for name in top
                           if name.startswith(f".{RECORD}.") and name.endswith(".tmp")}
+            workspace = self.workspace(job_id)
             # An overlay's directory made before its upper was is as empty as a missing
             # one (a kill -9 between the two failed a cell "File exists" in CI).
             if not (top - unfinished <= {"workspace", "attempt-1", RECORD, OVERLAY_DIR}
                     and _empty(self.job_dir(job_id) / OVERLAY_DIR / "upper")
-                    and _empty(self.workspace(job_id))
+                    and ((mounted_empty and os.path.ismount(workspace))
+                         or _empty(workspace))
                     and _empty(self.attempt_dir(job_id, 1))):
-                return False
+                return OTHER, set()
         except (FileNotFoundError, NotADirectoryError):
-            return False
-        for name in unfinished:
-            with contextlib.suppress(FileNotFoundError):
-                (self.job_dir(job_id) / name).unlink()
-        return True
+            return ABSENT, set()
+        return AHEAD, unfinished
 
     def prepare_ahead(self, job: JobRecord) -> None:
         """The first attempt's directories of a job about to start (a sweep's next cells),

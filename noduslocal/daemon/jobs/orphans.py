@@ -12,15 +12,22 @@ import json
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.files.layout import OTHER, JobLayout
 from noduslocal.daemon.jobs.indexed_run import JOURNAL
 from noduslocal.daemon.runtime import shim
-from noduslocal.daemon.runtime.attempt_dir import kill_leftovers, locked, read_exit, read_pid
-from noduslocal.daemon.runtime.base import Exited
+from noduslocal.daemon.runtime.attempt_dir import (
+    inspect,
+    kill_leftovers,
+    locked,
+    read_exit,
+    read_pid,
+)
+from noduslocal.daemon.runtime.base import Alive, Exited, NeverStarted
 from noduslocal.daemon.store.restore import LostAttempt, LostJob
 from noduslocal.domain.jobs import JobRecord, JobSpec
 from noduslocal.domain.states import AttemptPhase, Phase, Reason
@@ -346,10 +353,19 @@ def lost_starts(layout: JobLayout, job: JobRecord) -> tuple[LostAttempt | None,
     """Attempts of a job the database knows that started after its last commit about the
     job (an attempt's start is committed before its directory is made, so a directory
     beyond the database's count proves a lost commit): the end of the attempt the
-    database thinks current, when a later one ran, and each later one as it proves."""
+    database thinks current, when a later one ran, and each later one as it proves.
+    A pending job's next attempt that an armed start prepared but never ran comes back
+    as one that did not start (unstarted_next())."""
     directory = layout.job_dir(job.id)
     numbers = sorted(n for p in directory.glob("attempt-*")
                      if (n := _number(p)) > job.attempts and _shows_start(p))
+    if not numbers and job.phase == Phase.PENDING:
+        unstarted = unstarted_next(layout, job)
+        if unstarted is not None:
+            return None, [unstarted]
+        # A shim that had taken its directory's lock has written its records meanwhile.
+        numbers = [n for n in [job.attempts + 1]
+                   if _shows_start(layout.attempt_dir(job.id, n))]
     if not numbers:
         return None, []
     if numbers != list(range(job.attempts + 1, job.attempts + 1 + len(numbers))):
@@ -362,3 +378,36 @@ def lost_starts(layout: JobLayout, job: JobRecord) -> tuple[LostAttempt | None,
                            job.spec, job.created_at)
     return current, [_attempt(layout.attempt_dir(job.id, n), n, job.spec, job.created_at)
                      for n in numbers]
+
+
+UNSTARTED = ("the daemon stopped before this attempt's start was committed, and it never "
+             "ran; queued again")
+
+
+def unstarted_next(layout: JobLayout, job: JobRecord) -> LostAttempt | None:
+    """The next attempt of a pending job when its directory exists and nothing started in
+    it: an armed start makes it before its commit (runner.py's _launch_armed), and a kill
+    -9 in between leaves it. Its prepare() would refuse it (File exists, which failed the
+    job), and the shim let go may yet open it: so its locks are taken and it is marked
+    abandoned (a shim that comes later exits without running anything) and its number is
+    spent as an attempt that did not start; the next one gets a directory of its own.
+    None when there is no such directory, a shim started in it meanwhile, it belongs to
+    another database's job, or it is the empty first attempt prepare_ahead() makes, which
+    its prepare() takes as it is."""
+    number = job.attempts + 1
+    directory = layout.attempt_dir(job.id, number)
+    if not directory.is_dir():
+        return None
+    if number == 1 and layout.first_look(job) != OTHER:
+        return None  # made ahead (taken as it is), or not this job's
+    state = inspect(directory)  # under its locks: free, it is marked abandoned
+    for _ in range(500):  # a shim holds the lock but has yet to write its pid record
+        if not (isinstance(state, Alive) and state.shim_pid == 0):
+            break
+        time.sleep(0.01)
+        state = inspect(directory)
+    if not isinstance(state, NeverStarted) or state.certain:
+        return None  # started (or said it had no room): lost_starts() reads its records
+    now = time.time()
+    return LostAttempt(number, AttemptPhase.NOT_STARTED, now, None, now, None, None,
+                       Reason.REQUEUED, UNSTARTED, armed=True, abandoned=True)

@@ -34,6 +34,9 @@ class LostAttempt:
     reason: str
     message: str | None
     armed: bool = False  # its shim was let go as its start was queued (before the commit)
+    # Marked abandoned under its locks, nothing having started in it: no shim can start
+    # there any more, so it ends NotStarted here rather than wait for an adoption.
+    abandoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ def catch_up(conn: sqlite3.Connection, job_id: int, known: int, current: LostAtt
     """The starts the database lost of a job it knows (`known`: the attempts it had), as
     the job's directory proves them: the attempt it thought current ended (`current`),
     each later one started and ended but the last, which is left Starting for the
-    recovery to adopt or end like any attempt a restart finds. Returns that attempt's
+    recovery to adopt or end like any attempt a restart finds (one abandoned ends here,
+    its job pending again). Returns that attempt's
     number; None (nothing written) when the job's row moved on meanwhile."""
     row = conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None or row[0] != known or not later:
@@ -139,6 +143,11 @@ def catch_up(conn: sqlite3.Connection, job_id: int, known: int, current: LostAtt
             attempt.ended_at or now)
         events += ended
     number, started = start_attempt(conn, job_id, later[-1].started_at or now)
+    if later[-1].abandoned:
+        _, ended = finish_attempt(conn, job_id, number, Outcome(
+            AttemptPhase.NOT_STARTED, Phase.PENDING, later[-1].reason,
+            later[-1].message), now)
+        return number, [*events, *started, *ended]
     last = started[-1]
     text = f"{message}: attempt {number} had started"
     conn.execute("UPDATE events SET message = ? WHERE seq = ?", (text, last.seq))
