@@ -135,6 +135,15 @@ def quick_expiry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.fixture
+def one_cpu(binary: Path) -> Iterator[testing.Daemon]:
+    """A started daemon of one CPU, its cells armed by the compiled shim (found as
+    `binary` found it), for the tests that kill it -9."""
+    del binary
+    with testing.daemon(cpus=1, memory="4GiB") as d:
+        yield d
+
+
 def test_the_runtime_lets_an_armed_launch_go_at_its_start_and_others_at_their_expiry(
         tmp_path: Path, binary: Path, quick_expiry: None) -> None:
     layout = JobLayout(tmp_path)
@@ -252,54 +261,41 @@ def test_a_maps_cells_are_armed_and_each_runs_once(tmp_path: Path, binary: Path)
         assert not any(j["attempts"] != 1 for j in client.list_jobs(sweep="armed", all=True))
 
 
-def test_an_armed_start_the_database_lost_is_put_back_as_no_damage(tmp_path: Path,
-                                                                   binary: Path) -> None:
+def test_an_armed_start_the_database_lost_is_put_back_as_no_damage(
+        tmp_path: Path, one_cpu: testing.Daemon) -> None:
     """An armed cell is let go as its start is queued, before that start commits; a daemon
     killed -9 in between leaves a database without the start. The start is put back from
     the cell's records as any lost one, but the record says it was armed: no damage is
     reported, and the cell is not run again."""
-    del binary
+    d, client = one_cpu, one_cpu.client()
     release, ran = tmp_path / "release", tmp_path / "ran"
-    d = testing.Daemon(cpus=1, memory="4GiB")
-    try:
-        d.start()
-        client = d.client()
-        client.create_sweep({
-            "name": "lost", "canary": "none", "max_parallel": 1,
-            "template": {"cpu": 1, "command": [
-                "sh", "-c", f'if [ "$X" = 0 ]; then while [ ! -e {release} ]; do '
-                f'sleep 0.05; done; else echo once >> {ran}; echo out; exit 4; fi']},
-            "grid": {"X": ["0", "1"]}})
-        testing.wait_until(lambda: client.get_job("lost-0")["phase"] == "Running",
-                           "the first cell to run")
-        time.sleep(1.0)  # the second one read ahead and armed
-        assert client.get_job("lost-1")["phase"] == "Pending"
-        db = d.data_dir / "noduslocal.db"
-        saved = tmp_path / "saved.db"
-        source, copy = sqlite3.connect(db), sqlite3.connect(saved)
-        source.backup(copy)  # as it was before the second cell started
-        copy.close()
-        source.close()
-        release.touch()
-        assert client.wait_job("lost-1", timeout=DEADLINE)["exit_code"] == 4
-        [record] = [r for p in d.data_dir.glob("jobs/*/attempt-1")
-                    if (r := read_pid(p)) is not None and r.get("exit_code") == 4]
-        assert record.get("armed") is True, record
-        d.kill()
-        for suffix in ("-wal", "-shm"):
-            Path(f"{db}{suffix}").unlink(missing_ok=True)
-        shutil.copy(saved, db)
+    client.create_sweep({
+        "name": "lost", "canary": "none", "max_parallel": 1,
+        "template": {"cpu": 1, "command": [
+            "sh", "-c", f'if [ "$X" = 0 ]; then while [ ! -e {release} ]; do '
+            f'sleep 0.05; done; else echo once >> {ran}; echo out; exit 4; fi']},
+        "grid": {"X": ["0", "1"]}})
+    testing.wait_until(lambda: client.get_job("lost-0")["phase"] == "Running",
+                       "the first cell to run")
+    time.sleep(1.0)  # the second one read ahead and armed
+    assert client.get_job("lost-1")["phase"] == "Pending"
+    saved = tmp_path / "saved.db"
+    save_database(d, saved)  # as it was before the second cell started
+    release.touch()
+    assert client.wait_job("lost-1", timeout=DEADLINE)["exit_code"] == 4
+    [record] = [r for p in d.data_dir.glob("jobs/*/attempt-1")
+                if (r := read_pid(p)) is not None and r.get("exit_code") == 4]
+    assert record.get("armed") is True, record
+    put_back_database(d, saved)
 
-        d.start()
-        cell = client.wait_job("lost-1", timeout=DEADLINE)
-        assert (cell["phase"], cell["exit_code"], cell["attempts"]) == ("Failed", 4, 1), cell
-        assert ran.read_text() == "once\n"
-        health = client.transport.request("GET", "/v1/health")
-        assert not health.get("problems"), health
-        assert "was let go as its start was queued" in d.log()
-        assert " ERROR " not in d.log()
-    finally:
-        d.close()
+    d.start()
+    cell = client.wait_job("lost-1", timeout=DEADLINE)
+    assert (cell["phase"], cell["exit_code"], cell["attempts"]) == ("Failed", 4, 1), cell
+    assert ran.read_text() == "once\n"
+    health = client.transport.request("GET", "/v1/health")
+    assert not health.get("problems"), health
+    assert "was let go as its start was queued" in d.log()
+    assert " ERROR " not in d.log()
 
 
 def job_id_of(db: Path, name: str) -> int:
@@ -326,7 +322,7 @@ def save_database(d: testing.Daemon, saved: Path) -> None:
 
 @pytest.mark.parametrize("left", ["its attempt directory", "its workspace alone"])
 def test_a_first_attempt_prepared_but_never_started_before_a_kill_runs_after_it(
-        tmp_path: Path, binary: Path, left: str) -> None:
+        tmp_path: Path, one_cpu: testing.Daemon, left: str) -> None:
     """An armed start makes the attempt's directories before its start commits (and lets
     its shim go after): a kill -9 in between leaves them, with the volume's link in the
     workspace, and no start. The next daemon must run the job, not fail it "File exists"
@@ -334,86 +330,74 @@ def test_a_first_attempt_prepared_but_never_started_before_a_kill_runs_after_it(
     there (the shim may have been let go), it is marked abandoned and its number spent as
     not started; with the workspace alone (the kill came while it was made), it is made
     again for attempt 1."""
-    del binary
+    d, client = one_cpu, one_cpu.client()
     release, ran = tmp_path / "release", tmp_path / "ran"
     saved = tmp_path / "saved.db"
-    d = testing.Daemon(cpus=1, memory="4GiB")
-    try:
-        d.start()
-        client = d.client()
-        client.create_volume("v")
-        client.create_sweep({
-            "name": "cut", "canary": "none", "max_parallel": 1,
-            "template": {"cpu": 1, "volumes": {"v": "v"}, "command": [
-                "sh", "-c", f'if [ "$X" = 0 ]; then while [ ! -e {release} ]; do '
-                f'sleep 0.05; done; else echo "$NODUS_ATTEMPT" >> {ran}; fi']},
-            "grid": {"X": ["0", "1"]}})
-        testing.wait_until(lambda: client.get_job("cut-0")["phase"] == "Running",
-                           "the first cell to run")
-        save_database(d, saved)  # the second cell pending, nothing of it committed
-        release.touch()
-        assert client.wait_sweep("cut", timeout=DEADLINE)["phase"] == "Succeeded"
-        put_back_database(d, saved)
-        job_dir = d.data_dir / "jobs" / str(job_id_of(saved, "cut-1"))
-        attempt = job_dir / "attempt-1"
-        shutil.rmtree(attempt)  # what the kill left: no start recorded in it
-        if left == "its attempt directory":
-            attempt.mkdir(mode=0o700)
-        assert (job_dir / "workspace" / "v").is_symlink()  # more than prepare() takes
-        ran.unlink()
+    client.create_volume("v")
+    client.create_sweep({
+        "name": "cut", "canary": "none", "max_parallel": 1,
+        "template": {"cpu": 1, "volumes": {"v": "v"}, "command": [
+            "sh", "-c", f'if [ "$X" = 0 ]; then while [ ! -e {release} ]; do '
+            f'sleep 0.05; done; else echo "$NODUS_ATTEMPT" >> {ran}; fi']},
+        "grid": {"X": ["0", "1"]}})
+    testing.wait_until(lambda: client.get_job("cut-0")["phase"] == "Running",
+                       "the first cell to run")
+    save_database(d, saved)  # the second cell pending, nothing of it committed
+    release.touch()
+    assert client.wait_sweep("cut", timeout=DEADLINE)["phase"] == "Succeeded"
+    put_back_database(d, saved)
+    job_dir = d.data_dir / "jobs" / str(job_id_of(saved, "cut-1"))
+    attempt = job_dir / "attempt-1"
+    shutil.rmtree(attempt)  # what the kill left: no start recorded in it
+    if left == "its attempt directory":
+        attempt.mkdir(mode=0o700)
+    assert (job_dir / "workspace" / "v").is_symlink()  # more than prepare() takes
+    ran.unlink()
 
-        d.start()
-        assert client.wait_sweep("cut", timeout=DEADLINE)["phase"] == "Succeeded"
-        attempts = [(a["number"], a["phase"]) for a in client.attempts("cut-1")]
-        if left == "its attempt directory":
-            assert attempts == [(1, "NotStarted"), (2, "Exited")], attempts
-            assert (attempt / shim.ABANDONED).exists()  # a shim let go late runs nothing
-            assert ran.read_text() == "2\n"
-        else:
-            assert attempts == [(1, "Exited")], attempts
-            assert ran.read_text() == "1\n"
-        assert client.get_job("cut-1")["retries_used"] == 0
-        health = client.transport.request("GET", "/v1/health")
-        assert not health.get("problems"), health
-        assert " ERROR " not in d.log()
-    finally:
-        d.close()
+    d.start()
+    assert client.wait_sweep("cut", timeout=DEADLINE)["phase"] == "Succeeded"
+    attempts = [(a["number"], a["phase"]) for a in client.attempts("cut-1")]
+    if left == "its attempt directory":
+        assert attempts == [(1, "NotStarted"), (2, "Exited")], attempts
+        assert (attempt / shim.ABANDONED).exists()  # a shim let go late runs nothing
+        assert ran.read_text() == "2\n"
+    else:
+        assert attempts == [(1, "Exited")], attempts
+        assert ran.read_text() == "1\n"
+    assert client.get_job("cut-1")["retries_used"] == 0
+    health = client.transport.request("GET", "/v1/health")
+    assert not health.get("problems"), health
+    assert " ERROR " not in d.log()
 
 
 def test_a_retry_prepared_but_never_started_before_a_kill_gets_a_directory_of_its_own(
-        tmp_path: Path, binary: Path) -> None:
+        tmp_path: Path, one_cpu: testing.Daemon) -> None:
     """The same for a later attempt: a retry's directory made, its start not committed
     when the daemon was killed. It is spent as not started (no retry spent), and the job
     runs again as the next attempt."""
-    del binary
+    d, client = one_cpu, one_cpu.client()
     flag, ran = tmp_path / "flag", tmp_path / "ran"
     saved = tmp_path / "saved.db"
-    d = testing.Daemon(cpus=1, memory="4GiB")
-    try:
-        d.start()
-        client = d.client()
-        client.create_sweep({
-            "name": "again", "canary": "none", "template": {"cpu": 1, "retries": 1},
-            "map": {"args": ["sh", "-c", f'echo "$NODUS_ATTEMPT" >> {ran}; '
-                             f'[ -e {flag} ] || {{ touch {flag}; exit 3; }}', ":::", "x"]}})
-        testing.wait_until(lambda: client.get_job("again-0")["reason"] == "Retrying",
-                           "the first attempt to fail")
-        save_database(d, saved)  # in its retry's pause: pending, one attempt
-        assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
-        put_back_database(d, saved)
-        attempt = d.data_dir / "jobs" / str(job_id_of(saved, "again-0")) / "attempt-2"
-        shutil.rmtree(attempt)
-        attempt.mkdir(mode=0o700)  # made, and no start recorded in it
+    client.create_sweep({
+        "name": "again", "canary": "none", "template": {"cpu": 1, "retries": 1},
+        "map": {"args": ["sh", "-c", f'echo "$NODUS_ATTEMPT" >> {ran}; '
+                         f'[ -e {flag} ] || {{ touch {flag}; exit 3; }}', ":::", "x"]}})
+    testing.wait_until(lambda: client.get_job("again-0")["reason"] == "Retrying",
+                       "the first attempt to fail")
+    save_database(d, saved)  # in its retry's pause: pending, one attempt
+    assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
+    put_back_database(d, saved)
+    attempt = d.data_dir / "jobs" / str(job_id_of(saved, "again-0")) / "attempt-2"
+    shutil.rmtree(attempt)
+    attempt.mkdir(mode=0o700)  # made, and no start recorded in it
 
-        d.start()
-        assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
-        job = client.get_job("again-0")
-        assert (job["phase"], job["retries_used"]) == ("Succeeded", 1), job
-        attempts = [(a["number"], a["phase"], a["exit_code"])
-                    for a in client.attempts("again-0")]
-        assert attempts == [(1, "Exited", 3), (2, "NotStarted", None), (3, "Exited", 0)], \
-            attempts
-        assert ran.read_text() == "1\n2\n3\n"  # 2 ran before the database was put back
-        assert " ERROR " not in d.log()
-    finally:
-        d.close()
+    d.start()
+    assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
+    job = client.get_job("again-0")
+    assert (job["phase"], job["retries_used"]) == ("Succeeded", 1), job
+    attempts = [(a["number"], a["phase"], a["exit_code"])
+                for a in client.attempts("again-0")]
+    assert attempts == [(1, "Exited", 3), (2, "NotStarted", None), (3, "Exited", 0)], \
+        attempts
+    assert ran.read_text() == "1\n2\n3\n"  # 2 ran before the database was put back
+    assert " ERROR " not in d.log()
