@@ -2,7 +2,8 @@
 Playwright), run by two Unix users against a real daemon with the stand-in NVML: live jobs,
 logs, sweeps and GPU charts; no console errors; and the guard: the one-time token, the
 cookie, the Host header, CSRF, and a second user who cannot read or cancel the first's work.
-The GPUs and Sweep screenshots in docs/ are taken here.
+The GPUs and Sweep screenshots in docs/ are taken here, with NODUSLOCAL_DOCS_SCREENSHOTS=1
+(else into the test's directory: a run of the suite leaves the checkout as it was).
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ pytestmark = [pytest.mark.root, pytest.mark.browser, pytest.mark.beside]
 CHROMIUM = "/usr/bin/chromium"
 ALICE, BOB = "nldalice", "nldbob"
 DOCS = REPO / "docs"
+SCREENSHOTS_ENV = "NODUSLOCAL_DOCS_SCREENSHOTS"  # 1: the screenshots replace docs/'s
+
+
+def screenshot(page: Any, name: str, tmp_path: Path) -> None:
+    """The page, whole, as docs/NAME where SCREENSHOTS_ENV asks for it, else beside the
+    test (taken all the same: it fails on a page that cannot be drawn)."""
+    where = DOCS if os.environ.get(SCREENSHOTS_ENV) == "1" else tmp_path
+    page.screenshot(path=str(where / name), full_page=True)
 
 
 def unavailable(message: str) -> None:
@@ -220,7 +229,7 @@ def test_a_job_page_shows_log_lines_as_they_come_and_search_finds_one(
 
 
 def test_a_sweep_page_moves_and_charts_one_point_per_finished_cell(
-        lab: Box, alice: Dashboard, browser: Any) -> None:
+        lab: Box, alice: Dashboard, browser: Any, tmp_path: Path) -> None:
     run_cli(lab, ALICE, "map", "--no-code", "--name", "lrs", "--max-parallel", "1",
             "--no-wait", "--no-canary", "--", "sh", "-c",
             "sleep 1; echo \"{\\\"acc\\\": 0.$(( {} * 7 % 10 ))}\" >> $NODUS_METRICS_FILE",
@@ -247,11 +256,11 @@ def test_a_sweep_page_moves_and_charts_one_point_per_finished_cell(
     values = [float(v) for v in alice.page.locator(
         "#cells table.cells tbody tr td:nth-child(5)").all_inner_texts()]
     assert values == sorted(values), values
-    alice.page.screenshot(path=str(DOCS / "dashboard-sweep.png"), full_page=True)
+    screenshot(alice.page, "dashboard-sweep.png", tmp_path)
 
 
-def test_the_gpus_page_draws_utilization_from_the_history(lab: Box,
-                                                          alice: Dashboard) -> None:
+def test_the_gpus_page_draws_utilization_from_the_history(
+        lab: Box, alice: Dashboard, tmp_path: Path) -> None:
     alice.goto("/gpus")
     alice.page.wait_for_selector("#gpus table >> text=63%", timeout=DEADLINE * 1000)
     charts = alice.page.locator("#gpu-charts")
@@ -261,7 +270,7 @@ def test_the_gpus_page_draws_utilization_from_the_history(lab: Box,
     history = json.loads(request(alice, "GET", "/gpus/history.json",
                                  headers=cookie_header(alice))[1])
     assert 63 in history["gpus"][0]["utilization"], history["gpus"][0]
-    alice.page.screenshot(path=str(DOCS / "dashboard-gpus.png"), full_page=True)
+    screenshot(alice.page, "dashboard-gpus.png", tmp_path)
 
 
 def test_queue_and_me_pages(lab: Box, alice: Dashboard) -> None:
