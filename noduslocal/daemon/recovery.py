@@ -146,12 +146,17 @@ class Recovery:
         for job in jobs:
             if job.id not in on_disk or job.phase == Phase.SUSPENDED:
                 continue
-            if (job.phase == Phase.PENDING and not job.attempts
-                    and await asyncio.to_thread(drop_torn_first, self.layout, job)):
-                log.warning("job %s: the last daemon died while making its first attempt's "
-                            "directories; they are made again", job.name)
+            try:
+                if (job.phase == Phase.PENDING and not job.attempts
+                        and await asyncio.to_thread(drop_torn_first, self.layout, job)):
+                    log.warning("job %s: the last daemon died while making its first "
+                                "attempt's directories; they are made again", job.name)
+                    continue
+                current, later = await asyncio.to_thread(lost_starts, self.layout, job)
+            except Exception:  # a disk that fails one job's look stops no daemon's start
+                log.exception("job %s: reading what its directory proves failed; it is left "
+                              "as the database has it", job.name)
                 continue
-            current, later = await asyncio.to_thread(lost_starts, self.layout, job)
             if not later:
                 continue
             try:

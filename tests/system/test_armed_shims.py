@@ -374,30 +374,34 @@ def test_a_retry_prepared_but_never_started_before_a_kill_gets_a_directory_of_it
         tmp_path: Path, one_cpu: testing.Daemon) -> None:
     """The same for a later attempt: a retry's directory made, its start not committed
     when the daemon was killed. It is spent as not started (no retry spent), and the job
-    runs again as the next attempt."""
+    runs again as the next attempt. The database is saved in the second retry's pause,
+    two seconds long (the first lasts one)."""
     d, client = one_cpu, one_cpu.client()
-    flag, ran = tmp_path / "flag", tmp_path / "ran"
+    count = tmp_path / "count"
     saved = tmp_path / "saved.db"
     client.create_sweep({
-        "name": "again", "canary": "none", "template": {"cpu": 1, "retries": 1},
-        "map": {"args": ["sh", "-c", f'echo "$NODUS_ATTEMPT" >> {ran}; '
-                         f'[ -e {flag} ] || {{ touch {flag}; exit 3; }}', ":::", "x"]}})
-    testing.wait_until(lambda: client.get_job("again-0")["reason"] == "Retrying",
-                       "the first attempt to fail")
-    save_database(d, saved)  # in its retry's pause: pending, one attempt
+        "name": "again", "canary": "none", "template": {"cpu": 1, "retries": 2},
+        "map": {"args": ["sh", "-c", f'n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); '
+                         f'echo $n > {count}; [ $n -ge 3 ] || exit 3', ":::", "x"]}})
+    testing.wait_until(lambda: (lambda j: (j["reason"], j["attempts"]))(
+        client.get_job("again-0")) == ("Retrying", 2), "the second attempt to fail")
+    save_database(d, saved)
+    with contextlib.closing(sqlite3.connect(saved)) as conn:
+        assert conn.execute("SELECT phase, attempts FROM jobs WHERE name = 'again-0'"
+                            ).fetchone() == ("Pending", 2)  # saved in the pause
     assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
     put_back_database(d, saved)
-    attempt = d.data_dir / "jobs" / str(job_id_of(saved, "again-0")) / "attempt-2"
+    attempt = d.data_dir / "jobs" / str(job_id_of(saved, "again-0")) / "attempt-3"
     shutil.rmtree(attempt)
     attempt.mkdir(mode=0o700)  # made, and no start recorded in it
 
     d.start()
     assert client.wait_sweep("again", timeout=DEADLINE)["phase"] == "Succeeded"
     job = client.get_job("again-0")
-    assert (job["phase"], job["retries_used"]) == ("Succeeded", 1), job
+    assert (job["phase"], job["retries_used"]) == ("Succeeded", 2), job
     attempts = [(a["number"], a["phase"], a["exit_code"])
                 for a in client.attempts("again-0")]
-    assert attempts == [(1, "Exited", 3), (2, "NotStarted", None), (3, "Exited", 0)], \
-        attempts
-    assert ran.read_text() == "1\n2\n3\n"  # 2 ran before the database was put back
+    assert attempts == [(1, "Exited", 3), (2, "Exited", 3), (3, "NotStarted", None),
+                        (4, "Exited", 0)], attempts
+    assert count.read_text() == "4\n"  # 3 ran before the database was put back
     assert " ERROR " not in d.log()

@@ -1,16 +1,23 @@
 """What an attempt directory found after a lost database says about a start: the files a
 shim of either kind leaves from the moment it holds its lock, and the stop of one not
-yet started; the boot the last daemon started in."""
+yet started; the boot the last daemon started in; a pending job's next attempt that an
+armed start prepared and a kill left unstarted (abandoned, its number spent), and a first
+attempt's directories a kill left half made (made again)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.jobs import orphans
-from noduslocal.daemon.jobs.orphans import _shows_start, _stop_attempt
+from noduslocal.daemon.jobs.orphans import _shows_start, _stop_attempt, lost_starts
+from noduslocal.daemon.recovery import drop_torn_first
 from noduslocal.daemon.runtime import shim
+from noduslocal.domain.jobs import JobRecord, JobSpec
+from noduslocal.domain.states import AttemptPhase
 
 
 @pytest.mark.parametrize("left", [
@@ -56,3 +63,67 @@ def test_a_boot_record_that_cannot_be_written_does_not_stop_the_start(
     record = tmp_path / "missing" / orphans.BOOT_RECORD  # its directory is not there
     assert orphans.swap_boot_record(record) is None
     assert "recording this boot" in caplog.text
+
+
+def pending(job_id: int, attempts: int, created_at: float = 1.0) -> JobRecord:
+    return JobRecord(id=job_id, project="p", name=f"j{job_id}", owner_uid=os.getuid(),
+                     owner_gid=os.getgid(), owner="me", phase="Pending",
+                     spec=JobSpec(command=["true"]), labels={}, created_at=created_at,
+                     attempts=attempts)
+
+
+def made(layout: JobLayout, job: JobRecord, link: bool) -> Path:
+    """The job's directory and workspace as prepare() makes them (with a volume's link
+    in the workspace when `link`)."""
+    layout.job_dir(job.id).mkdir(parents=True)
+    layout.write_record(job)
+    layout.workspace(job.id).mkdir()
+    if link:
+        (layout.workspace(job.id) / "v").symlink_to("/nonexistent-volume")
+    return layout.job_dir(job.id)
+
+
+@pytest.mark.parametrize("number", [1, 2])
+def test_a_next_attempt_prepared_and_never_started_is_abandoned_and_spent(
+        tmp_path: Path, number: int) -> None:
+    """Its directory is marked abandoned under its locks (a shim let go late runs
+    nothing) and comes back as an attempt that did not start, no loss of the
+    database's; read again (a recovery killed before its commit), it still is."""
+    layout = JobLayout(tmp_path, overlay=False)
+    job = pending(7, number - 1)
+    made(layout, job, link=True)
+    directory = layout.attempt_dir(job.id, number)
+    directory.mkdir()
+    for _ in range(2):
+        current, later = lost_starts(layout, job)
+        assert current is None and len(later) == 1
+        [attempt] = later
+        assert (attempt.number, attempt.phase, attempt.abandoned, attempt.armed) == (
+            number, AttemptPhase.NOT_STARTED, True, True)
+        assert (directory / shim.ABANDONED).exists()
+
+
+def test_the_empty_first_attempt_made_ahead_is_taken_as_it_is(tmp_path: Path) -> None:
+    layout = JobLayout(tmp_path, overlay=False)
+    job = pending(7, 0)
+    made(layout, job, link=False)
+    layout.attempt_dir(job.id, 1).mkdir()
+    assert lost_starts(layout, job) == (None, [])
+    assert list(layout.attempt_dir(job.id, 1).iterdir()) == []  # not marked
+    assert not drop_torn_first(layout, job)
+
+
+def test_a_first_attempt_half_made_is_dropped_to_be_made_again(tmp_path: Path) -> None:
+    """More than prepare_ahead() makes and no attempt directory: the kill came while
+    prepare() made them, before any shim was let go. Another database's job of that id
+    is left alone."""
+    layout = JobLayout(tmp_path, overlay=False)
+    job = pending(7, 0)
+    made(layout, job, link=True)
+    assert drop_torn_first(layout, job)
+    assert not layout.job_dir(job.id).exists()
+    assert layout.first_look(job) == "absent"
+    other = pending(8, 0, created_at=5.0)
+    made(layout, other, link=True)
+    assert not drop_torn_first(layout, pending(8, 0, created_at=9.0))
+    assert layout.job_dir(other.id).exists()

@@ -357,7 +357,10 @@ class Overlays:
             self._settled.discard(job_id)
             users = self._users.get(key or "", set())
             users.discard(job_id)
-            if key is not None and not users:
+            # Where overlays are not used this time, start() counted no users: a snapshot
+            # other jobs' kept workspaces (or adopted runs) still read is left, and the
+            # next start that uses overlays removes it if nobody does.
+            if key is not None and not users and self.unavailable is None:
                 self._users.pop(key, None)
                 aside = self._set_aside(key)
         shutil.rmtree(gone, ignore_errors=True)  # off the lock: uppers may be large

@@ -376,8 +376,17 @@ def lost_starts(layout: JobLayout, job: JobRecord) -> tuple[LostAttempt | None,
     if job.attempts and job.phase != Phase.PENDING:
         current = _attempt(layout.attempt_dir(job.id, job.attempts), job.attempts,
                            job.spec, job.created_at)
-    return current, [_attempt(layout.attempt_dir(job.id, n), n, job.spec, job.created_at)
-                     for n in numbers]
+    return current, [_later(layout.attempt_dir(job.id, n), n, job) for n in numbers]
+
+
+def _later(directory: Path, number: int, job: JobRecord) -> LostAttempt:
+    """An attempt beyond the database's count, as its directory proves it."""
+    lost = _attempt(directory, number, job.spec, job.created_at)
+    if lost.phase == AttemptPhase.NOT_STARTED and (directory / shim.ABANDONED).exists():
+        # Marked by a recovery killed before its commit (unstarted_next()), whose lock
+        # file shows a start: nothing ran, and no commit of the database's was lost.
+        return _abandoned(number)
+    return lost
 
 
 UNSTARTED = ("the daemon stopped before this attempt's start was committed, and it never "
@@ -408,6 +417,12 @@ def unstarted_next(layout: JobLayout, job: JobRecord) -> LostAttempt | None:
         state = inspect(directory)
     if not isinstance(state, NeverStarted) or state.certain:
         return None  # started (or said it had no room): lost_starts() reads its records
+    return _abandoned(number)
+
+
+def _abandoned(number: int) -> LostAttempt:
+    """An attempt marked abandoned under its locks with nothing started in it: nothing
+    can start there any more, and it is no loss of the database's."""
     now = time.time()
     return LostAttempt(number, AttemptPhase.NOT_STARTED, now, None, now, None, None,
                        Reason.REQUEUED, UNSTARTED, armed=True, abandoned=True)
