@@ -67,7 +67,22 @@ def test_cell_groups_of_alike_cells_are_what_their_specs_say(tmp_path: Path) -> 
             sweeps = [grid, mapped, gpus]
             assert [s.spec.cells_alike() for s in sweeps] == [True, True, False]
             ids, now = [s.id for s in sweeps], 1e9
-            parsed = await h.store.sweeps_cell_groups(ids, now)
+
+            async def settled() -> dict[int, list[CellGroup]]:
+                """The groups once no cell moves (compared while cells started, the two
+                reads saw different phases): the fake runtime's ranks run until told to
+                end, so the cells that start reach Running and stay there."""
+                last = None
+                for _ in range(200):
+                    groups = await h.store.sweeps_cell_groups(ids, now)
+                    if groups == last and all(g.phase != "Starting"
+                                              for found in groups.values() for g in found):
+                        return groups
+                    last = groups
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"the cells never settled: {last}")
+
+            parsed = await settled()
             alike = {s.id: asks_of(s.spec.template) for s in sweeps if s.spec.cells_alike()}
             assert await h.store.sweeps_cell_groups(ids, now, alike) == parsed
             assert {(g.gpus, g.model, g.expected_duration, g.cpu, g.memory)
