@@ -184,17 +184,16 @@ def test_the_record_is_the_directory_s_attribute_where_it_can_be(
 def test_a_release_where_overlays_are_off_leaves_a_snapshot_others_use(
         tmp_path: Path) -> None:
     """A daemon started with overlays off (overlay_workspaces = false, or no overlayfs
-    this time) has not counted who uses each snapshot: removing one job must not take
-    the snapshot that other kept workspaces are made of (the next start that uses
-    overlays removes it once nobody does)."""
+    this time) still counts who uses each snapshot: removing one job must not take the
+    snapshot that other kept workspaces are made of."""
     layout = JobLayout(tmp_path, overlay=False)
-    layout.create_root()
     snapshot = tmp_path / "snapshots" / "0-abc"
     snapshot.mkdir(parents=True)
     for job_id in (1, 2):
         top = layout.job_dir(job_id) / OVERLAY_DIR
         top.mkdir(parents=True)
         (top / "lower").write_text("0-abc")
+    layout.create_root()  # the daemon's start finds them
     layout.remove(1)
     assert not layout.job_dir(1).exists()
     assert snapshot.is_dir()

@@ -112,6 +112,11 @@ class Overlays:
         """Whether overlays can be used here (said once if not), leftovers of a crash
         removed and the snapshots' users counted from the job directories."""
         self.unavailable = self._probe()
+        # Counted where overlays are not used this time too: the jobs made of a snapshot
+        # earlier keep it, and a release removes it with the last of them, not the first.
+        for entry in os.scandir(self.jobs_dir):
+            if entry.name.isdigit() and (key := self._lower_of(int(entry.name))):
+                self._users.setdefault(key, set()).add(int(entry.name))
         if self.unavailable is not None:
             log.log(logging.WARNING if self.wanted else logging.INFO,
                     "workspaces: overlayfs is not used (%s); each task gets a copy of its "
@@ -120,9 +125,6 @@ class Overlays:
         for entry in os.scandir(self.store):
             if entry.name.startswith(STAGING) or entry.name.startswith(".gone-"):
                 shutil.rmtree(entry.path, ignore_errors=True)
-        for entry in os.scandir(self.jobs_dir):
-            if entry.name.isdigit() and (key := self._lower_of(int(entry.name))):
-                self._users.setdefault(key, set()).add(int(entry.name))
         for entry in os.scandir(self.store):
             if not entry.name.startswith(".") and entry.name not in self._users:
                 shutil.rmtree(self._set_aside(entry.name), ignore_errors=True)
@@ -357,10 +359,7 @@ class Overlays:
             self._settled.discard(job_id)
             users = self._users.get(key or "", set())
             users.discard(job_id)
-            # Where overlays are not used this time, start() counted no users: a snapshot
-            # other jobs' kept workspaces (or adopted runs) still read is left, and the
-            # next start that uses overlays removes it if nobody does.
-            if key is not None and not users and self.unavailable is None:
+            if key is not None and not users:
                 self._users.pop(key, None)
                 aside = self._set_aside(key)
         shutil.rmtree(gone, ignore_errors=True)  # off the lock: uppers may be large

@@ -364,8 +364,8 @@ def lost_starts(layout: JobLayout, job: JobRecord) -> tuple[LostAttempt | None,
         if unstarted is not None:
             return None, [unstarted]
         # A shim that had taken its directory's lock has written its records meanwhile.
-        numbers = [n for n in [job.attempts + 1]
-                   if _shows_start(layout.attempt_dir(job.id, n))]
+        if _shows_start(layout.attempt_dir(job.id, job.attempts + 1)):
+            numbers = [job.attempts + 1]
     if not numbers:
         return None, []
     if numbers != list(range(job.attempts + 1, job.attempts + 1 + len(numbers))):
