@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,14 +22,14 @@ from noduslocal.daemon import local_addresses
 from noduslocal.daemon.runtime.base import Alive, AttemptState, NeverStarted, Vanished
 from noduslocal.daemon.runtime.docker.end import ended_while_away, exit_state, parse_time
 from noduslocal.daemon.runtime.docker.link import DockerLink
-from noduslocal.daemon.runtime.docker.logs import pump_logs
+from noduslocal.daemon.runtime.docker.logs import LogPump
 from noduslocal.daemon.runtime.docker.spec import LABEL, job_filter
 from noduslocal.daemon.runtime.shim import MAX_LOG
 from noduslocal.domain.container_fields import registry_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-PUMP_DRAIN = 10.0  # seconds to wait for the last log lines after a container ended
+PUMP_DRAIN = 10.0  # seconds without a byte of an ended container's log: dockerd is stuck
 # A dropped connection, or dockerd too busy to answer: either way, come back later.
 TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
 REGISTRY_SETTING = "local_registries"
@@ -54,8 +53,7 @@ class Watch:
     kills_seen: int = 0  # kill events dockerd reported
     settled: bool = False  # started, or found: a recheck may judge it
     ended: bool = False
-    pump: threading.Thread | None = None
-    closed: threading.Event = field(default_factory=threading.Event)
+    pump: LogPump | None = None
 
 
 class DockerEngine:
@@ -89,7 +87,8 @@ class DockerEngine:
     async def close(self) -> None:
         await self._link.close()
         for watch in self._watches.values():
-            watch.closed.set()
+            if watch.pump is not None:
+                watch.pump.stop()
         for pool in (self._pool, self.slow_pool, self.exec_pool):
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -275,12 +274,10 @@ class DockerEngine:
 
     def _start_pump(self, watch: Watch) -> None:
         """(Re)start copying the log; a pump still running from before stops."""
-        watch.closed.set()
-        watch.closed = threading.Event()
-        watch.pump = threading.Thread(
-            target=pump_logs, args=(self._link.new_client, watch.container_id,
-                                    watch.directory, watch.mask, watch.closed, self.log_cap()),
-            name=f"logs-{watch.container_id[:12]}", daemon=True)
+        if watch.pump is not None:
+            watch.pump.stop()
+        watch.pump = LogPump(self._link.new_client, watch.container_id, watch.directory,
+                             watch.mask, self.log_cap())
         watch.pump.start()
 
     async def _finish(self, watch: Watch, verdict: AttemptState | None = None) -> None:
@@ -301,8 +298,10 @@ class DockerEngine:
                               watch.container_id[:12])
                 state = Vanished(f"its end could not be read: {exc}")
         if watch.pump is not None:
-            await asyncio.to_thread(watch.pump.join, PUMP_DRAIN)
-        watch.closed.set()
+            if not await asyncio.to_thread(watch.pump.drain, PUMP_DRAIN):
+                log.warning("the log of container %s stopped coming before its end; "
+                            "keeping what was copied", watch.container_id[:12])
+            watch.pump.stop()
         self._watches.pop(watch.container_id, None)
         if not watch.done.done():
             watch.done.set_result(state)
