@@ -275,7 +275,7 @@ class DockerEngine:
     def _start_pump(self, watch: Watch) -> None:
         """(Re)start copying the log; a pump still running from before stops."""
         if watch.pump is not None:
-            watch.pump.stop()
+            watch.pump.stop(discard=True)
         watch.pump = LogPump(self._link.new_client, watch.container_id, watch.directory,
                              watch.mask, self.log_cap())
         watch.pump.start()
@@ -298,7 +298,7 @@ class DockerEngine:
                               watch.container_id[:12])
                 state = Vanished(f"its end could not be read: {exc}")
         if watch.pump is not None:
-            if not await asyncio.to_thread(watch.pump.drain, PUMP_DRAIN):
+            if not await watch.pump.drained(PUMP_DRAIN):
                 log.warning("the log of container %s stopped coming before its end; "
                             "keeping what was copied", watch.container_id[:12])
             watch.pump.stop()

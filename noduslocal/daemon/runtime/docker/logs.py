@@ -5,6 +5,8 @@ stderr.log, secrets masked, each capped as the shim caps it. A thread per contai
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import struct
@@ -26,7 +28,7 @@ READ_SIZE = 1 << 16
 class LogPump:
     """One container's whole log (from its start: a pump started again rewrites the
     files), copied in a thread of its own until the container ends or stop() is called;
-    each file at most `cap` bytes."""
+    each file at most `cap` bytes. Made on the event loop, which drained() runs on."""
 
     def __init__(self, new_client: Callable[[], docker.DockerClient], container_id: str,
                  directory: Path, mask: list[bytes], cap: int = MAX_LOG) -> None:
@@ -35,31 +37,49 @@ class LogPump:
         self.directory = directory
         self.maskers = {STDOUT: Masker(mask), STDERR: Masker(mask)}
         self.cap = cap
-        self.received = 0  # bytes read from dockerd: how drain() tells a slow copy from a stuck one
+        self.received = 0  # bytes read from dockerd: how drained() tells slow from stuck
         self.closed = threading.Event()
+        self.discard = False  # superseded: a new pump writes the files now
+        self._loop = asyncio.get_running_loop()
+        self.finished: asyncio.Future[None] = self._loop.create_future()
         self.thread = threading.Thread(target=self._run, name=f"logs-{container_id[:12]}",
                                        daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
-        """Stop at the next read; what was copied stays."""
+    def stop(self, discard: bool = False) -> None:
+        """Stop at the next read. `discard`: a pump started again writes the files now,
+        so nothing more of this one's may reach them; else what it holds is written."""
+        self.discard = self.discard or discard
         self.closed.set()
 
-    def drain(self, quiet: float) -> bool:
-        """Blocking: wait for the copy of an ended container's log to finish, as long as
-        it moves. False once `quiet` seconds pass with nothing read (dockerd stuck): a busy
-        box copies a long log slowly, and its end must not be cut for that."""
+    async def drained(self, quiet: float) -> bool:
+        """Wait for the copy of an ended container's log to finish, as long as it moves.
+        False once `quiet` seconds pass with nothing read (dockerd stuck). A busy box
+        copies a long log slowly and its end must not be cut for that; dockerd's own cap
+        on a container's log (spec.py) bounds the wait."""
         while True:
             seen = self.received
-            self.thread.join(quiet)
-            if not self.thread.is_alive():
+            try:
+                await asyncio.wait_for(asyncio.shield(self.finished), quiet)
                 return True
-            if self.received == seen:
-                return False
+            except TimeoutError:
+                if self.received == seen:
+                    return False
 
     def _run(self) -> None:
+        try:
+            self._copy()
+        finally:
+            with contextlib.suppress(RuntimeError):  # a closed loop: the daemon is gone
+                self._loop.call_soon_threadsafe(self._set_finished)
+
+    def _set_finished(self) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    def _copy(self) -> None:
         client = None
         try:
             client = self.new_client()
@@ -69,6 +89,7 @@ class LogPump:
             response = api.get(url, params={"follow": 1, "stdout": 1, "stderr": 1},
                                stream=True, timeout=None)
             response.raise_for_status()
+            read = _reader(response)
         except Exception:
             log.exception("reading the log of container %s failed; keeping what was copied",
                           self.container_id[:12])
@@ -79,11 +100,11 @@ class LogPump:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         combined = CappedLog(os.open(self.directory / OUTPUT_LOG, flags, 0o640), self.cap)
         errors = CappedLog(os.open(self.directory / STDERR_LOG, flags, 0o640), self.cap)
-        read, frames = _reader(response), Frames()
+        frames = Frames()
         try:
             while not self.closed.is_set():
                 data = read(READ_SIZE)
-                if not data:
+                if not data or self.discard:
                     break
                 self.received += len(data)
                 for stream, payload in frames.feed(data):
@@ -91,10 +112,14 @@ class LogPump:
         except Exception:
             log.exception("copying the log of container %s failed", self.container_id[:12])
         finally:
-            for stream, masker in self.maskers.items():
-                _write(combined, errors, stream, masker.feed(b"", final=True))
-            combined.close()
-            errors.close()
+            if self.discard:
+                os.close(combined.fd)
+                os.close(errors.fd)
+            else:
+                for stream, masker in self.maskers.items():
+                    _write(combined, errors, stream, masker.feed(b"", final=True))
+                combined.close()
+                errors.close()
             client.close()
 
 
@@ -102,24 +127,44 @@ def _reader(response: Any) -> Callable[[int], bytes]:
     """What has arrived of the body, up to a size; b"" at its end. dockerd flushes each
     frame as an HTTP chunk of its own, and urllib3 hands them out one read1() each: for a
     job printing a line at a time that was two thirds of the copy's CPU. So a chunked body
-    is read from http.client's buffered socket file and unchunked here, as much as has
-    arrived at once; anything else through urllib3."""
+    is read from http.client's buffered socket file, as docker-py's own
+    `_get_raw_response_socket` reaches it, and unchunked here, as much as has arrived at
+    once. Where that file cannot say what has arrived (paramiko's, for an ssh:// host) or
+    the body is not chunked, a frame at a time through urllib3, as exact reads."""
     inner = getattr(response.raw, "_fp", None)  # http.client's response, no body read yet
     fp = getattr(inner, "fp", None)
-    if not getattr(inner, "chunked", False) or not hasattr(fp, "read1"):
-        return response.raw.read1
-    body = Dechunker()
+    if getattr(inner, "chunked", False) and hasattr(fp, "read1"):
+        body = Dechunker()
 
-    def read(size: int) -> bytes:
-        while not body.ended:
-            raw = fp.read1(size)
-            if not raw:
-                break
-            data = body.feed(raw)
-            if data:
-                return data
-        return b""
-    return read
+        def read_chunked(size: int) -> bytes:
+            while not body.ended:
+                raw = fp.read1(size)
+                if not raw:
+                    break
+                data = body.feed(raw)
+                if data:
+                    return data
+            return b""
+        return read_chunked
+
+    def read_frame(size: int) -> bytes:
+        del size  # a frame is read whole: a read of more could wait for output to come
+        header = _read_exact(response.raw, HEADER.size)
+        if header is None:
+            return b""
+        payload = _read_exact(response.raw, HEADER.unpack(header)[1])
+        return b"" if payload is None else header + payload
+    return read_frame
+
+
+def _read_exact(raw: Any, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        more = raw.read(size - len(data))
+        if not more:
+            return None
+        data += more
+    return data
 
 
 def _write(combined: CappedLog, errors: CappedLog, stream: int, chunk: bytes) -> None:
