@@ -126,7 +126,7 @@ class LogPump:
 def _reader(response: Any) -> Callable[[int], bytes]:
     """What has arrived of the body, up to a size; b"" at its end. dockerd flushes each
     frame as an HTTP chunk of its own, and urllib3 hands them out one read1() each: for a
-    job printing a line at a time that was two thirds of the copy's CPU. So a chunked body
+    job printing a line at a time that was three quarters of the copy's CPU. So a chunked body
     is read from http.client's buffered socket file, as docker-py's own
     `_get_raw_response_socket` reaches it, and unchunked here, as much as has arrived at
     once. Where that file cannot say what has arrived (paramiko's, for an ssh:// host) or
