@@ -405,3 +405,46 @@ def test_a_retry_prepared_but_never_started_before_a_kill_gets_a_directory_of_it
                         (4, "Exited", 0)], attempts
     assert count.read_text() == "4\n"  # 3 ran before the database was put back
     assert " ERROR " not in d.log()
+
+
+def test_a_shim_let_go_just_before_a_restart_finds_its_rank_cgroups(
+        tmp_path: Path, binary: Path) -> None:
+    """A daemon let an armed shim go and died before the shim took its lock. The next
+    daemon's runtime, starting, swept the rank cgroups that held no process: the shim's
+    job then could not enter its own and failed 126 without running. Real cgroups; the
+    late shim is one still held when the next runtime starts, let go after."""
+    if os.geteuid() != 0:
+        pytest.skip("cgroups are the root daemon's")
+    layout = JobLayout(tmp_path / "data")
+    parent = f"noduslocal-test-late-{os.getpid()}"
+    name = cgroup_name(7, 1, 0)
+
+    async def body() -> Exited:
+        old = HostRuntime(layout, Spawner(binary), Cgroups.detect(parent))
+        if not old.cgroups.enabled:
+            pytest.fail(f"no cgroups here: {old.cgroups.describe()}")
+        await old.spawner.start()
+        new = HostRuntime(layout, Spawner(binary), Cgroups.detect(parent))
+        try:
+            launch = launch_of(layout, job(7))
+            assert old.arm(launch)
+            await testing.eventually(lambda: old.armed(7, 1), "the arming")
+            pid = (await old._armed[(7, 1)]).pid  # type: ignore[union-attr]
+            made = [path for path in old.cgroups.paths(name) if path.exists()]
+            assert made, "no rank cgroup was made"
+            await new.start()  # the restarted daemon's runtime, the old shim not yet at its lock
+            assert all(path.exists() for path in made), "the late shim's cgroups were removed"
+            pidfd = os.pidfd_open(pid)
+            watched = old.spawner.watch(launch.ref.directory, pid, pidfd)
+            signal.pidfd_send_signal(pidfd, signal.SIGUSR1)  # the dead daemon's go
+            state = await asyncio.wait_for(watched, DEADLINE)
+            assert isinstance(state, Exited)
+            return state
+        finally:
+            await new.close()
+            await old.spawner.close()
+            await asyncio.to_thread(old.cgroups.remove_all)
+
+    state = asyncio.run(body())
+    assert (state.exit_code, (layout.attempt_dir(7, 1) / shim.OUTPUT_LOG).read_text()) == (
+        0, "1\n"), (layout.attempt_dir(7, 1) / shim.OUTPUT_LOG).read_text()

@@ -5,6 +5,7 @@ count read from either, v2's one-write kill, and what exit.json's oom_killed bec
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -14,13 +15,14 @@ import pytest
 
 from noduslocal.daemon.config.settings import LIVE, load_settings
 from noduslocal.daemon.runtime import compiled_shim, shim
-from noduslocal.daemon.runtime.attempt_dir import read_exit
+from noduslocal.daemon.runtime.attempt_dir import may_still_start, read_exit
 from noduslocal.daemon.runtime.host.cgroups import (
     SYSTEM_PARENT,
     Cgroups,
     Limits,
     cgroup_name,
     parent_name,
+    parse_cgroup_name,
 )
 
 V2_JOB_FILES = ("cgroup.procs", "cgroup.kill", "memory.max", "memory.swap.max", "cpu.max",
@@ -459,3 +461,45 @@ def test_a_rank_an_exec_was_sent_into_is_not_kept_for_the_next(
     assert not list(tmp_path.glob("*/nl/idle-*"))  # before: kept, and the exec with them
     assert cgroups.remove_empty(second)
     assert len(list(tmp_path.glob("*/nl/idle-*"))) == 2  # no exec: kept
+
+
+def test_a_restart_keeps_the_cgroup_of_a_rank_whose_shim_may_still_start(
+        tmp_path: Path) -> None:
+    """A shim the last daemon let go just before it died may not have reached its lock
+    when the next daemon starts: the restart's sweep removed its empty cgroup, and the job
+    then failed 126 ("cannot enter its cgroup") without running."""
+    jobs = tmp_path / "jobs"
+    states = {  # job id: what its attempt 1 directory holds
+        1: "a let-go shim on its way (nothing yet)", 2: "a shim holding its lock",
+        3: "the exit record", 4: "given up (abandoned)", 5: "a pid record, its shim gone",
+        6: "no directory"}
+    for job_id in states:
+        if job_id != 6:
+            (jobs / str(job_id) / "attempt-1").mkdir(parents=True)
+    attempt = {job_id: jobs / str(job_id) / "attempt-1" for job_id in states}
+    (attempt[3] / shim.EXIT).write_text('{"exit_code": 0}')
+    (attempt[4] / shim.ABANDONED).touch()
+    (attempt[5] / shim.PID).write_text('{"pid": 1, "shim_pid": 1}')
+    held = os.open(attempt[2], os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        assert {job_id: may_still_start(attempt[job_id]) for job_id in states} == {
+            1: True, 2: True, 3: False, 4: False, 5: False, 6: False}
+        for controller in V1_JOB_FILES:
+            touch(tmp_path / "cg" / controller, "cgroup.procs")
+            touch(tmp_path / "cg" / controller / "nl", "cgroup.procs")
+        for controller in ("cpu", "pids"):  # empty: the kernel's files go with the rmdir
+            for job_id in states:
+                (tmp_path / "cg" / controller / "nl" / cgroup_name(job_id, 1, 0)).mkdir()
+        cgroups = Cgroups.detect("nl", tmp_path / "cg")
+
+        def may_start(name: str) -> bool:
+            parsed = parse_cgroup_name(name)
+            assert parsed is not None and parsed[1:] == (1, 0), name
+            return may_still_start(attempt[parsed[0]])
+        assert cgroups.remove_unheld(may_start) == 4
+        assert sorted(cgroups.names()) == [cgroup_name(1, 1, 0), cgroup_name(2, 1, 0)]
+    finally:
+        os.close(held)
+    assert not (attempt[1] / shim.ABANDONED).exists()  # the look decides nothing
+    assert parse_cgroup_name("idle-3") is None

@@ -122,6 +122,21 @@ def inspect(directory: Path) -> AttemptState:
         return NeverStarted()  # the directory was never made: nothing can run there
 
 
+def may_still_start(directory: Path) -> bool:
+    """A shim may yet run a job in this attempt directory, and into the rank's cgroups: a
+    shim holds its lock, or one let go by a daemon that died before the shim took the lock
+    is still on its way (nothing recorded, nothing given up). False once the attempt ended
+    (its exit record), was given up (ABANDONED), never had a directory, or lost its shim
+    (its pid record with the lock free). Reads only: recovery decides what it was."""
+    try:
+        if has_exit(directory) or (directory / shim.ABANDONED).exists():
+            return False
+        with locked(directory) as free:
+            return not free or read_pid(directory) is None
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
 def kill_leftovers(directory: Path, shim_pid: int | None, boot: str | None) -> None:
     """SIGKILL whatever a vanished attempt left running, so a retry never runs beside it:
     its process group (if the leader's pid still names our job) and every process still

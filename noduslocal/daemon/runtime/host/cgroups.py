@@ -13,8 +13,10 @@ import hashlib
 import itertools
 import logging
 import os
+import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +64,12 @@ def parent_name(data_dir: Path, system_data_dir: Path) -> str:
 
 def cgroup_name(job_id: int, attempt: int, rank: int) -> str:
     return f"{JOB_PREFIX}{job_id}-{attempt}-r{rank}"
+
+
+def parse_cgroup_name(name: str) -> tuple[int, int, int] | None:
+    """cgroup_name()'s job id, attempt and rank; None for any other name."""
+    found = re.fullmatch(rf"{JOB_PREFIX}(\d+)-(\d+)-r(\d+)", name)
+    return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
 
 
 def _write(path: Path | str, value: str) -> None:
@@ -416,14 +424,17 @@ class Cgroups:
             self.remove(name)
         self.remove_parents()
 
-    def remove_unheld(self) -> int:
+    def remove_unheld(self, may_start: Callable[[str], bool] = lambda name: False) -> int:
         """After a restart: remove this daemon's rank cgroups that hold no process (their
         attempts ended, or never started); a non-empty one is an attempt that still runs
-        (adopted, released at its end) or one left by a vanished attempt (clear_lost)."""
+        (adopted, released at its end) or one left by a vanished attempt (clear_lost).
+        `may_start(name)`: that rank's job may still enter it (a shim let go by the last
+        daemon, not yet at its lock): kept, or the job would fail 126 without running; its
+        release, or the next restart once recovery has settled it, removes it."""
         self.remove_idle()
         removed = 0
         for name in self.names():
-            if self.procs(name):
+            if self.procs(name) or may_start(name):
                 continue
             for path in self.paths(name):  # a rank is made only where it needs to be
                 try:

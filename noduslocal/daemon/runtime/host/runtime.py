@@ -25,6 +25,7 @@ from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import (
     has_exit,
     kill_leftovers,
+    may_still_start,
     read_pid,
     settled_inspect,
 )
@@ -45,7 +46,12 @@ from noduslocal.daemon.runtime.base import (
     rank_dir,
 )
 from noduslocal.daemon.runtime.gang_launch import adopted, launch_ranks
-from noduslocal.daemon.runtime.host.cgroups import Cgroups, Limits, cgroup_name
+from noduslocal.daemon.runtime.host.cgroups import (
+    Cgroups,
+    Limits,
+    cgroup_name,
+    parse_cgroup_name,
+)
 from noduslocal.daemon.runtime.host.execute import (
     has_own_namespace,
     kill_orphaned_execs,
@@ -110,7 +116,8 @@ class HostRuntime:
             log.warning("killed %d processes of execs the last daemon left running", killed)
         if self.cgroups.enabled:
             # Of the attempts the last daemon ran, those that ended hold no process.
-            if removed := await asyncio.to_thread(self.cgroups.remove_unheld):
+            if removed := await asyncio.to_thread(self.cgroups.remove_unheld,
+                                                  self._may_start):
                 log.info("removed %d cgroups of ended host attempts", removed)
         else:
             log.warning("%s", self.cgroups.describe())
@@ -119,6 +126,14 @@ class HostRuntime:
         if not self.namespaces.enabled:
             log.warning("%s", self.namespaces.describe())
         await self.spawner.start()
+
+    def _may_start(self, cgroup: str) -> bool:
+        """The rank of this cgroup may still start its job (attempt_dir.may_still_start)."""
+        parsed = parse_cgroup_name(cgroup)
+        if parsed is None:
+            return False
+        job_id, number, rank = parsed
+        return may_still_start(rank_dir(self.layout.attempt_dir(job_id, number), rank))
 
     async def close(self) -> None:
         self._arm_expiry.close()
