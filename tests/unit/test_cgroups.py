@@ -472,7 +472,7 @@ def test_a_restart_keeps_the_cgroup_of_a_rank_whose_shim_may_still_start(
     states = {  # job id: what its attempt 1 directory holds
         1: "a let-go shim on its way (nothing yet)", 2: "a shim holding its lock",
         3: "the exit record", 4: "given up (abandoned)", 5: "a pid record, its shim gone",
-        6: "no directory"}
+        6: "no directory", 7: "the Python shim holding its lock file"}
     for job_id in states:
         if job_id != 6:
             (jobs / str(job_id) / "attempt-1").mkdir(parents=True)
@@ -482,9 +482,11 @@ def test_a_restart_keeps_the_cgroup_of_a_rank_whose_shim_may_still_start(
     (attempt[5] / shim.PID).write_text('{"pid": 1, "shim_pid": 1}')
     held = os.open(attempt[2], os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(held, fcntl.LOCK_EX)
+    python_held = os.open(attempt[7] / shim.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(python_held, fcntl.LOCK_EX)
     try:
         assert {job_id: may_still_start(attempt[job_id]) for job_id in states} == {
-            1: True, 2: True, 3: False, 4: False, 5: False, 6: False}
+            1: True, 2: True, 3: False, 4: False, 5: False, 6: False, 7: True}
         for controller in V1_JOB_FILES:
             touch(tmp_path / "cg" / controller, "cgroup.procs")
             touch(tmp_path / "cg" / controller / "nl", "cgroup.procs")
@@ -498,8 +500,11 @@ def test_a_restart_keeps_the_cgroup_of_a_rank_whose_shim_may_still_start(
             assert parsed is not None and parsed[1:] == (1, 0), name
             return may_still_start(attempt[parsed[0]])
         assert cgroups.remove_unheld(may_start) == 4
-        assert sorted(cgroups.names()) == [cgroup_name(1, 1, 0), cgroup_name(2, 1, 0)]
+        assert sorted(cgroups.names()) == [cgroup_name(j, 1, 0) for j in (1, 2, 7)]
     finally:
         os.close(held)
-    assert not (attempt[1] / shim.ABANDONED).exists()  # the look decides nothing
+        os.close(python_held)
+    # The look leaves the directories as they were: a made-ahead first attempt with a lock
+    # file in it read as more than prepare_ahead() makes, and its cell spent attempt 1.
+    assert list(attempt[1].iterdir()) == [] and list(attempt[2].iterdir()) == []
     assert parse_cgroup_name("idle-3") is None

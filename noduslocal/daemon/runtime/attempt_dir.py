@@ -75,18 +75,24 @@ def has_exit(directory: Path) -> bool:
 
 
 @contextlib.contextmanager
-def locked(directory: Path) -> Iterator[bool]:
+def locked(directory: Path, make: bool = True) -> Iterator[bool]:
     """Both locks a shim may hold on its attempt: the directory (the compiled shim's) and
     the LOCK file in it (the Python shim's, made here if missing so that one starting now
-    waits for us). True inside when both were taken: no shim lives there, and none starts
-    there until the block ends (it then finds what the block left, such as ABANDONED);
-    False when a shim holds one. FileNotFoundError: no such directory."""
+    waits for us; `make` False: a look that leaves the directory as it is, where a missing
+    LOCK is one no shim holds). True inside when both were taken: no shim lives there, and
+    none starts there until the block ends (it then finds what the block left, such as
+    ABANDONED); False when a shim holds one. FileNotFoundError: no such directory."""
     fds = []
     try:
         fds.append(os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
                            | os.O_CLOEXEC))
-        fds.append(os.open(directory / shim.LOCK,
-                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        try:
+            fds.append(os.open(directory / shim.LOCK,
+                               os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+                               | (os.O_CREAT if make else 0), 0o600))
+        except FileNotFoundError:
+            if make:
+                raise
         try:
             for fd in fds:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,11 +133,12 @@ def may_still_start(directory: Path) -> bool:
     shim holds its lock, or one let go by a daemon that died before the shim took the lock
     is still on its way (nothing recorded, nothing given up). False once the attempt ended
     (its exit record), was given up (ABANDONED), never had a directory, or lost its shim
-    (its pid record with the lock free). Reads only: recovery decides what it was."""
+    (its pid record with the lock free). Reads only, and makes nothing there: a made-ahead
+    first attempt must stay empty to be taken as it is; recovery decides what it was."""
     try:
         if has_exit(directory) or (directory / shim.ABANDONED).exists():
             return False
-        with locked(directory) as free:
+        with locked(directory, make=False) as free:
             return not free or read_pid(directory) is None
     except (FileNotFoundError, NotADirectoryError):
         return False
