@@ -409,7 +409,14 @@ class AttemptRunner:
                 self._on_end(job.id, outcome.job_phase)
                 self.dispatch.release(attempt)
                 if running is not None:
-                    await running
+                    try:
+                        await running
+                    except BaseException:
+                        # The end's write fails the same way (no start row) or is moot:
+                        # the caller handles this one, and an unread failure of the end
+                        # logged "Future exception was never retrieved" at a random time.
+                        ended.add_done_callback(_read_outcome)
+                        raise
                 await asyncio.shield(ended)
             finally:
                 self.board.finishing.pop(job.id, None)
@@ -530,6 +537,11 @@ async def follow_metrics(attempt: Attempt, workspace: Path, stop: asyncio.Event)
         raise
     except Exception:  # a workspace gone or unreadable: the end's own read still counts
         log.exception("following the metrics of job %s failed", attempt.job.name)
+
+
+def _read_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _answer_like(future: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
