@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 
 from noduslocal import testing
+from noduslocal.daemon.config.settings import SYSTEM_DATA_DIR
 from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime import compiled_shim, shim
 from noduslocal.daemon.runtime.attempt_dir import read_pid
 from noduslocal.daemon.runtime.base import AttemptRef, Exited, GpuGrant, Launch
 from noduslocal.daemon.runtime.host import runtime as host_runtime
-from noduslocal.daemon.runtime.host.cgroups import Cgroups, cgroup_name
+from noduslocal.daemon.runtime.host.cgroups import ROOT, Cgroups, cgroup_name, parent_name
 from noduslocal.daemon.runtime.host.runtime import HostRuntime
 from noduslocal.daemon.runtime.host.spawner import Spawner
 from noduslocal.domain.jobs import JobRecord, JobSpec
@@ -443,10 +444,49 @@ def test_a_shim_let_go_just_before_a_restart_finds_its_rank_cgroups(
             assert isinstance(state, Exited)
             return state
         finally:
-            await new.close()
-            await old.spawner.close()
-            await asyncio.to_thread(old.cgroups.remove_all)
+            try:
+                await new.close()
+            finally:
+                try:
+                    await old.close()
+                finally:
+                    await asyncio.to_thread(old.cgroups.remove_all)
 
     state = asyncio.run(body())
     assert (state.exit_code, (layout.attempt_dir(7, 1) / shim.OUTPUT_LOG).read_text()) == (
         0, "1\n"), (layout.attempt_dir(7, 1) / shim.OUTPUT_LOG).read_text()
+
+
+def test_a_kill_while_a_cell_is_armed_costs_it_no_attempt_and_is_no_damage(
+        tmp_path: Path, one_cpu: testing.Daemon) -> None:
+    """A sweep's next cell is armed (its rank cgroup made, its shim held) and made ahead
+    (its empty first attempt) when the daemon is killed -9. The next daemon keeps that
+    cgroup while the cell may still start, and its look at the directory must leave it
+    empty: a lock file made there read as a start (a false "damaged database" ERROR), and
+    the cell spent attempt 1 as NotStarted."""
+    d, client = one_cpu, one_cpu.client()
+    release = tmp_path / "release"
+    client.create_sweep({
+        "name": "armed", "canary": "none", "max_parallel": 1,
+        "template": {"cpu": 1, "command": [
+            "sh", "-c", f'if [ "$X" = 0 ]; then while [ ! -e {release} ]; do sleep 0.05; '
+            'done; fi']},
+        "grid": {"X": ["0", "1", "2"]}})
+    testing.wait_until(lambda: client.get_job("armed-0")["phase"] == "Running",
+                       "the first cell to run")
+    db = d.data_dir / "noduslocal.db"
+    nxt = job_id_of(db, "armed-1")
+    made_ahead = d.data_dir / "jobs" / str(nxt) / "attempt-1"
+    rank = f"*/{parent_name(d.data_dir, SYSTEM_DATA_DIR)}/{cgroup_name(nxt, 1, 0)}"
+    testing.wait_until(lambda: made_ahead.is_dir() and any(ROOT.glob(rank)),
+                       "the next cell to be made ahead and armed")
+    d.restart()  # kill -9, then a start
+    assert list(made_ahead.iterdir()) == []
+    release.touch()
+    testing.wait_until(lambda: client.get_sweep("armed")["phase"] == "Succeeded",
+                       "the sweep to succeed", timeout=60)
+    for cell in ("armed-0", "armed-1", "armed-2"):
+        assert [a["phase"] for a in client.attempts(cell)] == ["Exited"], cell
+    health = client.transport.request("GET", "/v1/health")
+    assert not health.get("problems"), health
+    assert " ERROR " not in d.log()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from noduslocal.daemon.config.settings import LIVE, load_settings
+from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.runtime import compiled_shim, shim
 from noduslocal.daemon.runtime.attempt_dir import may_still_start, read_exit
 from noduslocal.daemon.runtime.host.cgroups import (
@@ -24,6 +25,8 @@ from noduslocal.daemon.runtime.host.cgroups import (
     parent_name,
     parse_cgroup_name,
 )
+from noduslocal.daemon.runtime.host.runtime import HostRuntime
+from noduslocal.daemon.runtime.host.spawner import Spawner
 
 V2_JOB_FILES = ("cgroup.procs", "cgroup.kill", "memory.max", "memory.swap.max", "cpu.max",
                 "pids.max", "memory.events")
@@ -508,3 +511,19 @@ def test_a_restart_keeps_the_cgroup_of_a_rank_whose_shim_may_still_start(
     # file in it read as more than prepare_ahead() makes, and its cell spent attempt 1.
     assert list(attempt[1].iterdir()) == [] and list(attempt[2].iterdir()) == []
     assert parse_cgroup_name("idle-3") is None
+
+
+def test_the_restart_looks_at_an_index_s_directory_for_an_indexed_job_s_cgroup(
+        tmp_path: Path) -> None:
+    """An indexed job's rank cgroup is named for the index, whose files are in index-N: the
+    look at the attempt directory itself (no records ever) kept index 0's forever."""
+    layout = JobLayout(tmp_path)
+    runtime = HostRuntime(layout, Spawner(None))
+    indexed, plain = layout.attempt_dir(1, 1), layout.attempt_dir(2, 1)
+    for directory in (indexed / "index-0", indexed / "index-1", plain / "rank-1"):
+        directory.mkdir(parents=True)
+    (indexed / "index-0" / shim.EXIT).write_text('{"exit_code": 0}')
+    (plain / shim.EXIT).write_text('{"exit_code": 0}')
+    assert [runtime._may_start(cgroup_name(*key)) for key in (
+        (1, 1, 0), (1, 1, 1), (2, 1, 0), (2, 1, 1), (2, 1, 2), (3, 1, 0))] == [
+        False, True, False, True, False, False]

@@ -132,11 +132,13 @@ def may_still_start(directory: Path) -> bool:
     """A shim may yet run a job in this attempt directory, and into the rank's cgroups: a
     shim holds its lock, or one let go by a daemon that died before the shim took the lock
     is still on its way (nothing recorded, nothing given up). False once the attempt ended
-    (its exit record), was given up (ABANDONED), never had a directory, or lost its shim
-    (its pid record with the lock free). Reads only, and makes nothing there: a made-ahead
-    first attempt must stay empty to be taken as it is; recovery decides what it was."""
+    (its exit record), was given up (ABANDONED), found no room to start (NO_ROOM), never
+    had a directory, or lost its shim (its pid record with the lock free). Reads only, and
+    makes nothing there: a made-ahead first attempt must stay empty to be taken as it is;
+    recovery decides what it was. OSError where the disk fails the look."""
     try:
-        if has_exit(directory) or (directory / shim.ABANDONED).exists():
+        if (has_exit(directory) or (directory / shim.ABANDONED).exists()
+                or (directory / shim.NO_ROOM).exists()):
             return False
         with locked(directory, make=False) as free:
             return not free or read_pid(directory) is None

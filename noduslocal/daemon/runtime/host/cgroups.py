@@ -68,7 +68,7 @@ def cgroup_name(job_id: int, attempt: int, rank: int) -> str:
 
 def parse_cgroup_name(name: str) -> tuple[int, int, int] | None:
     """cgroup_name()'s job id, attempt and rank; None for any other name."""
-    found = re.fullmatch(rf"{JOB_PREFIX}(\d+)-(\d+)-r(\d+)", name)
+    found = re.fullmatch(rf"{JOB_PREFIX}([0-9]+)-([0-9]+)-r([0-9]+)", name)
     return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
 
 

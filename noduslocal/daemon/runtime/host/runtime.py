@@ -128,12 +128,22 @@ class HostRuntime:
         await self.spawner.start()
 
     def _may_start(self, cgroup: str) -> bool:
-        """The rank of this cgroup may still start its job (attempt_dir.may_still_start)."""
+        """The rank of this cgroup may still start its job (attempt_dir.may_still_start):
+        the rank's directory is an index's where the job is indexed (its cgroup is named
+        for the index, and the daemon makes the index's directory before the cgroup). A
+        disk that fails the look keeps the cgroup: an empty one left is harmless, one
+        removed under a job fails it."""
         parsed = parse_cgroup_name(cgroup)
         if parsed is None:
             return False
         job_id, number, rank = parsed
-        return may_still_start(rank_dir(self.layout.attempt_dir(job_id, number), rank))
+        attempt = self.layout.attempt_dir(job_id, number)
+        index = rank_dir(attempt, rank, indexed=True)
+        try:
+            return may_still_start(index if index.is_dir() else rank_dir(attempt, rank))
+        except OSError as exc:
+            log.warning("keeping cgroup %s: reading its attempt failed: %s", cgroup, exc)
+            return True
 
     async def close(self) -> None:
         self._arm_expiry.close()
