@@ -138,8 +138,8 @@ class HostRuntime:
             return False
         job_id, number, rank = parsed
         attempt = self.layout.attempt_dir(job_id, number)
-        index = rank_dir(attempt, rank, indexed=True)
         try:
+            index = rank_dir(attempt, rank, indexed=True)
             return may_still_start(index if index.is_dir() else rank_dir(attempt, rank))
         except OSError as exc:
             log.warning("keeping cgroup %s: reading its attempt failed: %s", cgroup, exc)
