@@ -21,13 +21,13 @@ from noduslocal.daemon.files.layout import OTHER, JobLayout
 from noduslocal.daemon.jobs.indexed_run import JOURNAL
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import (
-    inspect,
+    inspect_settled,
     kill_leftovers,
     locked,
     read_exit,
     read_pid,
 )
-from noduslocal.daemon.runtime.base import Alive, Exited, NeverStarted
+from noduslocal.daemon.runtime.base import Exited, NeverStarted
 from noduslocal.daemon.store.restore import LostAttempt, LostJob
 from noduslocal.domain.jobs import JobRecord, JobSpec
 from noduslocal.domain.states import AttemptPhase, Phase, Reason
@@ -409,12 +409,7 @@ def unstarted_next(layout: JobLayout, job: JobRecord) -> LostAttempt | None:
         return None
     if number == 1 and layout.first_look(job) != OTHER:
         return None  # made ahead (taken as it is), or not this job's
-    state = inspect(directory)  # under its locks: free, it is marked abandoned
-    for _ in range(500):  # a shim holds the lock but has yet to write its pid record
-        if not (isinstance(state, Alive) and state.shim_pid == 0):
-            break
-        time.sleep(0.01)
-        state = inspect(directory)
+    state = inspect_settled(directory)  # under its locks: free, it is marked abandoned
     if not isinstance(state, NeverStarted) or state.certain:
         return None  # started (or said it had no room): lost_starts() reads its records
     return _abandoned(number)

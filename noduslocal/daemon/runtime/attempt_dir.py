@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,13 +187,26 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     return stat[stat.rindex(b")") + 2:].split()
 
 
-async def settled_inspect(directory: Path) -> AttemptState:
+def inspect_settled(directory: Path) -> AttemptState:
     """inspect(), waiting out a shim that holds its lock but has not written pid.json yet
-    (it does so right after starting the job)."""
+    (it does so right after starting the job). Blocking: up to 5 s."""
     state = inspect(directory)
     for _ in range(500):
-        if not (isinstance(state, Alive) and state.shim_pid == 0):
+        if not _unsettled(state):
             break
-        await asyncio.sleep(0.01)
+        time.sleep(0.01)
         state = inspect(directory)
     return state
+
+
+async def settled_inspect(directory: Path) -> AttemptState:
+    """inspect_settled() from the loop: at once where the first look settles it (nearly
+    always), the wait in a thread where it does not."""
+    state = inspect(directory)
+    if _unsettled(state):
+        state = await asyncio.to_thread(inspect_settled, directory)
+    return state
+
+
+def _unsettled(state: AttemptState) -> bool:
+    return isinstance(state, Alive) and state.shim_pid == 0
