@@ -22,6 +22,7 @@ import pytest
 from noduslocal import testing
 from noduslocal.daemon.config.settings import SYSTEM_DATA_DIR
 from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.jobs.orphans import lost_starts
 from noduslocal.daemon.runtime import compiled_shim, shim
 from noduslocal.daemon.runtime.attempt_dir import read_pid
 from noduslocal.daemon.runtime.base import AttemptRef, Exited, GpuGrant, Launch
@@ -430,7 +431,10 @@ def test_a_shim_let_go_just_before_a_restart_finds_its_rank_cgroups(
             launch = launch_of(layout, job(7))
             assert old.arm(launch)
             await testing.eventually(lambda: old.armed(7, 1), "the arming")
-            pid = (await old._armed[(7, 1)]).pid  # type: ignore[union-attr]
+            held = await old._armed[(7, 1)]
+            assert held is not None
+            pid = held.pid
+            assert old.marks.put(launch.ref.directory, held.mark)  # the dead daemon's go
             made = [path for path in old.cgroups.paths(name) if path.exists()]
             assert made, "no rank cgroup was made"
             await new.start()  # the restarted daemon's runtime, the old shim not yet at its lock
@@ -490,3 +494,76 @@ def test_a_kill_while_a_cell_is_armed_costs_it_no_attempt_and_is_no_damage(
     health = client.transport.request("GET", "/v1/health")
     assert not health.get("problems"), health
     assert " ERROR " not in d.log()
+
+
+def test_a_shim_let_go_just_before_a_kill_and_late_to_its_lock_runs_nothing(
+        tmp_path: Path, binary: Path) -> None:
+    """The last daemon let an armed shim go (its go mark put on the made-ahead first
+    attempt, its signal sent) and was killed before its start's commit; the shim had not
+    taken its lock when the next daemon's recovery took that directory as it is (the job
+    pending, the attempt unspent). The shim, going on after that, must run nothing: the
+    next daemon starts the attempt itself, and the job runs once, not twice. Real
+    spawners, shims and recovery; the late shim is one let go after the recovery."""
+    layout = JobLayout(tmp_path / "data", overlay=False)
+    layout.jobs_dir.mkdir(parents=True)
+    ran = tmp_path / "ran"
+    record = replace(job(7), spec=JobSpec(command=["sh", "-c", f"echo x >> {ran}"]))
+    layout.prepare_ahead(record)  # what a sweep's next cell has before its start
+
+    async def body() -> tuple[list[str], Exited]:
+        old = HostRuntime(layout, Spawner(binary))
+        await old.spawner.start()
+        new = HostRuntime(layout, Spawner(binary))
+        try:
+            launch = launch_of(layout, record)
+            assert old.arm(launch)
+            await testing.eventually(lambda: old.armed(7, 1), "the arming")
+            held = await old._forget((7, 1))  # type: ignore[misc]
+            assert held is not None
+            assert old.marks.put(launch.ref.directory, held.mark)  # the go, up to its signal
+            await new.start()
+            assert await asyncio.to_thread(lost_starts, layout, record) == (None, [])
+            os.kill(held.pid, signal.SIGUSR1)  # the go reaches the shim only now
+            await asyncio.to_thread(wait_for, lambda: gone(held.pid), "the late shim's exit")
+            late = sorted(p.name for p in launch.ref.directory.iterdir())
+            [rank] = await new.launch(launch)  # the next daemon's start, in that directory
+            state = await asyncio.wait_for(rank.ended, DEADLINE)
+            assert isinstance(state, Exited)
+            return late, state
+        finally:
+            try:
+                await new.close()
+            finally:
+                await old.close()
+
+    late, state = asyncio.run(body())
+    assert late == []  # it took the lock and left: no record, no log, nothing marked
+    assert (state.exit_code, ran.read_text()) == (0, "x\n")
+
+
+@pytest.mark.parametrize("kind", ["compiled", "python"])
+def test_a_shim_runs_only_under_the_go_mark_its_request_names(
+        tmp_path: Path, binary: Path, kind: str) -> None:
+    """Both shims: a directory whose mark is another's (a restarted daemon's start), or
+    that bears none (a recovery took it off), runs nothing; the named mark runs the job."""
+    ran = tmp_path / "ran"
+
+    async def launch(directory: Path, mark: bytes | None) -> None:
+        directory.mkdir()
+        if mark is not None:
+            os.setxattr(directory, shim.GO_MARK, mark)
+        spawner = Spawner(binary if kind == "compiled" else None)
+        await spawner.start()
+        try:
+            request = held_request(directory, ["sh", "-c", f"echo {directory.name} >> {ran}"],
+                                   hold=0)
+            request["mark"] = "ours-1"
+            pid = await spawner.launch(request)
+            await asyncio.to_thread(wait_for, lambda: gone(pid), "the shim's exit")
+        finally:
+            await spawner.close()
+
+    for name, mark in (("another", b"ours-2"), ("none", None), ("ours", b"ours-1")):
+        asyncio.run(launch(tmp_path / name, mark))
+        assert (read_pid(tmp_path / name) is not None) == (name == "ours"), name
+    assert ran.read_text() == "ours\n"

@@ -218,12 +218,12 @@ def test_compiled_request_carries_the_cgroups() -> None:
            "cgroups": ["/sys/fs/cgroup/memory/nl/job-1-1-r0", "/sys/fs/cgroup/pids/nl/x"]}
     body = compiled_shim.encode_request(req, 1)[4:].split(b"\0")
     # The cgroups, then the mount namespace's fields (none here: no mounts, no hides), then
-    # the hold (none: not armed).
-    assert body[-9:] == [b"2", b"/sys/fs/cgroup/memory/nl/job-1-1-r0",
-                         b"/sys/fs/cgroup/pids/nl/x", b"0", b"0", b"", b"0", b"0", b""]
-    assert compiled_shim.encode_request({**req, "cgroups": []}, 1)[4:].split(b"\0")[-7] == b"0"
-    armed = compiled_shim.encode_request({**req, "hold": 600}, 1)[4:].split(b"\0")
-    assert armed[-2:] == [b"600", b""]
+    # the hold (none: not armed) and the go mark (none).
+    assert body[-10:] == [b"2", b"/sys/fs/cgroup/memory/nl/job-1-1-r0",
+                          b"/sys/fs/cgroup/pids/nl/x", b"0", b"0", b"", b"0", b"0", b"", b""]
+    assert compiled_shim.encode_request({**req, "cgroups": []}, 1)[4:].split(b"\0")[-8] == b"0"
+    armed = compiled_shim.encode_request({**req, "hold": 600, "mark": "ab12-3"}, 1)
+    assert armed[4:].split(b"\0")[-3:] == [b"600", b"ab12-3", b""]
 
 
 def test_compiled_request_carries_the_mounts() -> None:
@@ -231,9 +231,9 @@ def test_compiled_request_carries_the_mounts() -> None:
            "mounts": [["/data/jobs/1/workspace", "/workspace"], ["/data/volumes/r", "/results"]],
            "hide": ["/dev/nvidia1"], "hide_with": "/data/hidden-device", "no_new_privs": True}
     body = compiled_shim.encode_request(req, 1)[4:].split(b"\0")
-    assert body[-12:] == [b"0", b"4", b"/data/jobs/1/workspace", b"/workspace",
+    assert body[-13:] == [b"0", b"4", b"/data/jobs/1/workspace", b"/workspace",
                           b"/data/volumes/r", b"/results", b"1", b"/dev/nvidia1",
-                          b"/data/hidden-device", b"1", b"0", b""]
+                          b"/data/hidden-device", b"1", b"0", b"", b""]
 
 
 def test_host_pids_max_is_a_live_setting(tmp_path: Path) -> None:

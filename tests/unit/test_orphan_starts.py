@@ -6,7 +6,9 @@ attempt's directories a kill left half made (made again)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -104,13 +106,42 @@ def test_a_next_attempt_prepared_and_never_started_is_abandoned_and_spent(
 
 
 def test_the_empty_first_attempt_made_ahead_is_taken_as_it_is(tmp_path: Path) -> None:
+    """Taken as it is, once the go mark the last daemon put there (it let a shim go) is
+    gone: a shim still on its way to the lock then runs nothing (test_armed_shims.py)."""
     layout = JobLayout(tmp_path, overlay=False)
     job = pending(7, 0)
     made(layout, job, link=False)
-    layout.attempt_dir(job.id, 1).mkdir()
+    directory = layout.attempt_dir(job.id, 1)
+    directory.mkdir()
+    os.setxattr(directory, shim.GO_MARK, b"the-last-daemon-1")
     assert lost_starts(layout, job) == (None, [])
-    assert list(layout.attempt_dir(job.id, 1).iterdir()) == []  # not marked
+    assert list(directory.iterdir()) == []  # not marked abandoned, no lock file made
+    with pytest.raises(OSError):
+        os.getxattr(directory, shim.GO_MARK)
     assert not drop_torn_first(layout, job)
+    assert lost_starts(layout, job) == (None, [])  # read again: nothing to remove
+
+
+def test_a_shim_at_the_lock_of_the_first_attempt_made_ahead_started(tmp_path: Path) -> None:
+    """A shim holds the lock of the made-ahead directory, its records not yet reserved:
+    it keeps its mark (it runs), and recovery waits for its records to read the start."""
+    layout = JobLayout(tmp_path, overlay=False)
+    job = pending(7, 0)
+    made(layout, job, link=False)
+    directory = layout.attempt_dir(job.id, 1)
+    directory.mkdir()
+    os.setxattr(directory, shim.GO_MARK, b"the-last-daemon-1")
+    lock = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the compiled shim holds it
+        reserved = threading.Timer(0.3, (directory / f".{shim.EXIT}.tmp").touch)
+        reserved.start()
+        current, later = lost_starts(layout, job)
+        reserved.join()
+    finally:
+        os.close(lock)
+    assert current is None and [a.number for a in later] == [1]
+    assert os.getxattr(directory, shim.GO_MARK) == b"the-last-daemon-1"
 
 
 def test_a_first_attempt_half_made_is_dropped_to_be_made_again(tmp_path: Path) -> None:

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noduslocal.daemon.files.layout import OTHER, JobLayout
+from noduslocal.daemon.files.layout import AHEAD, OTHER, JobLayout
 from noduslocal.daemon.jobs.indexed_run import JOURNAL
 from noduslocal.daemon.runtime import shim
 from noduslocal.daemon.runtime.attempt_dir import (
+    disarm,
     inspect_settled,
     kill_leftovers,
     locked,
@@ -407,12 +408,26 @@ def unstarted_next(layout: JobLayout, job: JobRecord) -> LostAttempt | None:
     directory = layout.attempt_dir(job.id, number)
     if not directory.is_dir():
         return None
-    if number == 1 and layout.first_look(job) != OTHER:
-        return None  # made ahead (taken as it is), or not this job's
+    if number == 1 and (look := layout.first_look(job)) != OTHER:
+        if look == AHEAD:
+            _fence_ahead(directory)  # taken as it is, once no late shim can run there
+        return None  # or not this job's
     state = inspect_settled(directory)  # under its locks: free, it is marked abandoned
     if not isinstance(state, NeverStarted) or state.certain:
         return None  # started (or said it had no room): lost_starts() reads its records
     return _abandoned(number)
+
+
+def _fence_ahead(directory: Path) -> None:
+    """A made-ahead first attempt the next start takes as it is: its go mark removed under
+    its locks (attempt_dir.disarm), so that a shim the last daemon let go just before it
+    died, still on its way to the lock, runs nothing there; that start is made again, once.
+    A shim that holds the lock started: waited for until its records show it (5 s at
+    most), for lost_starts() to read them."""
+    for _ in range(500):
+        if disarm(directory) or _shows_start(directory):
+            return
+        time.sleep(0.01)
 
 
 def _abandoned(number: int) -> LostAttempt:

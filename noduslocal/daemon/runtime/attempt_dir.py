@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -145,6 +146,22 @@ def may_still_start(directory: Path) -> bool:
             return not free or read_pid(directory) is None
     except (FileNotFoundError, NotADirectoryError):
         return False
+
+
+def disarm(directory: Path) -> bool:
+    """Under the attempt's locks, the go mark (shim.GO_MARK) taken off its directory: a
+    shim the last daemon let go that takes the lock only after this runs nothing there
+    (its request names a mark the directory no longer bears), and a new start marks it
+    afresh. True when done; False when a shim holds the lock (it started). Makes nothing
+    there. FileNotFoundError: no such directory; OSError: the mark could not be removed."""
+    with locked(directory, make=False) as free:
+        if free:
+            try:
+                os.removexattr(directory, shim.GO_MARK)
+            except OSError as exc:
+                if exc.errno not in (errno.ENODATA, errno.EOPNOTSUPP):
+                    raise  # never marked, or a file system without attributes: no mark
+        return free
 
 
 def kill_leftovers(directory: Path, shim_pid: int | None, boot: str | None) -> None:

@@ -84,7 +84,7 @@ def encode_request(req: dict[str, Any], req_id: int) -> bytes:
     """A request as the compiled spawner reads it: a 4-byte length, then NUL-terminated
     fields, lists preceded by their length. It goes through a pipe, never argv: secrets
     would be visible to every user in /proc/PID/cmdline."""
-    fields: list[str] = ["NODUS2", str(req_id), req["dir"], req["cwd"]]
+    fields: list[str] = ["NODUS3", str(req_id), req["dir"], req["cwd"]]
     uid = req.get("uid")
     fields += ["" if uid is None else str(uid), str(req.get("gid") or 0)]
     groups = [str(g) for g in (req.get("groups") or [req.get("gid") or 0])]
@@ -98,7 +98,8 @@ def encode_request(req: dict[str, Any], req_id: int) -> bytes:
     mounts = [part for pair in req.get("mounts") or () for part in pair]
     hide = list(req.get("hide") or ())
     fields += [str(len(mounts)), *mounts, str(len(hide)), *hide, req.get("hide_with") or "",
-               "1" if req.get("no_new_privs") else "0", str(req.get("hold") or 0)]
+               "1" if req.get("no_new_privs") else "0", str(req.get("hold") or 0),
+               req.get("mark") or ""]
     body = "\0".join(fields).encode() + b"\0"  # one join: a generator cost 70 calls a task
     return len(body).to_bytes(4, "little") + body
 

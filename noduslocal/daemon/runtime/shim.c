@@ -44,10 +44,11 @@
 #include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
-#define MAGIC "NODUS2"
+#define MAGIC "NODUS3"
 #define DRAIN_AFTER_EXIT_MS 2000 /* keep reading pipes that escaped processes hold open */
 #define CHUNK 65536
 #define TAIL_MAX (1 << 20) /* most bytes of a capped log's end kept for its close */
@@ -71,6 +72,7 @@ struct request {
     const char *hide_with;
     int no_new_privs;
     long hold; /* seconds an armed shim waits for its go; 0: it runs the job at once */
+    const char *mark; /* the go mark the daemon set on dir before letting us go; "": none */
 };
 
 struct buffer {
@@ -329,6 +331,7 @@ static struct request *parse_request(char *data, size_t len) {
     r->hide_with = field();
     r->no_new_privs = strcmp(field(), "1") == 0;
     r->hold = number();
+    r->mark = field();
     if (!r->argv[0] || r->nmounts % 2 || r->hold < 0) die();
     return r;
 }
@@ -969,6 +972,17 @@ static int job_main(void *arg) {
     _exit(127); /* never a return: clone() would exit() through the shim's stdio and atexit */
 }
 
+/* Whether the attempt directory (open as `dir`) bears our request's go mark (shim.py's
+ * GO_MARK): the daemon sets it before it lets us go, and a restarted daemon that reuses a
+ * made-ahead first attempt removes it under the directory's lock. A shim let go just
+ * before the crash, which takes the lock only after that, then runs nothing: the attempt
+ * is started again by the new daemon, not twice. */
+static int marked(int dir) {
+    char seen[128];
+    ssize_t n = fgetxattr(dir, "user.noduslocal.go", seen, sizeof seen);
+    return n >= 0 && (size_t)n == strlen(req->mark) && memcmp(seen, req->mark, (size_t)n) == 0;
+}
+
 /* An armed shim: held until the daemon's go (SIGUSR1), true; or false when it let us go
  * (SIGUSR2), the spawner died (the parent-death signal: the daemon is gone, and with it
  * the start that would have gone with the go) or the hold ran out. The spawner blocked
@@ -1014,6 +1028,7 @@ static void run_shim(char *data, size_t len, pid_t spawner, int reaper_end) {
     if (lock < 0 || flock(lock, LOCK_EX) != 0) die();
     char *abandoned = path_in("abandoned");
     if (access(abandoned, F_OK) == 0) _exit(0); /* a restarted daemon gave up on us */
+    if (*req->mark && !marked(lock)) _exit(0); /* a restarted daemon took the directory */
     /* One file holds both records (an inode a task fewer: on a file system without a
      * journal each new one is dearer after recent deletions, issue 25 part 5): the pid
      * record is written into it and linked as pid.json, and at the end the exit record,

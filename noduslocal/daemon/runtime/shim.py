@@ -43,6 +43,11 @@ PID = "pid.json"
 EXIT = "exit.json"
 ABANDONED = "abandoned"
 NO_ROOM = "no-room"  # made empty by a shim that found no room to record its job
+# The attempt directory's attribute a request's "mark" must match once the shim holds the
+# lock: set by the daemon before the shim may go, removed by a restarted daemon that takes
+# a made-ahead first attempt as it is (attempt_dir.disarm), so that a shim let go just
+# before a crash, and late to its lock, runs nothing there.
+GO_MARK = "user.noduslocal.go"
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
 DRAIN_AFTER_EXIT = 2.0  # seconds to keep reading pipes that escaped processes hold open
@@ -684,6 +689,14 @@ def _record_setup_failure(logs: Logs, exit_record: int, exc: SetupError, started
         "signal": None}, durable)
 
 
+def _marked(directory: str, mark: str) -> bool:
+    """The directory bears the request's go mark (GO_MARK)."""
+    try:
+        return os.getxattr(directory, GO_MARK) == mark.encode()
+    except OSError:
+        return False
+
+
 def run_shim(req: dict, durable: bool = False) -> None:
     """In the forked shim: run one attempt to its end. Never returns. `durable`: the exit
     is synced to disk even while the parent lives (a cluster's batch job: the file is the
@@ -704,6 +717,8 @@ def run_shim(req: dict, durable: bool = False) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(os.path.join(directory, ABANDONED)):
             os._exit(0)  # a restarted daemon gave up on this attempt before we ran
+        if req.get("mark") and not _marked(directory, req["mark"]):
+            os._exit(0)  # a restarted daemon took the directory for its own start
         pid_record, exit_record = (reserve_record(directory, PID),
                                    reserve_record(directory, EXIT))
         if pid_record < 0 or exit_record < 0:

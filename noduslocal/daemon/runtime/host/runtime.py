@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import itertools
 import logging
 import os
 import signal
@@ -83,7 +85,51 @@ class Armed:
     pid: int
     pidfd: int
     cgroup: str | None  # the rank's, made at the arming (empty: only the job enters it)
+    mark: str  # its request's go mark ("": none), set on the directory at its go
     expiry: int = -1  # its key in the runtime's expiry timer
+
+
+class GoMarks:
+    """The go marks (shim.GO_MARK) put on a rank's directory before its shim may take the
+    lock: a shim runs only under the mark its request names. A start let go before its
+    commit (an armed one) can then be fenced off by a restarted daemon that takes its
+    made-ahead directory as it is (attempt_dir.disarm), instead of running twice."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(6).hex()  # unique across daemons and restarts
+        self._count = itertools.count()
+        self.why_not: str | None = None  # set once the data dir's file system took none
+
+    def new(self) -> str:
+        """A mark for one request; "" where marks cannot be set (no check in the shim)."""
+        return "" if self.why_not is not None else f"{self._prefix}-{next(self._count)}"
+
+    def probe(self, directory: Path) -> None:
+        """Whether the data dir's file system takes marks, said at the start."""
+        try:
+            os.setxattr(directory, shim.GO_MARK, b"probe")
+            os.removexattr(directory, shim.GO_MARK)
+        except OSError as exc:
+            self._refused(exc)
+
+    def put(self, directory: Path, mark: str) -> bool:
+        """The directory marked for the request naming `mark`; False when it could not be
+        (the request must then be one without a mark)."""
+        try:
+            os.setxattr(directory, shim.GO_MARK, mark.encode())
+            return True
+        except OSError as exc:
+            self._refused(exc)
+            log.info("marking %s for its shim failed: %s", directory, exc)
+            return False
+
+    def _refused(self, exc: OSError) -> None:
+        if exc.errno == errno.EOPNOTSUPP and self.why_not is None:
+            self.why_not = str(exc)
+            log.warning("the data directory's file system takes no extended attributes "
+                        "(%s): a host job's shim let go just before a kill -9 of the daemon "
+                        "and still not at its lock when the daemon is back may run its "
+                        "first attempt twice", exc)
 
 
 class HostRuntime:
@@ -101,6 +147,7 @@ class HostRuntime:
         self.pids_max = pids_max
         self.exec_records = layout.jobs_dir.parent / EXEC_RECORDS
         self.namespaces = Namespaces(False, "the runtime has not started")
+        self.marks = GoMarks()
         # Every arming, from its request on: a launch of that attempt waits for it and
         # uses it. Nothing else takes one out but its expiry and close().
         self._armed: dict[AttemptKey, asyncio.Future[Armed | None]] = {}
@@ -112,6 +159,7 @@ class HostRuntime:
         # Execs a daemon killed meanwhile left running: their callers and their timeouts
         # died with it, whether their jobs still run or not.
         self.exec_records.mkdir(mode=0o700, exist_ok=True)
+        self.marks.probe(self.exec_records)
         if killed := kill_orphaned_execs(self.exec_records):
             log.warning("killed %d processes of execs the last daemon left running", killed)
         if self.cgroups.enabled:
@@ -288,6 +336,7 @@ class HostRuntime:
             request = self._request(launch, 0)
             self._make_cgroups(launch, 0, request)
             request["hold"] = ARM_HOLD
+            request["mark"] = self.marks.new()
             pid = await self.spawner.launch(request)
             pidfd = os.pidfd_open(pid)
         except Exception as exc:  # its start launches it as any other
@@ -299,7 +348,7 @@ class HostRuntime:
             if self._armed.get(key) is armed:
                 self._forget(key)
             return
-        held = Armed(pid, pidfd, cgroup)
+        held = Armed(pid, pidfd, cgroup, request["mark"])
         held.expiry = self._arm_expiry.add(lambda: self._expire(key, armed))
         armed.set_result(held)
 
@@ -324,7 +373,8 @@ class HostRuntime:
         if held is None:
             return None
         self._arm_expiry.cancel(held.expiry)
-        if not self.armable(launch):  # given GPUs after all: its request is not this one
+        if not self.armable(launch) or (  # given GPUs after all: its request is not this one
+                held.mark and not self.marks.put(launch.ref.rank_dir(0), held.mark)):
             self._release_armed(held)
             return None
         try:
@@ -367,6 +417,8 @@ class HostRuntime:
                 f"a mount namespace, which this daemon cannot make ({self.namespaces.why}); "
                 "use a path under /workspace, or an image")
         request = self._request(launch, rank)
+        if (mark := self.marks.new()) and self.marks.put(directory, mark):
+            request["mark"] = mark
         cgroup = cgroup_name(ref.job.id, ref.number, rank)
         try:
             self._make_cgroups(launch, rank, request)
