@@ -49,6 +49,22 @@ def unavailable(paths: list[str]) -> errors.DaemonUnavailable:
     )
 
 
+def not_let_in(path: str) -> str:
+    """Why the socket refused us (EACCES), said with the group that would let us in: a
+    shared daemon's users are the members of its socket's group (scripts/install.sh)."""
+    import grp
+    import pwd
+
+    try:
+        group = grp.getgrgid(os.stat(path).st_gid).gr_name
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except (OSError, KeyError):
+        return f"permission denied on {path}: you may not use this daemon; ask its admin"
+    return (f"permission denied on {path}: this daemon's users are the members of the group "
+            f"{group}; ask its admin to add you (usermod -aG {group} {user}), then log in "
+            "again")
+
+
 def _decoded(status: int, payload: bytes) -> Any:
     decoded = json_loads(payload) if payload else None
     if status >= 400:
@@ -96,6 +112,8 @@ class Transport:
                 "stayed full; try again in a moment") from None
         except wire.NotTrusted as exc:
             raise errors.PermissionDenied(str(exc)) from None
+        except PermissionError:
+            raise errors.PermissionDenied(not_let_in(path)) from None
 
     def _conn(self, timeout: float) -> tuple[wire.Connection, bool]:
         """This thread's connection, and whether it was already open."""

@@ -110,6 +110,24 @@ def test_socket_belongs_to_the_socket_group(box: Box) -> None:
     assert st.st_gid == grp.getgrnam(SOCKET_GROUP).gr_gid
 
 
+def test_a_user_outside_the_socket_group_is_told_which_group_lets_them_in(
+        box: Box) -> None:
+    """The socket refuses whoever is not in its group (EACCES): the CLI says so in one
+    line naming the group and the command that adds them, where it printed a traceback."""
+    env = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/nonexistent", "LANG=C.UTF-8",
+           f"{SOCKET_ENV}={box.daemon.socket}", f"PYTHONPATH={box.lib}",
+           "PYTHONDONTWRITEBYTECODE=1"]
+    for args in (["job", "list"], ["job", "run", "--detach", "--", "true"], ["ls", "x"]):
+        seen = subprocess.run(["runuser", "-u", "nobody", "--", "env", "-i", *env,
+                               SYSTEM_PYTHON, "-m", "noduslocal.cli", *args],
+                              capture_output=True, text=True, timeout=60, cwd=box.lib)
+        assert seen.returncode == 1, (args, seen.stderr)
+        assert seen.stderr == (
+            f"noduslocal: permission denied on {box.daemon.socket}: this daemon's users are "
+            f"the members of the group {SOCKET_GROUP}; ask its admin to add you (usermod "
+            f"-aG {SOCKET_GROUP} nobody), then log in again\n"), (args, seen.stderr)
+
+
 @pytest.mark.parametrize("who", [ALICE, BOB])
 def test_identity_is_the_kernels_not_the_clients(box: Box, who: str) -> None:
     """/v1/info reports the caller from SO_PEERCRED; headers cannot change it."""
