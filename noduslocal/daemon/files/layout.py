@@ -105,8 +105,9 @@ class JobLayout:
         # directories from the start and the other only finishes or takes them.
         self._claims = threading.Lock()
         self._ahead: set[int] = set()  # jobs whose first attempt's directories exist
-        # ... all of them made, for a job with nothing to put in its workspace: its first
-        # attempt takes them as they are (no system call on the loop).
+        # ... all of them made, its source's overlay attached and mounted: its first
+        # attempt takes them as they are (no system call on the loop; the mount made ahead
+        # becomes the attempt's).
         self._ahead_done: set[int] = set()
         self._coming: set[int] = set()  # handed to prepare_ahead()'s thread, not begun
         self._taken: set[int] = set()  # ... and started meanwhile: the thread skips them
@@ -249,6 +250,8 @@ class JobLayout:
                 self._ahead_done.discard(job.id)
                 self._ahead.discard(job.id)
         if done:
+            if job.spec.source:
+                self.overlays.mount(job.id, number)  # takes the mount made ahead
             return directory
         if number == 1 and (ahead or self._made_ahead(job)):
             # Made ahead, perhaps in part, perhaps still being made, perhaps by the daemon
@@ -396,7 +399,7 @@ class JobLayout:
                 self.overlays.mount_ahead(job.id)
             self.attempt_dir(job.id, 1).mkdir(mode=0o700)
             with self._claims:
-                if not job.spec.source and job.id in self._ahead:  # not taken meanwhile
+                if job.id in self._ahead:  # not taken meanwhile
                     self._ahead_done.add(job.id)
 
     def _unpack(self, directory: Path, job: JobRecord) -> None:
