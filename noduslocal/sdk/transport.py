@@ -49,20 +49,35 @@ def unavailable(paths: list[str]) -> errors.DaemonUnavailable:
     )
 
 
-def not_let_in(path: str) -> str:
-    """Why the socket refused us (EACCES), said with the group that would let us in: a
-    shared daemon's users are the members of its socket's group (scripts/install.sh)."""
+def not_let_in(path: str, uid: int | None = None,
+               groups: list[int] | None = None) -> str:
+    """Why the socket refused us (EACCES), in words that say what to do: a shared daemon's
+    users are the members of its socket's group (scripts/install.sh). `uid` and `groups`:
+    the caller's (this process's by default)."""
     import grp
     import pwd
 
+    uid = os.getuid() if uid is None else uid
+    groups = os.getgroups() if groups is None else groups
+    admin = f"permission denied on {path}: ask this daemon's admin"
     try:
-        group = grp.getgrgid(os.stat(path).st_gid).gr_name
-        user = pwd.getpwuid(os.getuid()).pw_name
+        gid = os.stat(path).st_gid
+        group = grp.getgrgid(gid)
+        user = pwd.getpwuid(uid)
     except (OSError, KeyError):
-        return f"permission denied on {path}: you may not use this daemon; ask its admin"
+        return f"{admin} for access"
+    if gid == 0:  # no socket group was found at the daemon's start: no group to join
+        return f"{admin}: its socket is root's alone (no socket group)"
+    if gid in groups or user.pw_gid == gid:
+        return (f"{admin}: you are in its group {group.gr_name}, yet the socket's mode or "
+                "a security module refuses you")
+    if user.pw_name in group.gr_mem:
+        return (f"permission denied on {path}: you were added to its group "
+                f"{group.gr_name} after this session began; log in again (or run "
+                f"`newgrp {group.gr_name}`)")
     return (f"permission denied on {path}: this daemon's users are the members of the group "
-            f"{group}; ask its admin to add you (usermod -aG {group} {user}), then log in "
-            "again")
+            f"{group.gr_name}; ask its admin to add you (usermod -aG {group.gr_name} "
+            f"{user.pw_name}), then log in again")
 
 
 def _decoded(status: int, payload: bytes) -> Any:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,6 +25,7 @@ import pytest
 from noduslocal import testing
 from noduslocal.daemon.config.settings import SYSTEM_DATA_DIR
 from noduslocal.daemon.files.layout import JobLayout
+from noduslocal.daemon.jobs import orphans
 from noduslocal.daemon.jobs.orphans import lost_starts
 from noduslocal.daemon.runtime import compiled_shim, shim
 from noduslocal.daemon.runtime.attempt_dir import read_pid
@@ -567,3 +571,37 @@ def test_a_shim_runs_only_under_the_go_mark_its_request_names(
         asyncio.run(launch(tmp_path / name, mark))
         assert (read_pid(tmp_path / name) is not None) == (name == "ours"), name
     assert ran.read_text() == "ours\n"
+
+
+def test_a_shim_stuck_at_the_lock_of_a_made_ahead_attempt_is_killed_not_run_beside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A shim past its mark check holds the made-ahead attempt's lock but has reserved no
+    records when the next daemon looks (stalled: a slow disk, a loaded box). Waiting for it
+    forever would stop the daemon's start; taking the directory while it lives would run
+    the job twice (review of ad5a435: after 5 s the look gave up and took it, the mark
+    still on). It is killed (it has run nothing yet), and the attempt is started once."""
+    monkeypatch.setattr(orphans, "FENCE_WAIT", 0.5)
+    layout = JobLayout(tmp_path / "data", overlay=False)
+    layout.jobs_dir.mkdir(parents=True)
+    record = job(7)
+    layout.prepare_ahead(record)
+    directory = layout.attempt_dir(7, 1)
+    os.setxattr(directory, shim.GO_MARK, b"the-last-daemon-1")
+    holder = subprocess.Popen(  # the stalled shim: its lock taken, nothing reserved
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)",
+         str(directory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with caplog.at_level(logging.WARNING, "noduslocal.daemon.jobs.orphans"):
+            assert lost_starts(layout, record) == (None, [])
+        assert holder.wait(DEADLINE) == -signal.SIGKILL
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(OSError):
+        os.getxattr(directory, shim.GO_MARK)
+    assert list(directory.iterdir()) == []
+    assert f"killed [{holder.pid}] so that the attempt runs once" in caplog.text

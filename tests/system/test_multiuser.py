@@ -126,6 +126,15 @@ def test_a_user_outside_the_socket_group_is_told_which_group_lets_them_in(
             f"noduslocal: permission denied on {box.daemon.socket}: this daemon's users are "
             f"the members of the group {SOCKET_GROUP}; ask its admin to add you (usermod "
             f"-aG {SOCKET_GROUP} nobody), then log in again\n"), (args, seen.stderr)
+    # A member whose session began before they joined (here: started without the group).
+    stale = subprocess.run(["setpriv", f"--reuid={box.alice.uid}", f"--regid={box.alice.gid}",
+                            "--clear-groups", "--", "env", "-i", *env, SYSTEM_PYTHON, "-m",
+                            "noduslocal.cli", "job", "list"],
+                           capture_output=True, text=True, timeout=60, cwd=box.lib)
+    assert stale.returncode == 1 and stale.stderr == (
+        f"noduslocal: permission denied on {box.daemon.socket}: you were added to its group "
+        f"{SOCKET_GROUP} after this session began; log in again (or run `newgrp "
+        f"{SOCKET_GROUP}`)\n"), stale.stderr
 
 
 @pytest.mark.parametrize("who", [ALICE, BOB])

@@ -24,6 +24,7 @@ from noduslocal.daemon.runtime.attempt_dir import (
     disarm,
     inspect_settled,
     kill_leftovers,
+    kill_lock_holders,
     locked,
     read_exit,
     read_pid,
@@ -410,7 +411,7 @@ def unstarted_next(layout: JobLayout, job: JobRecord) -> LostAttempt | None:
         return None
     if number == 1 and (look := layout.first_look(job)) != OTHER:
         if look == AHEAD:
-            _fence_ahead(directory)  # taken as it is, once no late shim can run there
+            _fence_ahead(directory, job)  # taken as it is, once no late shim can run there
         return None  # or not this job's
     state = inspect_settled(directory)  # under its locks: free, it is marked abandoned
     if not isinstance(state, NeverStarted) or state.certain:
@@ -418,16 +419,36 @@ def unstarted_next(layout: JobLayout, job: JobRecord) -> LostAttempt | None:
     return _abandoned(number)
 
 
-def _fence_ahead(directory: Path) -> None:
+FENCE_WAIT = 5.0  # seconds a shim may hold a made-ahead attempt's lock without its records
+
+
+def _fence_ahead(directory: Path, job: JobRecord) -> None:
     """A made-ahead first attempt the next start takes as it is: its go mark removed under
     its locks (attempt_dir.disarm), so that a shim the last daemon let go just before it
     died, still on its way to the lock, runs nothing there; that start is made again, once.
-    A shim that holds the lock started: waited for until its records show it (5 s at
-    most), for lost_starts() to read them."""
-    for _ in range(500):
-        if disarm(directory) or _shows_start(directory):
-            return
+    A shim that holds the lock started: waited for until its records show it, for
+    lost_starts() to read them. One that holds it FENCE_WAIT seconds with none has run
+    nothing yet, and would run the job beside the next start: it is killed."""
+    if _settles(directory):
+        return
+    killed = kill_lock_holders(directory)
+    log.warning("job %s: a shim held its first attempt's directory for %.0f s without "
+                "starting it (let go just before the last daemon died); killed %s so that "
+                "the attempt runs once", job.name, FENCE_WAIT, killed or "nothing")
+    if not _settles(directory):
+        raise RuntimeError(f"{directory}: its lock is still held after its holders "
+                           f"{killed} were killed")
+
+
+def _settles(directory: Path) -> bool:
+    """The go mark removed, or the start of a shim holding the lock shown, within
+    FENCE_WAIT."""
+    deadline = time.monotonic() + FENCE_WAIT
+    while not (disarm(directory) or _shows_start(directory)):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.01)
+    return True
 
 
 def _abandoned(number: int) -> LostAttempt:

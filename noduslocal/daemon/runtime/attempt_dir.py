@@ -164,6 +164,30 @@ def disarm(directory: Path) -> bool:
         return free
 
 
+def kill_lock_holders(directory: Path) -> list[int]:
+    """SIGKILL the processes holding the attempt's locks (the directory's flock, and its
+    LOCK file's), found in /proc/locks by device and inode; their pids. For a shim known to
+    have started nothing yet: one past its lock has reserved its records before it forks
+    the job, so one that holds the lock with none reserved has run nothing."""
+    inodes = set()
+    for path in (directory, directory / shim.LOCK):
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(path)
+            inodes.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    killed = []
+    with open("/proc/locks") as table:
+        for line in table:
+            fields = line.split()
+            # "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF"; "N: -> ..." is a waiter.
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] in inodes:
+                pid = int(fields[4])
+                if pid != os.getpid():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+    return killed
+
+
 def kill_leftovers(directory: Path, shim_pid: int | None, boot: str | None) -> None:
     """SIGKILL whatever a vanished attempt left running, so a retry never runs beside it:
     its process group (if the leader's pid still names our job) and every process still

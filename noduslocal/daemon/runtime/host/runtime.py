@@ -120,7 +120,10 @@ class GoMarks:
             return True
         except OSError as exc:
             self._refused(exc)
-            log.info("marking %s for its shim failed: %s", directory, exc)
+            if exc.errno != errno.EOPNOTSUPP:  # said once at the start for those
+                log.warning("marking %s for its shim failed (%s): this start is not "
+                            "fenced from a shim let go just before a kill -9 of the "
+                            "daemon", directory, exc)
             return False
 
     def _refused(self, exc: OSError) -> None:
