@@ -6,9 +6,12 @@ ends, sweep gc and retention free the snapshot, and overlay_workspaces = false c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,9 @@ import pytest
 
 import noduslocal as nodus
 from noduslocal import testing
+from noduslocal.daemon.files.layout import JobLayout
 from noduslocal.daemon.files.overlay import overlay_mounts
+from noduslocal.domain.jobs import JobRecord, JobSpec
 from tests.conftest import BUSYBOX, run_cli
 
 
@@ -292,3 +297,47 @@ def test_a_cancelled_sweep_leaves_no_mount_made_ahead(
     run_cli(daemon, "sweep", "wait", "halted")
     no_mounts(daemon)
     assert doctor(daemon)["ok"] is True
+
+
+def test_a_cell_made_ahead_with_code_takes_its_mount_at_its_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell with code made ahead (its overlay attached and mounted on the prepare-ahead
+    thread) starts without doing any of it again on the loop (c35a5ca): its attempt takes
+    the mount made ahead, sees the code there, and its end unmounts it. One whose mount
+    made ahead was dropped (its sweep suspended) mounts again at its start."""
+    layout = JobLayout(tmp_path / "data")
+    layout.create_root()
+    if layout.overlays.unavailable is not None:
+        pytest.fail(f"overlayfs cannot be mounted here: {layout.overlays.unavailable}")
+    packed = tmp_path / "code.tar"
+    with tarfile.open(packed, "w") as tar:
+        source = tmp_path / "train.py"
+        source.write_text("print('v1')\n")
+        tar.add(source, "train.py")
+    sha = hashlib.sha256(packed.read_bytes()).hexdigest()
+    layout.blobs.path(sha).parent.mkdir(parents=True)
+    shutil.copy(packed, layout.blobs.path(sha))
+
+    def cell(job_id: int) -> JobRecord:
+        return JobRecord(id=job_id, project="p", name=f"c{job_id}", owner_uid=0,
+                         owner_gid=0, owner="root", phase="Pending", labels={},
+                         created_at=1.0, spec=JobSpec(command=["true"], source=sha))
+
+    ahead, dropped = cell(7), cell(8)
+    for record in (ahead, dropped):
+        layout.prepare_ahead(record)
+        assert layout.overlays.is_ahead(record.id)
+    layout.drop_ahead(dropped.id)
+    assert not layout.overlays.holds(dropped.id)
+    with monkeypatch.context() as patched:
+        def redone(*_: object) -> None:
+            raise AssertionError("done again at the start")
+        patched.setattr(layout, "write_record", redone)
+        patched.setattr(layout, "_fill", redone)
+        assert layout.prepare(ahead, 1) == layout.attempt_dir(7, 1)
+    assert layout.prepare(dropped, 1) == layout.attempt_dir(8, 1)
+    for record in (ahead, dropped):
+        assert layout.overlays.holds(record.id) and not layout.overlays.is_ahead(record.id)
+        assert (layout.workspace(record.id) / "train.py").read_text() == "print('v1')\n"
+        layout.end_attempt(record.id, 1)
+    assert overlay_mounts(layout.jobs_dir) == []
