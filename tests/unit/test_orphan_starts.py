@@ -105,15 +105,22 @@ def test_a_next_attempt_prepared_and_never_started_is_abandoned_and_spent(
         assert (directory / shim.ABANDONED).exists()
 
 
-def test_the_empty_first_attempt_made_ahead_is_taken_as_it_is(tmp_path: Path) -> None:
-    """Taken as it is, once the go mark the last daemon put there (it let a shim go) is
-    gone: a shim still on its way to the lock then runs nothing (test_armed_shims.py)."""
+def marked_ahead(tmp_path: Path) -> tuple[JobLayout, JobRecord, Path]:
+    """A pending job's first attempt made ahead, with the go mark the last daemon put on
+    it as it let the attempt's shim go."""
     layout = JobLayout(tmp_path, overlay=False)
     job = pending(7, 0)
     made(layout, job, link=False)
     directory = layout.attempt_dir(job.id, 1)
     directory.mkdir()
     os.setxattr(directory, shim.GO_MARK, b"the-last-daemon-1")
+    return layout, job, directory
+
+
+def test_the_empty_first_attempt_made_ahead_is_taken_as_it_is(tmp_path: Path) -> None:
+    """Taken as it is, once the go mark the last daemon put there (it let a shim go) is
+    gone: a shim still on its way to the lock then runs nothing (test_armed_shims.py)."""
+    layout, job, directory = marked_ahead(tmp_path)
     assert lost_starts(layout, job) == (None, [])
     assert list(directory.iterdir()) == []  # not marked abandoned, no lock file made
     with pytest.raises(OSError):
@@ -125,12 +132,7 @@ def test_the_empty_first_attempt_made_ahead_is_taken_as_it_is(tmp_path: Path) ->
 def test_a_shim_at_the_lock_of_the_first_attempt_made_ahead_started(tmp_path: Path) -> None:
     """A shim holds the lock of the made-ahead directory, its records not yet reserved:
     it keeps its mark (it runs), and recovery waits for its records to read the start."""
-    layout = JobLayout(tmp_path, overlay=False)
-    job = pending(7, 0)
-    made(layout, job, link=False)
-    directory = layout.attempt_dir(job.id, 1)
-    directory.mkdir()
-    os.setxattr(directory, shim.GO_MARK, b"the-last-daemon-1")
+    layout, job, directory = marked_ahead(tmp_path)
     lock = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as the compiled shim holds it
