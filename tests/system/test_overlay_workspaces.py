@@ -20,7 +20,7 @@ import pytest
 import noduslocal as nodus
 from noduslocal import testing
 from noduslocal.daemon.files.layout import JobLayout
-from noduslocal.daemon.files.overlay import overlay_mounts
+from noduslocal.daemon.files.overlay import overlay_mounts, unmount
 from noduslocal.domain.jobs import JobRecord, JobSpec
 from tests.conftest import BUSYBOX, run_cli
 
@@ -324,20 +324,25 @@ def test_a_cell_made_ahead_with_code_takes_its_mount_at_its_start(
                          created_at=1.0, spec=JobSpec(command=["true"], source=sha))
 
     ahead, dropped = cell(7), cell(8)
-    for record in (ahead, dropped):
-        layout.prepare_ahead(record)
-        assert layout.overlays.is_ahead(record.id)
-    layout.drop_ahead(dropped.id)
-    assert not layout.overlays.holds(dropped.id)
-    with monkeypatch.context() as patched:
-        def redone(*_: object) -> None:
-            raise AssertionError("done again at the start")
-        patched.setattr(layout, "write_record", redone)
-        patched.setattr(layout, "_fill", redone)
-        assert layout.prepare(ahead, 1) == layout.attempt_dir(7, 1)
-    assert layout.prepare(dropped, 1) == layout.attempt_dir(8, 1)
-    for record in (ahead, dropped):
-        assert layout.overlays.holds(record.id) and not layout.overlays.is_ahead(record.id)
-        assert (layout.workspace(record.id) / "train.py").read_text() == "print('v1')\n"
-        layout.end_attempt(record.id, 1)
-    assert overlay_mounts(layout.jobs_dir) == []
+    try:
+        for record in (ahead, dropped):
+            layout.prepare_ahead(record)
+            assert layout.overlays.is_ahead(record.id)
+        layout.drop_ahead(dropped.id)
+        assert not layout.overlays.holds(dropped.id)
+        with monkeypatch.context() as patched:
+            def redone(*_: object) -> None:
+                raise AssertionError("done again at the start")
+            patched.setattr(layout, "write_record", redone)
+            patched.setattr(layout, "_fill", redone)
+            assert layout.prepare(ahead, 1) == layout.attempt_dir(7, 1)
+        assert layout.prepare(dropped, 1) == layout.attempt_dir(8, 1)
+        for record in (ahead, dropped):
+            assert layout.overlays.holds(record.id)
+            assert not layout.overlays.is_ahead(record.id)
+            assert (layout.workspace(record.id) / "train.py").read_text() == "print('v1')\n"
+            layout.end_attempt(record.id, 1)
+        assert overlay_mounts(layout.jobs_dir) == []
+    finally:  # a failure leaves no mount in the host's table (and in pytest's clean-up)
+        for point in overlay_mounts(layout.jobs_dir):
+            unmount(point)
